@@ -1,0 +1,17 @@
+// Command api serves Conveyor's HTTP API. It stores every submission with its
+// first event and its outbox row in one transaction and never talks to
+// RabbitMQ. `api migrate` applies the database migrations and exits.
+package main
+
+import (
+	"os"
+
+	"github.com/conveyorhq/conveyor/internal/cli"
+)
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "migrate" {
+		cli.Main("conveyor-migrate", migrate)
+	}
+	cli.Main("conveyor-api", run)
+}

@@ -1,0 +1,109 @@
+// Package config holds the typed configuration of each binary, read once from
+// the environment at start-up. Constructors elsewhere take these structs (or
+// parts of them) and never read the environment themselves.
+package config
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Common is what every binary reads.
+type Common struct {
+	DatabaseURL      string        `envconfig:"DATABASE_URL" default:"postgres://postgres@localhost:5432/conveyor?sslmode=disable"`
+	DatabaseMaxConns int32         `envconfig:"DATABASE_MAX_CONNS" default:"0"`
+	LogLevel         string        `envconfig:"LOG_LEVEL" default:"info"`
+	LogFormat        string        `envconfig:"LOG_FORMAT" default:"json"`
+	ShutdownTimeout  time.Duration `envconfig:"SHUTDOWN_TIMEOUT" default:"30s"`
+	// OTLPEndpoint and OTLPTracesEndpoint only decide whether traces are
+	// exported; the exporter itself reads every OTEL_* variable.
+	OTLPEndpoint       string `envconfig:"OTEL_EXPORTER_OTLP_ENDPOINT"`
+	OTLPTracesEndpoint string `envconfig:"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"`
+	TracesExporter     string `envconfig:"OTEL_TRACES_EXPORTER"`
+	ServiceName        string `envconfig:"OTEL_SERVICE_NAME"`
+}
+
+// Validate checks what envconfig's parsing cannot.
+func (c Common) Validate() error {
+	if c.DatabaseURL == "" {
+		return fmt.Errorf("DATABASE_URL: must not be empty")
+	}
+	if c.DatabaseMaxConns < 0 {
+		return fmt.Errorf("DATABASE_MAX_CONNS: must not be negative, got %d", c.DatabaseMaxConns)
+	}
+	if err := oneOf("LOG_LEVEL", strings.ToLower(c.LogLevel), "debug", "info", "warn", "error"); err != nil {
+		return err
+	}
+	if err := oneOf("LOG_FORMAT", strings.ToLower(c.LogFormat), "json", "text"); err != nil {
+		return err
+	}
+	return positive("SHUTDOWN_TIMEOUT", c.ShutdownTimeout)
+}
+
+// ExportTraces reports whether an OTLP (or other) trace exporter was asked for.
+func (c Common) ExportTraces() bool {
+	if c.TracesExporter == "none" {
+		return false
+	}
+	return c.OTLPEndpoint != "" || c.OTLPTracesEndpoint != "" || c.TracesExporter != ""
+}
+
+// API configures cmd/api.
+type API struct {
+	Common
+	Addr               string        `envconfig:"API_ADDR" default:":8080"`
+	JaegerUIURL        string        `envconfig:"JAEGER_UI_URL" default:"http://localhost:16686"`
+	MaxBodyBytes       int64         `envconfig:"API_MAX_BODY_BYTES" default:"1048576"`
+	DefaultMaxAttempts int           `envconfig:"TASK_DEFAULT_MAX_ATTEMPTS" default:"3"`
+	ReadHeaderTimeout  time.Duration `envconfig:"API_READ_HEADER_TIMEOUT" default:"5s"`
+	ReadTimeout        time.Duration `envconfig:"API_READ_TIMEOUT" default:"30s"`
+	WriteTimeout       time.Duration `envconfig:"API_WRITE_TIMEOUT" default:"30s"`
+	IdleTimeout        time.Duration `envconfig:"API_IDLE_TIMEOUT" default:"120s"`
+	// NotifyDebounce bounds how often the API wakes the relays with NOTIFY.
+	NotifyDebounce time.Duration `envconfig:"OUTBOX_NOTIFY_DEBOUNCE" default:"2ms"`
+}
+
+// Validate checks the API's configuration.
+func (c API) Validate() error {
+	if err := c.Common.Validate(); err != nil {
+		return err
+	}
+	if c.Addr == "" {
+		return fmt.Errorf("API_ADDR: must not be empty")
+	}
+	if c.MaxBodyBytes < 1024 {
+		return fmt.Errorf("API_MAX_BODY_BYTES: must be at least 1024, got %d", c.MaxBodyBytes)
+	}
+	if c.DefaultMaxAttempts < 1 || c.DefaultMaxAttempts > 100 {
+		return fmt.Errorf("TASK_DEFAULT_MAX_ATTEMPTS: must be between 1 and 100, got %d", c.DefaultMaxAttempts)
+	}
+	for name, d := range map[string]time.Duration{
+		"API_READ_HEADER_TIMEOUT": c.ReadHeaderTimeout, "API_READ_TIMEOUT": c.ReadTimeout,
+		"API_WRITE_TIMEOUT": c.WriteTimeout, "API_IDLE_TIMEOUT": c.IdleTimeout,
+	} {
+		if err := positive(name, d); err != nil {
+			return err
+		}
+	}
+	if c.NotifyDebounce < 0 {
+		return fmt.Errorf("OUTBOX_NOTIFY_DEBOUNCE: must not be negative, got %s", c.NotifyDebounce)
+	}
+	return nil
+}
+
+func oneOf(name, v string, allowed ...string) error {
+	for _, a := range allowed {
+		if v == a {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s: must be one of %s, got %q", name, strings.Join(allowed, ", "), v)
+}
+
+func positive(name string, d time.Duration) error {
+	if d <= 0 {
+		return fmt.Errorf("%s: must be a positive duration, got %s", name, d)
+	}
+	return nil
+}

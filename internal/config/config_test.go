@@ -1,0 +1,40 @@
+package config_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/conveyorhq/conveyor/internal/config"
+)
+
+func TestLoadAPINamesTheBadVariable(t *testing.T) {
+	// t.Setenv: not parallel.
+	tests := []struct{ name, value, wantInError string }{
+		{"API_MAX_BODY_BYTES", "12", "API_MAX_BODY_BYTES"},
+		{"API_MAX_BODY_BYTES", "lots", "API_MAX_BODY_BYTES"},
+		{"LOG_LEVEL", "loud", "LOG_LEVEL"},
+		{"LOG_FORMAT", "xml", "LOG_FORMAT"},
+		{"API_READ_TIMEOUT", "-1s", "API_READ_TIMEOUT"},
+		{"SHUTDOWN_TIMEOUT", "soon", "SHUTDOWN_TIMEOUT"},
+		{"TASK_DEFAULT_MAX_ATTEMPTS", "0", "TASK_DEFAULT_MAX_ATTEMPTS"},
+		{"DATABASE_MAX_CONNS", "-3", "DATABASE_MAX_CONNS"},
+		{"OUTBOX_NOTIFY_DEBOUNCE", "-1ms", "OUTBOX_NOTIFY_DEBOUNCE"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
+			t.Setenv(tt.name, tt.value)
+			_, err := config.Load[config.API]()
+			require.ErrorContains(t, err, tt.wantInError)
+		})
+	}
+}
+
+func TestLoadAPIDefaults(t *testing.T) {
+	cfg, err := config.Load[config.API]()
+	require.NoError(t, err)
+	require.Equal(t, ":8080", cfg.Addr)
+	require.Equal(t, int64(1<<20), cfg.MaxBodyBytes)
+	require.Equal(t, 3, cfg.DefaultMaxAttempts)
+	require.Equal(t, "info", cfg.LogLevel)
+}

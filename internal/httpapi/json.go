@@ -1,0 +1,92 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+
+	"github.com/conveyorhq/conveyor/internal/task"
+)
+
+// decode reads one JSON value from the request body into dst: the body must
+// be application/json, no larger than the limit, known fields only, and
+// nothing after the value.
+func (s *server) decode(w http.ResponseWriter, r *http.Request, dst any) error {
+	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+		return task.Errorf(task.ErrCodeUnsupportedMedia, "Content-Type must be application/json, got %q", r.Header.Get("Content-Type"))
+	}
+	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		return decodeError(err, s.cfg.MaxBodyBytes)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		var maxErr *http.MaxBytesError
+		if errors.As(err, &maxErr) {
+			return decodeError(err, s.cfg.MaxBodyBytes)
+		}
+		return task.Errorf(task.ErrCodeMalformed, "request body must hold a single JSON value")
+	}
+	return nil
+}
+
+// decodeError turns a json decoding failure into a clear domain error.
+func decodeError(err error, limit int64) error {
+	var (
+		maxErr    *http.MaxBytesError
+		syntaxErr *json.SyntaxError
+		typeErr   *json.UnmarshalTypeError
+	)
+	switch {
+	case errors.As(err, &maxErr):
+		return task.Errorf(task.ErrCodeTooLarge, "request body is larger than %d bytes", limit)
+	case errors.As(err, &syntaxErr):
+		return task.Errorf(task.ErrCodeMalformed, "malformed JSON at byte %d: %v", syntaxErr.Offset, syntaxErr)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return task.Errorf(task.ErrCodeMalformed, "malformed JSON: unexpected end of body")
+	case errors.Is(err, io.EOF):
+		return task.Errorf(task.ErrCodeMalformed, "request body is empty")
+	case errors.As(err, &typeErr):
+		field := typeErr.Field
+		if field == "" {
+			field = "body"
+		}
+		return task.Invalid(field, "must be %s, got JSON %s", jsonKind(typeErr.Type.Kind().String()), typeErr.Value)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return task.Errorf(task.ErrCodeMalformed, "unknown field %s", strings.TrimPrefix(err.Error(), "json: unknown field "))
+	default:
+		return task.Errorf(task.ErrCodeMalformed, "malformed JSON: %v", err)
+	}
+}
+
+func jsonKind(goKind string) string {
+	switch goKind {
+	case "int", "int8", "int16", "int32", "int64", "uint", "uint8", "uint16", "uint32", "uint64":
+		return "an integer in range"
+	case "bool":
+		return "a boolean"
+	case "string":
+		return "a string"
+	case "slice":
+		return "an array"
+	case "struct", "map":
+		return "an object"
+	default:
+		return fmt.Sprintf("of type %s", goKind)
+	}
+}
+
+// respond writes v as JSON with the status.
+func (s *server) respond(w http.ResponseWriter, r *http.Request, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	if err := json.NewEncoder(w).Encode(v); err != nil {
+		s.Log.DebugContext(r.Context(), "write response", "error", err)
+	}
+}

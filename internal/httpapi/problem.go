@@ -1,0 +1,86 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+
+	"github.com/conveyorhq/conveyor/internal/task"
+)
+
+// statusOf is THE table from domain error codes to HTTP statuses.
+var statusOf = map[task.Code]int{
+	task.ErrCodeMalformed:           http.StatusBadRequest,
+	task.ErrCodeUnsupportedMedia:    http.StatusUnsupportedMediaType,
+	task.ErrCodeTooLarge:            http.StatusRequestEntityTooLarge,
+	task.ErrCodeInvalid:             http.StatusUnprocessableEntity,
+	task.ErrCodeIdempotencyMismatch: http.StatusUnprocessableEntity,
+	task.ErrCodeNotFound:            http.StatusNotFound,
+	task.ErrCodeConflict:            http.StatusConflict,
+	task.ErrCodeUnavailable:         http.StatusServiceUnavailable,
+	task.ErrCodeInternal:            http.StatusInternalServerError,
+}
+
+// problem is an RFC 9457 problem document.
+type problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+	// Field names the input at fault, for validation errors.
+	Field    string `json:"field,omitempty"`
+	Instance string `json:"instance,omitempty"`
+}
+
+// writeError answers with the problem document for err. Errors that are not
+// *task.Error are internal: logged, and hidden from the client.
+func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	var e *task.Error
+	if !errors.As(err, &e) {
+		s.Log.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "error", err)
+		e = &task.Error{Code: task.ErrCodeInternal, Message: "internal error"}
+	}
+	status, ok := statusOf[e.Code]
+	if !ok {
+		status = http.StatusInternalServerError
+	}
+	p := problem{
+		Type:     "urn:conveyor:problem:" + string(e.Code),
+		Title:    http.StatusText(status),
+		Status:   status,
+		Detail:   e.Error(),
+		Field:    e.Field,
+		Instance: r.URL.Path,
+	}
+	if e.Message != "" {
+		p.Detail = e.Message
+		if e.Field != "" {
+			p.Detail = e.Field + ": " + e.Message
+		}
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	if err := json.NewEncoder(w).Encode(p); err != nil {
+		s.Log.DebugContext(r.Context(), "write problem", slog.Any("error", err))
+	}
+}
+
+func (s *server) handleNotFound() http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		s.writeError(w, r, task.Errorf(task.ErrCodeNotFound, "no route for %s %s", r.Method, r.URL.Path))
+	}
+}
+
+func (s *server) handleMethodNotAllowed() http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		p := problem{
+			Type: "urn:conveyor:problem:method_not_allowed", Title: http.StatusText(http.StatusMethodNotAllowed),
+			Status: http.StatusMethodNotAllowed, Detail: r.Method + " is not allowed on " + r.URL.Path, Instance: r.URL.Path,
+		}
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(http.StatusMethodNotAllowed)
+		_ = json.NewEncoder(w).Encode(p)
+	}
+}

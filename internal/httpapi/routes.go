@@ -1,0 +1,62 @@
+package httpapi
+
+import (
+	"net/http"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+)
+
+// routes is the API's handler: the router inside the tracing middleware.
+func (s *server) routes() http.Handler {
+	return otelhttp.NewHandler(s.router(), "conveyor-api",
+		otelhttp.WithTracerProvider(s.TracerProvider),
+		otelhttp.WithPropagators(s.Propagator),
+		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string {
+			return r.Method + " " + r.URL.Path
+		}),
+		otelhttp.WithFilter(func(r *http.Request) bool {
+			switch r.URL.Path {
+			case "/healthz", "/readyz", "/metrics":
+				return false
+			}
+			return true
+		}),
+	)
+}
+
+// router lists every route of the API.
+func (s *server) router() chi.Router {
+	r := chi.NewRouter()
+	r.Use(middleware.Recoverer)
+	r.Use(s.instrument)
+	r.NotFound(s.handleNotFound())
+	r.MethodNotAllowed(s.handleMethodNotAllowed())
+
+	r.Post("/v1/tasks", s.handleSubmit())
+	r.Post("/v1/tasks/batch", s.handleSubmitBatch())
+	r.Get("/v1/tasks", s.handleList())
+	r.Get("/v1/tasks/{id}", s.handleGet())
+	r.Get("/v1/tasks/{id}/events", s.handleEvents())
+	r.Post("/v1/tasks/{id}/cancel", s.handleCancel())
+	r.Post("/v1/tasks/{id}/retry", s.handleRetry())
+
+	r.Get("/healthz", s.handleHealthz())
+	r.Get("/readyz", s.handleReadyz())
+	r.Get("/openapi.yaml", s.handleOpenAPI())
+	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(s.Registry, promhttp.HandlerOpts{Registry: s.Registry}))
+	return r
+}
+
+// routePattern is the chi pattern that matched r, so metrics are labelled by
+// route rather than by raw path.
+func routePattern(r *http.Request) string {
+	if rc := chi.RouteContext(r.Context()); rc != nil {
+		if p := rc.RoutePattern(); p != "" {
+			return p
+		}
+	}
+	return "unmatched"
+}

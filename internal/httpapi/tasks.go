@@ -1,0 +1,312 @@
+package httpapi
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
+
+	"github.com/conveyorhq/conveyor/internal/task"
+)
+
+// submitRequest is the body of POST /v1/tasks.
+type submitRequest struct {
+	Type        string          `json:"type"`
+	Payload     json.RawMessage `json:"payload"`
+	Priority    *int            `json:"priority"`
+	Metadata    json.RawMessage `json:"metadata"`
+	MaxAttempts *int            `json:"max_attempts"`
+	Dedupe      *bool           `json:"dedupe"`
+}
+
+// batchEntry is one entry of POST /v1/tasks/batch; it carries its own
+// idempotency key where a single submit uses the header.
+type batchEntry struct {
+	submitRequest
+	IdempotencyKey string `json:"idempotency_key"`
+}
+
+func toSubmitInput(req submitRequest, key string) task.SubmitInput {
+	return task.SubmitInput{Type: req.Type, Payload: req.Payload, Priority: req.Priority,
+		Metadata: req.Metadata, MaxAttempts: req.MaxAttempts, Dedupe: req.Dedupe, IdempotencyKey: key}
+}
+
+func (s *server) handleSubmit() http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req submitRequest
+		if err := s.decode(w, r, &req); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		key := r.Header.Get("Idempotency-Key")
+		if _, present := r.Header["Idempotency-Key"]; present && key == "" {
+			s.writeError(w, r, task.Invalid("Idempotency-Key", "must not be empty"))
+			return
+		}
+		sub, err := task.NewSubmission(toSubmitInput(req, key), s.cfg.Defaults, "")
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		carrier := s.carrier(r)
+		sub.Traceparent = carrier["traceparent"]
+		res, err := s.Store.Submit(r.Context(), sub, carrier)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		s.metrics.submitted(sub.Type, res.Created)
+		w.Header().Set("Location", "/v1/tasks/"+res.Task.ID.String())
+		status := http.StatusOK
+		if res.Created {
+			status = http.StatusCreated
+		}
+		s.respond(w, r, status, s.toTaskView(res.Task))
+	}
+}
+
+func (s *server) handleSubmitBatch() http.HandlerFunc {
+	type request struct {
+		Tasks []batchEntry `json:"tasks"`
+	}
+	type entry struct {
+		Result string   `json:"result"`
+		Task   taskView `json:"task"`
+	}
+	type response struct {
+		Results []entry `json:"results"`
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req request
+		if err := s.decode(w, r, &req); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		if len(req.Tasks) == 0 || len(req.Tasks) > task.MaxBatchSize {
+			s.writeError(w, r, task.Invalid("tasks", "must hold 1 to %d tasks, got %d", task.MaxBatchSize, len(req.Tasks)))
+			return
+		}
+		carrier := s.carrier(r)
+		subs := make([]task.Submission, len(req.Tasks))
+		for i, item := range req.Tasks {
+			sub, err := task.NewSubmission(toSubmitInput(item.submitRequest, item.IdempotencyKey), s.cfg.Defaults, fmt.Sprintf("tasks[%d].", i))
+			if err != nil {
+				s.writeError(w, r, err)
+				return
+			}
+			sub.Traceparent = carrier["traceparent"]
+			subs[i] = sub
+		}
+		results, err := s.Store.SubmitBatch(r.Context(), subs, carrier)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		resp := response{Results: make([]entry, len(results))}
+		for i, res := range results {
+			resp.Results[i] = entry{Result: "duplicate", Task: s.toTaskView(res.Task)}
+			if res.Created {
+				resp.Results[i].Result = "created"
+			}
+			s.metrics.submitted(subs[i].Type, res.Created)
+		}
+		s.respond(w, r, http.StatusOK, resp)
+	}
+}
+
+func (s *server) handleGet() http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id, err := taskID(r)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		t, err := s.Store.Get(r.Context(), id)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		s.respond(w, r, http.StatusOK, s.toTaskView(t))
+	}
+}
+
+const (
+	defaultListLimit   = 50
+	maxListLimit       = 500
+	defaultEventsLimit = 50
+	maxEventsLimit     = 100
+)
+
+func (s *server) handleList() http.HandlerFunc {
+	type response struct {
+		Tasks      []taskView `json:"tasks"`
+		NextCursor string     `json:"next_cursor,omitempty"`
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		if err := onlyParams(q, "status", "type", "limit", "cursor"); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		f := task.ListFilter{Status: task.Status(q.Get("status")), Type: q.Get("type")}
+		if f.Status != "" && !f.Status.Valid() {
+			s.writeError(w, r, task.Invalid("status", "must be one of %v", task.Statuses))
+			return
+		}
+		if f.Type != "" {
+			if err := task.ValidateType(f.Type); err != nil {
+				s.writeError(w, r, err)
+				return
+			}
+		}
+		var err error
+		if f.Limit, err = limitParam(q, defaultListLimit, maxListLimit); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		if c := q.Get("cursor"); c != "" {
+			if f.After, err = decodeCursor(c); err != nil {
+				s.writeError(w, r, err)
+				return
+			}
+		}
+		tasks, err := s.Store.List(r.Context(), f)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		resp := response{Tasks: s.toTaskViews(tasks)}
+		if len(tasks) == f.Limit {
+			resp.NextCursor = encodeCursor(tasks[len(tasks)-1].ID)
+		}
+		s.respond(w, r, http.StatusOK, resp)
+	}
+}
+
+func (s *server) handleEvents() http.HandlerFunc {
+	type response struct {
+		Events []eventView `json:"events"`
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		id, err := taskID(r)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		q := r.URL.Query()
+		if err := onlyParams(q, "limit"); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		limit, err := limitParam(q, defaultEventsLimit, maxEventsLimit)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		events, err := s.Store.Events(r.Context(), id, limit)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		s.respond(w, r, http.StatusOK, response{Events: toEventViews(events)})
+	}
+}
+
+func (s *server) handleCancel() http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id, err := taskID(r)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		t, outcome, err := s.Store.Cancel(r.Context(), id, s.carrier(r))
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		status := http.StatusOK
+		if outcome == task.CancelRequested {
+			status = http.StatusAccepted
+		}
+		s.respond(w, r, status, s.toTaskView(t))
+	}
+}
+
+func (s *server) handleRetry() http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id, err := taskID(r)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		carrier := s.carrier(r)
+		t, err := s.Store.Retry(r.Context(), id, carrier["traceparent"], carrier)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		s.respond(w, r, http.StatusOK, s.toTaskView(t))
+	}
+}
+
+// carrier captures the request's trace context for the outbox row.
+func (s *server) carrier(r *http.Request) task.Carrier {
+	c := task.Carrier{}
+	s.Propagator.Inject(r.Context(), propagationCarrier(c))
+	return c
+}
+
+func taskID(r *http.Request) (uuid.UUID, error) {
+	raw := chi.URLParam(r, "id")
+	id, err := uuid.Parse(raw)
+	if err != nil || len(raw) != 36 {
+		return uuid.Nil, task.Errorf(task.ErrCodeMalformed, "task id %q is not a UUID", raw)
+	}
+	return id, nil
+}
+
+func limitParam(q url.Values, def, max int) (int, error) {
+	raw := q.Get("limit")
+	if raw == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(raw)
+	if err != nil || n < 1 || n > max {
+		return 0, task.Invalid("limit", "must be an integer from 1 to %d, got %q", max, raw)
+	}
+	return n, nil
+}
+
+// onlyParams rejects query parameters the endpoint does not know, so a typo
+// is an error instead of a silently ignored filter.
+func onlyParams(q url.Values, known ...string) error {
+	for name, values := range q {
+		ok := false
+		for _, k := range known {
+			ok = ok || name == k
+		}
+		if !ok {
+			return task.Errorf(task.ErrCodeMalformed, "unknown query parameter %q (known: %v)", name, known)
+		}
+		if len(values) > 1 {
+			return task.Errorf(task.ErrCodeMalformed, "query parameter %q given %d times", name, len(values))
+		}
+	}
+	return nil
+}
+
+// Cursors are opaque to clients: the last id of a page, base64url encoded.
+func encodeCursor(id uuid.UUID) string { return base64.RawURLEncoding.EncodeToString(id[:]) }
+
+func decodeCursor(c string) (uuid.UUID, error) {
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil || len(b) != 16 {
+		return uuid.Nil, task.Invalid("cursor", "is not a cursor this API returned")
+	}
+	return uuid.UUID(b), nil
+}

@@ -1,0 +1,94 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"strings"
+	"time"
+
+	"github.com/conveyorhq/conveyor/internal/task"
+)
+
+// taskView is the JSON shape of a task.
+type taskView struct {
+	ID                string          `json:"id"`
+	TenantID          string          `json:"tenant_id"`
+	Type              string          `json:"type"`
+	Status            task.Status     `json:"status"`
+	State             string          `json:"state"`
+	Progress          int             `json:"progress"`
+	Priority          int             `json:"priority"`
+	Payload           json.RawMessage `json:"payload"`
+	Metadata          json.RawMessage `json:"metadata"`
+	Attempt           int             `json:"attempt"`
+	MaxAttempts       int             `json:"max_attempts"`
+	Error             string          `json:"error,omitempty"`
+	IdempotencyKey    string          `json:"idempotency_key,omitempty"`
+	InputHash         string          `json:"input_hash,omitempty"`
+	Version           int             `json:"version"`
+	WorkerID          string          `json:"worker_id,omitempty"`
+	LeaseExpiresAt    *time.Time      `json:"lease_expires_at,omitempty"`
+	NextRunAt         time.Time       `json:"next_run_at"`
+	CancelRequestedAt *time.Time      `json:"cancel_requested_at,omitempty"`
+	CreatedAt         time.Time       `json:"created_at"`
+	UpdatedAt         time.Time       `json:"updated_at"`
+	StartedAt         *time.Time      `json:"started_at,omitempty"`
+	CompletedAt       *time.Time      `json:"completed_at,omitempty"`
+	Result            json.RawMessage `json:"result,omitempty"`
+	TraceID           string          `json:"trace_id,omitempty"`
+	TraceURL          string          `json:"trace_url,omitempty"`
+}
+
+// toTaskView converts a domain task to its JSON shape.
+func (s *server) toTaskView(t task.Task) taskView {
+	v := taskView{
+		ID: t.ID.String(), TenantID: t.TenantID, Type: t.Type, Status: t.Status, State: t.State,
+		Progress: t.Progress, Priority: t.Priority, Payload: t.Payload, Metadata: t.Metadata,
+		Attempt: t.Attempt, MaxAttempts: t.MaxAttempts, Error: t.Error, IdempotencyKey: t.IdempotencyKey,
+		InputHash: t.InputHash, Version: t.Version, WorkerID: t.WorkerID, LeaseExpiresAt: t.LeaseExpiresAt,
+		NextRunAt: t.NextRunAt, CancelRequestedAt: t.CancelRequestedAt, CreatedAt: t.CreatedAt,
+		UpdatedAt: t.UpdatedAt, StartedAt: t.StartedAt, CompletedAt: t.CompletedAt, Result: t.Result,
+	}
+	if id := traceID(t.Traceparent); id != "" {
+		v.TraceID = id
+		v.TraceURL = strings.TrimRight(s.cfg.JaegerUIURL, "/") + "/trace/" + id
+	}
+	return v
+}
+
+func (s *server) toTaskViews(ts []task.Task) []taskView {
+	out := make([]taskView, len(ts))
+	for i, t := range ts {
+		out[i] = s.toTaskView(t)
+	}
+	return out
+}
+
+// traceID extracts the trace id of a W3C traceparent (version-traceid-spanid-flags).
+func traceID(traceparent string) string {
+	parts := strings.Split(traceparent, "-")
+	if len(parts) != 4 || len(parts[1]) != 32 || parts[1] == strings.Repeat("0", 32) {
+		return ""
+	}
+	return parts[1]
+}
+
+// eventView is the JSON shape of a task event.
+type eventView struct {
+	ID        int64           `json:"id"`
+	TaskID    string          `json:"task_id"`
+	Status    task.Status     `json:"status"`
+	State     string          `json:"state"`
+	Progress  int             `json:"progress"`
+	Detail    json.RawMessage `json:"detail,omitempty"`
+	Actor     task.Actor      `json:"actor"`
+	CreatedAt time.Time       `json:"created_at"`
+}
+
+func toEventViews(es []task.Event) []eventView {
+	out := make([]eventView, len(es))
+	for i, e := range es {
+		out[i] = eventView{ID: e.ID, TaskID: e.TaskID.String(), Status: e.Status, State: e.State,
+			Progress: e.Progress, Detail: e.Detail, Actor: e.Actor, CreatedAt: e.CreatedAt}
+	}
+	return out
+}

@@ -1,0 +1,120 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"regexp"
+	"sort"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/conveyorhq/conveyor/migrations"
+)
+
+// migrationLockKey is the advisory lock that serialises migration runners;
+// the number is "conveyor" read as ASCII.
+const migrationLockKey = 0x636f6e7665796f72
+
+var migrationName = regexp.MustCompile(`^(\d+)_([a-z0-9_]+)\.sql$`)
+
+// Migration is one embedded schema change.
+type Migration struct {
+	Version int
+	Name    string
+	SQL     string
+}
+
+// Migrations lists the embedded migrations in version order.
+func Migrations() ([]Migration, error) {
+	entries, err := fs.ReadDir(migrations.FS, ".")
+	if err != nil {
+		return nil, fmt.Errorf("read migrations: %w", err)
+	}
+	var out []Migration
+	for _, e := range entries {
+		m := migrationName.FindStringSubmatch(e.Name())
+		if m == nil {
+			continue
+		}
+		version, _ := strconv.Atoi(m[1])
+		body, err := fs.ReadFile(migrations.FS, e.Name())
+		if err != nil {
+			return nil, fmt.Errorf("read migration %s: %w", e.Name(), err)
+		}
+		out = append(out, Migration{Version: version, Name: m[2], SQL: string(body)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	for i := 1; i < len(out); i++ {
+		if out[i].Version == out[i-1].Version {
+			return nil, fmt.Errorf("two migrations numbered %d", out[i].Version)
+		}
+	}
+	return out, nil
+}
+
+// Migrate applies every embedded migration not yet recorded in
+// schema_migrations, each in its own transaction, under a session advisory
+// lock so that any number of processes may call it at once. It returns the
+// versions it applied.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) ([]int, error) {
+	all, err := Migrations()
+	if err != nil {
+		return nil, err
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("acquire connection for migrations: %w", err)
+	}
+	defer conn.Release()
+
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", int64(migrationLockKey)); err != nil {
+		return nil, fmt.Errorf("take migration lock: %w", err)
+	}
+	defer func() {
+		// A fresh context: the lock must go even when ctx is done.
+		_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", int64(migrationLockKey))
+	}()
+
+	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version    integer PRIMARY KEY,
+		name       text        NOT NULL,
+		applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return nil, fmt.Errorf("create schema_migrations: %w", err)
+	}
+	rows, err := conn.Query(ctx, "SELECT version FROM schema_migrations")
+	if err != nil {
+		return nil, fmt.Errorf("read schema_migrations: %w", err)
+	}
+	applied, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		return nil, fmt.Errorf("read schema_migrations: %w", err)
+	}
+	done := make(map[int]bool, len(applied))
+	for _, v := range applied {
+		done[v] = true
+	}
+
+	var ran []int
+	for _, m := range all {
+		if done[m.Version] {
+			continue
+		}
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, m.SQL); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", m.Version, m.Name)
+			return err
+		})
+		if err != nil {
+			return ran, fmt.Errorf("apply migration %03d_%s: %w", m.Version, m.Name, err)
+		}
+		log.InfoContext(ctx, "applied migration", "version", m.Version, "name", m.Name)
+		ran = append(ran, m.Version)
+	}
+	return ran, nil
+}

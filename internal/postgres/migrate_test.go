@@ -1,0 +1,89 @@
+package postgres_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/conveyorhq/conveyor/internal/postgres"
+	"github.com/conveyorhq/conveyor/internal/testdb"
+)
+
+// Several processes starting at once against a database that does not exist
+// yet: it is created once and every migration is applied once.
+func TestOpenAndMigrateConcurrently(t *testing.T) {
+	t.Parallel()
+	url := testdb.NewEmpty(t)
+	ctx := context.Background()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+
+	const runners = 6
+	applied := make([][]int, runners)
+	var g errgroup.Group
+	for i := range runners {
+		g.Go(func() error {
+			pool, err := postgres.Open(ctx, postgres.PoolConfig{URL: url, MaxConns: 2})
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			applied[i], err = postgres.Migrate(ctx, pool, log)
+			return err
+		})
+	}
+	require.NoError(t, g.Wait())
+
+	all, err := postgres.Migrations()
+	require.NoError(t, err)
+	var total int
+	for _, a := range applied {
+		total += len(a)
+	}
+	require.Equal(t, len(all), total, "each migration applied by exactly one runner")
+
+	pool, err := postgres.Open(ctx, postgres.PoolConfig{URL: url})
+	require.NoError(t, err)
+	defer pool.Close()
+	var versions []int
+	rows, err := pool.Query(ctx, "SELECT version FROM schema_migrations ORDER BY version")
+	require.NoError(t, err)
+	for rows.Next() {
+		var v int
+		require.NoError(t, rows.Scan(&v))
+		versions = append(versions, v)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, versions, len(all))
+	for i, m := range all {
+		require.Equal(t, m.Version, versions[i])
+	}
+
+	// Running again applies nothing.
+	again, err := postgres.Migrate(ctx, pool, log)
+	require.NoError(t, err)
+	require.Empty(t, again)
+}
+
+// The schema enforces the rules of SPEC 3 even against a buggy writer.
+func TestSchemaConstraints(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	insert := `INSERT INTO tasks (id, type, status, progress, priority) VALUES (gen_random_uuid(), $1, $2, $3, $4)`
+	_, err := db.Pool.Exec(ctx, insert, "ok", "PENDING", 0, 0)
+	require.NoError(t, err)
+	for name, args := range map[string][]any{
+		"bad status":                {"ok", "DONE", 0, 0},
+		"progress > 100":            {"ok", "PENDING", 101, 0},
+		"priority > 9":              {"ok", "PENDING", 0, 10},
+		"bad type":                  {"Not OK", "PENDING", 0, 0},
+		"terminal w/o completed_at": {"ok", "COMPLETED", 100, 0},
+	} {
+		_, err := db.Pool.Exec(ctx, insert, args...)
+		require.Error(t, err, name)
+	}
+}

@@ -1,0 +1,157 @@
+package task
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"unicode/utf8"
+
+	"github.com/gowebpki/jcs"
+)
+
+// Limits of a submission.
+const (
+	MaxPriority          = 9
+	DefaultPriority      = 5
+	MaxMaxAttempts       = 100
+	MaxBatchSize         = 1000
+	MaxIdempotencyKeyLen = 255
+	MaxTypeLen           = 128
+)
+
+var typePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,127}$`)
+
+// Submission is a validated request to create a task.
+type Submission struct {
+	TenantID       string
+	Type           string
+	Payload        json.RawMessage
+	Priority       int
+	Metadata       json.RawMessage
+	MaxAttempts    int
+	IdempotencyKey string
+	// InputHash identifies the input (type + canonical payload). It is
+	// always computed; Dedupe decides whether it is stored and enforced.
+	InputHash   string
+	Dedupe      bool
+	Traceparent string
+}
+
+// SubmitInput is a submission as a client sent it, before defaults and rules.
+type SubmitInput struct {
+	Type           string
+	Payload        json.RawMessage
+	Priority       *int
+	Metadata       json.RawMessage
+	MaxAttempts    *int
+	Dedupe         *bool
+	IdempotencyKey string
+}
+
+// Defaults are the values a submission takes when the client leaves them out.
+type Defaults struct {
+	MaxAttempts int
+}
+
+// NewSubmission checks in against the rules, fills defaults and computes the
+// input hash. field prefixes the field names in errors ("tasks[3]." for the
+// fourth entry of a batch).
+func NewSubmission(in SubmitInput, d Defaults, field string) (Submission, error) {
+	s := Submission{
+		TenantID:       DefaultTenant,
+		Type:           in.Type,
+		Priority:       DefaultPriority,
+		MaxAttempts:    d.MaxAttempts,
+		IdempotencyKey: in.IdempotencyKey,
+		Dedupe:         true,
+	}
+	if err := ValidateType(in.Type); err != nil {
+		err.Field = field + err.Field
+		return Submission{}, err
+	}
+	payload, err := jsonObject(in.Payload, field+"payload")
+	if err != nil {
+		return Submission{}, err
+	}
+	s.Payload = payload
+	if s.Metadata, err = jsonObject(in.Metadata, field+"metadata"); err != nil {
+		return Submission{}, err
+	}
+	if in.Priority != nil {
+		if *in.Priority < 0 || *in.Priority > MaxPriority {
+			return Submission{}, Invalid(field+"priority", "must be between 0 and %d, got %d", MaxPriority, *in.Priority)
+		}
+		s.Priority = *in.Priority
+	}
+	if in.MaxAttempts != nil {
+		if *in.MaxAttempts < 1 || *in.MaxAttempts > MaxMaxAttempts {
+			return Submission{}, Invalid(field+"max_attempts", "must be between 1 and %d, got %d", MaxMaxAttempts, *in.MaxAttempts)
+		}
+		s.MaxAttempts = *in.MaxAttempts
+	}
+	if in.Dedupe != nil {
+		s.Dedupe = *in.Dedupe
+	}
+	if k := in.IdempotencyKey; k != "" {
+		if len(k) > MaxIdempotencyKeyLen || !printableASCII(k) {
+			return Submission{}, Invalid(field+"idempotency_key", "must be 1 to %d printable ASCII characters", MaxIdempotencyKeyLen)
+		}
+	}
+	if s.InputHash, err = InputHash(s.Type, s.Payload); err != nil {
+		return Submission{}, Invalid(field+"payload", "%v", err)
+	}
+	return s, nil
+}
+
+// ValidateType checks a task type against ^[a-z0-9][a-z0-9._-]{0,127}$.
+func ValidateType(typ string) *Error {
+	if typ == "" {
+		return Invalid("type", "is required")
+	}
+	if !typePattern.MatchString(typ) {
+		return Invalid("type", "must match ^[a-z0-9][a-z0-9._-]{0,127}$")
+	}
+	return nil
+}
+
+// InputHash is the hex sha256 of the task type and the RFC 8785 canonical
+// form of the payload, so key order and white space never change it.
+func InputHash(typ string, payload json.RawMessage) (string, error) {
+	canonical, err := jcs.Transform(payload)
+	if err != nil {
+		return "", fmt.Errorf("canonicalize payload: %w", err)
+	}
+	h := sha256.New()
+	h.Write([]byte(typ))
+	h.Write([]byte{0})
+	h.Write(canonical)
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// jsonObject returns raw when it is a JSON object, {} when it is absent, and
+// an error naming field otherwise.
+func jsonObject(raw json.RawMessage, field string) (json.RawMessage, error) {
+	trimmed := bytes.TrimSpace(raw)
+	if len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null")) {
+		return json.RawMessage("{}"), nil
+	}
+	if trimmed[0] != '{' || !json.Valid(trimmed) {
+		return nil, Invalid(field, "must be a JSON object")
+	}
+	if !utf8.Valid(trimmed) {
+		return nil, Invalid(field, "must be valid UTF-8")
+	}
+	return trimmed, nil
+}
+
+func printableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}

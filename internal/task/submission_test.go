@@ -1,0 +1,113 @@
+package task_test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/conveyorhq/conveyor/internal/task"
+)
+
+func TestInputHashIgnoresKeyOrderAndWhitespace(t *testing.T) {
+	t.Parallel()
+	a, err := task.InputHash("demo.sleep", json.RawMessage(`{"steps":3,"step_ms":100,"nested":{"b":1,"a":[1,2]}}`))
+	require.NoError(t, err)
+	b, err := task.InputHash("demo.sleep", json.RawMessage("{ \"nested\" : {\"a\":[1, 2],\"b\":1.0},\n \"step_ms\":100, \"steps\":3 }"))
+	require.NoError(t, err)
+	require.Equal(t, a, b)
+	require.Len(t, a, 64)
+
+	other, err := task.InputHash("demo.other", json.RawMessage(`{"steps":3,"step_ms":100,"nested":{"b":1,"a":[1,2]}}`))
+	require.NoError(t, err)
+	require.NotEqual(t, a, other, "the type is part of the hash")
+
+	changed, err := task.InputHash("demo.sleep", json.RawMessage(`{"steps":4,"step_ms":100,"nested":{"b":1,"a":[1,2]}}`))
+	require.NoError(t, err)
+	require.NotEqual(t, a, changed)
+}
+
+func TestNewSubmission(t *testing.T) {
+	t.Parallel()
+	intp := func(n int) *int { return &n }
+	boolp := func(b bool) *bool { return &b }
+	defaults := task.Defaults{MaxAttempts: 3}
+
+	tests := []struct {
+		name      string
+		in        task.SubmitInput
+		wantField string
+		check     func(t *testing.T, s task.Submission)
+	}{
+		{name: "defaults", in: task.SubmitInput{Type: "demo.sleep"}, check: func(t *testing.T, s task.Submission) {
+			require.Equal(t, task.DefaultPriority, s.Priority)
+			require.Equal(t, 3, s.MaxAttempts)
+			require.True(t, s.Dedupe)
+			require.JSONEq(t, `{}`, string(s.Payload))
+			require.JSONEq(t, `{}`, string(s.Metadata))
+			require.Equal(t, task.DefaultTenant, s.TenantID)
+			require.Len(t, s.InputHash, 64)
+		}},
+		{name: "all set", in: task.SubmitInput{Type: "a", Payload: json.RawMessage(`{"x":1}`), Priority: intp(9),
+			MaxAttempts: intp(100), Dedupe: boolp(false), IdempotencyKey: "k-1", Metadata: json.RawMessage(`{"m":true}`)},
+			check: func(t *testing.T, s task.Submission) {
+				require.Equal(t, 9, s.Priority)
+				require.Equal(t, 100, s.MaxAttempts)
+				require.False(t, s.Dedupe)
+				require.Equal(t, "k-1", s.IdempotencyKey)
+			}},
+		{name: "missing type", in: task.SubmitInput{}, wantField: "type"},
+		{name: "uppercase type", in: task.SubmitInput{Type: "Demo"}, wantField: "type"},
+		{name: "type starting with dot", in: task.SubmitInput{Type: ".demo"}, wantField: "type"},
+		{name: "type too long", in: task.SubmitInput{Type: strings.Repeat("a", 129)}, wantField: "type"},
+		{name: "longest type", in: task.SubmitInput{Type: strings.Repeat("a", 128)}},
+		{name: "payload array", in: task.SubmitInput{Type: "a", Payload: json.RawMessage(`[1]`)}, wantField: "payload"},
+		{name: "payload string", in: task.SubmitInput{Type: "a", Payload: json.RawMessage(`"x"`)}, wantField: "payload"},
+		{name: "metadata number", in: task.SubmitInput{Type: "a", Metadata: json.RawMessage(`1`)}, wantField: "metadata"},
+		{name: "priority too high", in: task.SubmitInput{Type: "a", Priority: intp(10)}, wantField: "priority"},
+		{name: "priority negative", in: task.SubmitInput{Type: "a", Priority: intp(-1)}, wantField: "priority"},
+		{name: "max_attempts zero", in: task.SubmitInput{Type: "a", MaxAttempts: intp(0)}, wantField: "max_attempts"},
+		{name: "max_attempts huge", in: task.SubmitInput{Type: "a", MaxAttempts: intp(1 << 30)}, wantField: "max_attempts"},
+		{name: "key with newline", in: task.SubmitInput{Type: "a", IdempotencyKey: "a\nb"}, wantField: "idempotency_key"},
+		{name: "key too long", in: task.SubmitInput{Type: "a", IdempotencyKey: strings.Repeat("k", 256)}, wantField: "idempotency_key"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s, err := task.NewSubmission(tt.in, defaults, "")
+			if tt.wantField != "" {
+				var e *task.Error
+				require.ErrorAs(t, err, &e)
+				require.Equal(t, task.ErrCodeInvalid, e.Code)
+				require.Equal(t, tt.wantField, e.Field)
+				return
+			}
+			require.NoError(t, err)
+			if tt.check != nil {
+				tt.check(t, s)
+			}
+		})
+	}
+}
+
+func TestNewSubmissionPrefixesBatchFields(t *testing.T) {
+	t.Parallel()
+	_, err := task.NewSubmission(task.SubmitInput{Type: "BAD"}, task.Defaults{MaxAttempts: 1}, "tasks[7].")
+	var e *task.Error
+	require.ErrorAs(t, err, &e)
+	require.Equal(t, "tasks[7].type", e.Field)
+}
+
+func TestStatusRules(t *testing.T) {
+	t.Parallel()
+	for _, s := range task.Statuses {
+		require.True(t, s.Valid())
+		require.Equal(t, !s.Terminal(), task.CanCancel(s), s)
+	}
+	require.False(t, task.Status("DONE").Valid())
+	require.True(t, task.CanRetry(task.StatusFailed))
+	require.True(t, task.CanRetry(task.StatusCancelled))
+	require.False(t, task.CanRetry(task.StatusCompleted))
+	require.False(t, task.CanRetry(task.StatusPending))
+}

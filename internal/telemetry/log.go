@@ -1,0 +1,45 @@
+// Package telemetry sets up logs, traces and metrics in one place for every
+// binary.
+package telemetry
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"strings"
+
+	"go.opentelemetry.io/otel/trace"
+)
+
+// NewLogger returns a slog logger writing JSON (or text) at level, which adds
+// trace_id and span_id to every record logged with a traced context.
+func NewLogger(w io.Writer, level, format string) *slog.Logger {
+	var lv slog.Level
+	_ = lv.UnmarshalText([]byte(strings.ToUpper(level)))
+	opts := &slog.HandlerOptions{Level: lv}
+	var h slog.Handler
+	if strings.EqualFold(format, "text") {
+		h = slog.NewTextHandler(w, opts)
+	} else {
+		h = slog.NewJSONHandler(w, opts)
+	}
+	return slog.New(traceHandler{h})
+}
+
+// traceHandler adds the span context of a record's context.
+type traceHandler struct{ slog.Handler }
+
+func (h traceHandler) Handle(ctx context.Context, r slog.Record) error {
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		r.AddAttrs(slog.String("trace_id", sc.TraceID().String()), slog.String("span_id", sc.SpanID().String()))
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h traceHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return traceHandler{h.Handler.WithAttrs(attrs)}
+}
+
+func (h traceHandler) WithGroup(name string) slog.Handler {
+	return traceHandler{h.Handler.WithGroup(name)}
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs the given Conveyor binaries side by side, prefixing their output with
+# their name, until Ctrl-C; then stops them all with SIGTERM.
+set -uo pipefail
+pids=()
+stop() {
+  trap - INT TERM
+  echo "stopping..." >&2
+  kill -TERM "${pids[@]}" 2>/dev/null
+  wait
+  exit 0
+}
+trap stop INT TERM
+for bin in "$@"; do
+  [ -x "$bin" ] || continue
+  name=$(basename "$bin")
+  ( exec "$bin" 2>&1 | sed -u "s/^/[$name] /" ) &
+  pids+=($!)
+  # The API migrates the database; give it a head start so the others find
+  # the schema ready.
+  if [ "$name" = api ]; then
+    for _ in $(seq 1 50); do
+      curl -fsS "http://localhost${API_ADDR:-:8080}/readyz" >/dev/null 2>&1 && break
+      sleep 0.2
+    done
+  fi
+done
+echo "conveyor running: API on ${API_ADDR:-:8080} — Ctrl-C to stop" >&2
+wait
