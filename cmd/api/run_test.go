@@ -451,7 +451,10 @@ func TestCancelAndRetry(t *testing.T) {
 	events := b.get(t, "/v1/tasks/"+id+"/events")
 	require.Equal(t, http.StatusOK, events.status)
 	var ev struct {
-		Events []struct{ ID int64; Status, State, Actor string }
+		Events []struct {
+			ID                   int64
+			Status, State, Actor string
+		}
 	}
 	require.NoError(t, json.Unmarshal(events.body, &ev))
 	var story []string
