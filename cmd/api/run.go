@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 
+	"github.com/exaring/otelpgx"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.opentelemetry.io/otel/propagation"
@@ -31,7 +32,10 @@ func run(ctx context.Context, cfg config.API, stdout io.Writer) error {
 	}
 	defer func() { _ = shutdownTracing(context.WithoutCancel(ctx)) }()
 
-	pool, err := postgres.Open(ctx, postgres.PoolConfig{URL: cfg.DatabaseURL, MaxConns: cfg.DatabaseMaxConns})
+	pool, err := postgres.Open(ctx, postgres.PoolConfig{
+		URL: cfg.DatabaseURL, MaxConns: cfg.DatabaseMaxConns,
+		Tracer: otelpgx.NewTracer(otelpgx.WithTracerProvider(tp)),
+	})
 	if err != nil {
 		return err
 	}

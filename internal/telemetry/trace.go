@@ -44,6 +44,13 @@ func SetupTracing(ctx context.Context, cfg TraceConfig) (trace.TracerProvider, f
 		return nil, nil, fmt.Errorf("telemetry resource: %w", err)
 	}
 	opts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
+	if !cfg.Export {
+		// Nothing to export to: spans are not recorded, which makes them
+		// almost free, yet they still get ids that propagate and reach the
+		// task JSON and the logs. (Otherwise the SDK honours
+		// OTEL_TRACES_SAMPLER.)
+		opts = append(opts, sdktrace.WithSampler(sdktrace.NeverSample()))
+	}
 	if cfg.Export {
 		exp, err := autoexport.NewSpanExporter(ctx)
 		if err != nil {
