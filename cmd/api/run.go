@@ -59,7 +59,7 @@ func run(ctx context.Context, cfg config.API, stdout io.Writer) error {
 		Registry:       reg,
 	})
 
-	ln, err := net.Listen("tcp", cfg.Addr)
+	ln, err := new(net.ListenConfig).Listen(ctx, "tcp", cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("listen on API_ADDR %q: %w", cfg.Addr, err)
 	}

@@ -94,11 +94,11 @@ func translate(err error) error {
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		switch {
-		case pgErr.Code == "22P05" || pgErr.Code == "22021" || pgErr.Code == "22P02":
+		switch pgErr.Code {
+		case "22P05", "22021", "22P02":
 			// unsupported unicode escape (\u0000), bad encoding, bad text
 			return &task.Error{Code: task.ErrCodeInvalid, Message: "input rejected by the database: " + pgErr.Message}
-		case pgErr.Code == "23514": // check_violation
+		case "23514": // check_violation
 			return &task.Error{Code: task.ErrCodeInvalid, Message: "input breaks a rule: " + pgErr.ConstraintName}
 		}
 	}
