@@ -119,7 +119,7 @@ func submitArgs(id uuid.UUID, sub task.Submission, headers task.Carrier) []any {
 		key = &sub.IdempotencyKey
 	}
 	return []any{id, sub.TenantID, sub.Type, sub.Priority, sub.Payload, sub.Metadata,
-		hash, key, sub.MaxAttempts, nullable(sub.Traceparent), map[string]string(headers)}
+		hash, key, sub.MaxAttempts, nullable(sub.Traceparent), headersArg(headers)}
 }
 
 // querier is what both a pool and a transaction offer.
@@ -257,7 +257,7 @@ func (s *TaskStore) Cancel(ctx context.Context, id uuid.UUID, headers task.Carri
 			t, err = scanTask(tx.QueryRow(ctx, sqlTaskByID, id))
 		case st == task.StatusInProgress:
 			outcome = task.CancelRequested
-			t, err = scanTask(tx.QueryRow(ctx, sqlRequestCancel, id, map[string]string(headers)))
+			t, err = scanTask(tx.QueryRow(ctx, sqlRequestCancel, id, headersArg(headers)))
 		default:
 			return task.Errorf(task.ErrCodeConflict, "task is %s and cannot be cancelled", st)
 		}
@@ -275,7 +275,7 @@ func (s *TaskStore) Cancel(ctx context.Context, id uuid.UUID, headers task.Carri
 // Retry puts a FAILED or CANCELLED task back to PENDING with attempt 0 and
 // queues it again. traceparent is the context of the retrying request.
 func (s *TaskStore) Retry(ctx context.Context, id uuid.UUID, traceparent string, headers task.Carrier) (task.Task, error) {
-	t, err := scanTask(s.pool.QueryRow(ctx, sqlRetry, id, nullable(traceparent), map[string]string(headers)))
+	t, err := scanTask(s.pool.QueryRow(ctx, sqlRetry, id, nullable(traceparent), headersArg(headers)))
 	if errors.Is(err, pgx.ErrNoRows) {
 		var status string
 		var requested bool
@@ -316,4 +316,12 @@ func nullable(s string) *string {
 		return nil
 	}
 	return &s
+}
+
+// headersArg is the outbox headers column value: never NULL.
+func headersArg(h task.Carrier) map[string]string {
+	if h == nil {
+		return map[string]string{}
+	}
+	return h
 }

@@ -48,3 +48,9 @@ func rabbitmqctl(t testing.TB, args ...string) {
 		t.Fatalf("testenv: rabbitmqctl %v: %v\n%s", args, err, out)
 	}
 }
+
+func randomSuffix() string {
+	b := make([]byte, 5)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

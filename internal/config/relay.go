@@ -1,0 +1,51 @@
+package config
+
+import (
+	"fmt"
+	"time"
+)
+
+// Relay configures cmd/relay.
+type Relay struct {
+	Common
+	AMQPURL   string `envconfig:"AMQP_URL" default:"amqp://guest:guest@localhost:5672/"`
+	AdminAddr string `envconfig:"RELAY_ADMIN_ADDR" default:":8081"`
+	// BatchSize is the most rows one transaction locks and publishes.
+	BatchSize int `envconfig:"RELAY_BATCH_SIZE" default:"500"`
+	// PollInterval is the fallback when no NOTIFY arrives.
+	PollInterval time.Duration `envconfig:"RELAY_POLL_INTERVAL" default:"1s"`
+	// ConfirmTimeout bounds the wait for a batch's publisher confirms.
+	ConfirmTimeout time.Duration `envconfig:"RELAY_CONFIRM_TIMEOUT" default:"10s"`
+	// RetryBackoffBase and RetryBackoffMax space the tries of a row whose
+	// publication failed: base doubled per attempt, capped.
+	RetryBackoffBase time.Duration `envconfig:"RELAY_RETRY_BACKOFF_BASE" default:"1s"`
+	RetryBackoffMax  time.Duration `envconfig:"RELAY_RETRY_BACKOFF_MAX" default:"1m"`
+	// ReconnectBackoffMax caps the wait between reconnects to a lost broker
+	// or database.
+	ReconnectBackoffMax time.Duration `envconfig:"RELAY_RECONNECT_BACKOFF_MAX" default:"5s"`
+	// StatsInterval is how often the outbox depth and age are measured.
+	StatsInterval time.Duration `envconfig:"RELAY_STATS_INTERVAL" default:"5s"`
+}
+
+// Validate checks the relay's configuration.
+func (c Relay) Validate() error {
+	if err := c.Common.Validate(); err != nil {
+		return err
+	}
+	if c.AMQPURL == "" {
+		return fmt.Errorf("AMQP_URL: must not be empty")
+	}
+	if c.BatchSize < 1 || c.BatchSize > 10000 {
+		return fmt.Errorf("RELAY_BATCH_SIZE: must be between 1 and 10000, got %d", c.BatchSize)
+	}
+	for name, d := range map[string]time.Duration{
+		"RELAY_POLL_INTERVAL": c.PollInterval, "RELAY_CONFIRM_TIMEOUT": c.ConfirmTimeout,
+		"RELAY_RETRY_BACKOFF_BASE": c.RetryBackoffBase, "RELAY_RETRY_BACKOFF_MAX": c.RetryBackoffMax,
+		"RELAY_RECONNECT_BACKOFF_MAX": c.ReconnectBackoffMax, "RELAY_STATS_INTERVAL": c.StatsInterval,
+	} {
+		if err := positive(name, d); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,49 @@
+package relay
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the relay's Prometheus instruments.
+type Metrics struct {
+	published *prometheus.CounterVec
+	failures  prometheus.Counter
+	batchSize prometheus.Histogram
+	latency   prometheus.Histogram
+	depth     prometheus.Gauge
+	oldestAge prometheus.Gauge
+	blocked   prometheus.Gauge
+	connected prometheus.Gauge
+}
+
+// NewMetrics registers the relay's metrics on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		published: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "conveyor_relay_published_total", Help: "Outbox messages published and confirmed, by kind.",
+		}, []string{"kind"}),
+		failures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "conveyor_relay_publish_failures_total", Help: "Messages nacked, returned or unconfirmed; their rows are retried.",
+		}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "conveyor_relay_batch_size", Help: "Rows locked per relay transaction.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 14),
+		}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "conveyor_relay_commit_to_publish_seconds", Help: "From the outbox row's commit to the broker's confirm.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18),
+		}),
+		depth: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "conveyor_outbox_depth", Help: "Outbox rows due for publication.",
+		}),
+		oldestAge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "conveyor_outbox_oldest_due_age_seconds", Help: "How long the oldest due outbox row has waited (outbox lag).",
+		}),
+		blocked: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "conveyor_relay_broker_blocked", Help: "1 while the broker blocks publishers (memory or disk alarm).",
+		}),
+		connected: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "conveyor_relay_broker_connected", Help: "1 while the relay holds a broker connection.",
+		}),
+	}
+	reg.MustRegister(m.published, m.failures, m.batchSize, m.latency, m.depth, m.oldestAge, m.blocked, m.connected)
+	return m
+}

@@ -1,0 +1,50 @@
+package relay
+
+import (
+	"context"
+	"strconv"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/conveyorhq/conveyor/internal/outbox"
+	"github.com/conveyorhq/conveyor/internal/rabbitmq"
+)
+
+// startProducerSpan continues the trace carried by the outbox row with a
+// PRODUCER span and returns the headers to publish, which now carry that
+// span's context to the consumer.
+func (r *Relay) startProducerSpan(ctx context.Context, m outbox.Message) (map[string]string, trace.Span) {
+	parent := r.propagator.Extract(ctx, propagation.MapCarrier(m.Headers))
+	exchange := rabbitmq.TasksExchange
+	if m.Kind == outbox.KindCancel {
+		exchange = rabbitmq.ControlExchange
+	}
+	_, span := r.tracer.Start(parent, "publish "+exchange,
+		trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(
+			semconv.MessagingSystemRabbitmq,
+			semconv.MessagingOperationTypePublish,
+			semconv.MessagingDestinationName(exchange),
+			semconv.MessagingRabbitmqDestinationRoutingKey(m.RoutingKey),
+			semconv.MessagingMessageID(strconv.FormatInt(m.ID, 10)),
+			semconv.MessagingMessageBodySize(len(m.Body)),
+			attribute.String("conveyor.task_id", m.TaskID.String()),
+			attribute.String("conveyor.message_kind", string(m.Kind)),
+			attribute.Int("conveyor.outbox_attempts", m.Attempts),
+		))
+	headers := make(map[string]string, len(m.Headers)+2)
+	for k, v := range m.Headers {
+		headers[k] = v
+	}
+	r.propagator.Inject(trace.ContextWithSpan(ctx, span), propagation.MapCarrier(headers))
+	return headers, span
+}
+
+func endFailed(span trace.Span, reason string) {
+	span.SetStatus(codes.Error, reason)
+	span.End()
+}

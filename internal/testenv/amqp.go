@@ -1,0 +1,85 @@
+package testenv
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Message is a message drained from a queue by a test.
+type Message struct {
+	ID       string
+	Priority uint8
+	Mode     uint8
+	Type     string
+	Headers  map[string]any
+	Body     []byte
+}
+
+// QueueDepth returns the number of ready messages in queue, or -1 when the
+// queue does not exist.
+func QueueDepth(t testing.TB, url, queue string) int {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatalf("testenv: dial: %v", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatalf("testenv: channel: %v", err)
+	}
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		return -1
+	}
+	return q.Messages
+}
+
+// Drain takes (and acks) every message waiting in queue.
+func Drain(t testing.TB, url, queue string) []Message {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatalf("testenv: dial: %v", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatalf("testenv: channel: %v", err)
+	}
+	var out []Message
+	for {
+		d, ok, err := ch.Get(queue, true)
+		if err != nil {
+			t.Fatalf("testenv: get from %s: %v", queue, err)
+		}
+		if !ok {
+			return out
+		}
+		out = append(out, Message{ID: d.MessageId, Priority: d.Priority, Mode: d.DeliveryMode,
+			Type: d.Type, Headers: d.Headers, Body: d.Body})
+	}
+}
+
+// WaitForDepth waits until queue holds want ready messages.
+func WaitForDepth(t testing.TB, url, queue string, want int, timeout time.Duration) {
+	t.Helper()
+	Eventually(t, timeout, func() error {
+		if got := QueueDepth(t, url, queue); got != want {
+			return &depthError{queue: queue, got: got, want: want}
+		}
+		return nil
+	})
+}
+
+type depthError struct {
+	queue     string
+	got, want int
+}
+
+func (e *depthError) Error() string {
+	return fmt.Sprintf("queue %s holds %d messages, want %d", e.queue, e.got, e.want)
+}

@@ -1,0 +1,219 @@
+package testenv
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Private servers are for tests that stop, restart or block a server: they
+// must never touch the shared ones other tests use.
+
+// PGServer is a private PostgreSQL cluster on its own port and data
+// directory, run as the postgres user.
+type PGServer struct {
+	Port int
+	dir  string
+}
+
+const pgBin = "/usr/lib/postgresql/15/bin"
+
+// StartPG initialises and starts a private PostgreSQL, removed when t ends.
+func StartPG(t testing.TB) *PGServer {
+	t.Helper()
+	dir := ownedTempDir(t, "postgres")
+	s := &PGServer{Port: FreePort(t), dir: dir}
+	asUser(t, "postgres", filepath.Join(pgBin, "initdb"), "-D", s.dataDir(), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8")
+	s.Start(t)
+	t.Cleanup(func() {
+		s.stop(t, "immediate")
+		_ = os.RemoveAll(dir)
+	})
+	return s
+}
+
+func (s *PGServer) dataDir() string { return filepath.Join(s.dir, "data") }
+
+// URL connects to database on the private server.
+func (s *PGServer) URL(database string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", s.Port, database)
+}
+
+// Start starts the server and waits until it accepts connections.
+func (s *PGServer) Start(t testing.TB) {
+	t.Helper()
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off", s.Port, s.dir)
+	asUser(t, "postgres", filepath.Join(pgBin, "pg_ctl"), "-D", s.dataDir(), "-o", opts, "-l", filepath.Join(s.dir, "log"), "-w", "-t", "60", "start")
+}
+
+// Stop shuts the server down fast (clients are disconnected).
+func (s *PGServer) Stop(t testing.TB) {
+	t.Helper()
+	s.stop(t, "fast")
+}
+
+func (s *PGServer) stop(t testing.TB, mode string) {
+	t.Helper()
+	out, err := exec.Command("runuser", "-u", "postgres", "--", filepath.Join(pgBin, "pg_ctl"),
+		"-D", s.dataDir(), "-m", mode, "-w", "stop").CombinedOutput()
+	if err != nil {
+		t.Logf("testenv: pg_ctl stop: %v\n%s", err, out)
+	}
+}
+
+// RabbitNode is a private RabbitMQ node with its own name, ports and data.
+type RabbitNode struct {
+	Name string
+	Port int
+	dir  string
+	env  []string
+}
+
+// StartRabbit starts a private RabbitMQ node, stopped and removed when t
+// ends. Starting takes a few seconds.
+func StartRabbit(t testing.TB) *RabbitNode {
+	t.Helper()
+	dir := ownedTempDir(t, "rabbitmq")
+	n := &RabbitNode{Name: "conveyor_test_" + randomSuffix() + "@localhost", Port: FreePort(t), dir: dir}
+	conf := filepath.Join(dir, "rabbitmq")
+	writeFile(t, conf+".conf", fmt.Sprintf("listeners.tcp.default = 127.0.0.1:%d\nloopback_users = none\n", n.Port))
+	writeFile(t, filepath.Join(dir, "rabbitmq-env.conf"), "")
+	writeFile(t, filepath.Join(dir, "enabled_plugins"), "[].\n")
+	n.env = []string{
+		"RABBITMQ_NODENAME=" + n.Name,
+		"RABBITMQ_NODE_PORT=" + strconv.Itoa(n.Port),
+		"RABBITMQ_DIST_PORT=" + strconv.Itoa(FreePort(t)),
+		"RABBITMQ_CONF_ENV_FILE=" + filepath.Join(dir, "rabbitmq-env.conf"),
+		"RABBITMQ_CONFIG_FILE=" + conf,
+		"RABBITMQ_ENABLED_PLUGINS_FILE=" + filepath.Join(dir, "enabled_plugins"),
+		"RABBITMQ_MNESIA_BASE=" + filepath.Join(dir, "mnesia"),
+		"RABBITMQ_LOG_BASE=" + filepath.Join(dir, "log"),
+		"RABBITMQ_PID_FILE=" + filepath.Join(dir, "pid"),
+		"ERL_EPMD_ADDRESS=127.0.0.1",
+	}
+	for _, sub := range []string{"mnesia", "log"} {
+		mkdirOwned(t, filepath.Join(dir, sub), "rabbitmq")
+	}
+	n.Start(t)
+	t.Cleanup(func() {
+		_ = n.ctl("stop")
+		_ = os.RemoveAll(dir)
+	})
+	return n
+}
+
+// URL is the node's AMQP URL.
+func (n *RabbitNode) URL() string { return fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", n.Port) }
+
+// Start starts the node and waits until it serves.
+func (n *RabbitNode) Start(t testing.TB) {
+	t.Helper()
+	cmd := exec.Command("rabbitmq-server", "-detached")
+	cmd.Env = append(os.Environ(), n.env...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("testenv: start rabbitmq node: %v\n%s", err, out)
+	}
+	// -detached returns before the node is up: wait for it to answer,
+	// then for the broker inside it to finish booting.
+	deadline := time.Now().Add(90 * time.Second)
+	for n.ctl("ping") != nil {
+		if time.Now().After(deadline) {
+			logs, _ := os.ReadFile(filepath.Join(n.dir, "log", strings.TrimSuffix(n.Name, "@localhost")+"@localhost.log"))
+			t.Fatalf("testenv: rabbitmq node %s did not start:\n%s", n.Name, tail(string(logs), 3000))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err := n.ctl("await_startup", "--timeout", "90"); err != nil {
+		t.Fatalf("testenv: rabbitmq node %s did not start: %v", n.Name, err)
+	}
+}
+
+// Stop stops the node (the whole Erlang VM); Start brings it back with its
+// durable queues and persistent messages.
+func (n *RabbitNode) Stop(t testing.TB) {
+	t.Helper()
+	if err := n.ctl("stop"); err != nil {
+		t.Fatalf("testenv: stop rabbitmq node: %v", err)
+	}
+}
+
+// Ctl runs rabbitmqctl against the node.
+func (n *RabbitNode) Ctl(t testing.TB, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("rabbitmqctl", append([]string{"-q", "-n", n.Name}, args...)...)
+	cmd.Env = append(os.Environ(), n.env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("testenv: rabbitmqctl %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+func (n *RabbitNode) ctl(args ...string) error {
+	cmd := exec.Command("rabbitmqctl", append([]string{"-q", "-n", n.Name}, args...)...)
+	cmd.Env = append(os.Environ(), n.env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%w: %s", err, out)
+	}
+	return nil
+}
+
+func ownedTempDir(t testing.TB, owner string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "conveyor-"+owner+"-")
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	chown(t, dir, owner)
+	return dir
+}
+
+func mkdirOwned(t testing.TB, dir, owner string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	chown(t, dir, owner)
+}
+
+func chown(t testing.TB, path, owner string) {
+	t.Helper()
+	u, err := user.Lookup(owner)
+	if err != nil {
+		t.Skipf("testenv: no %s user on this machine: %v", owner, err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	if err := os.Chown(path, uid, gid); err != nil {
+		t.Fatalf("testenv: chown %s: %v", path, err)
+	}
+}
+
+func writeFile(t testing.TB, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+}
+
+func asUser(t testing.TB, user string, args ...string) {
+	t.Helper()
+	out, err := exec.Command("runuser", append([]string{"-u", user, "--"}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("testenv: %v: %v\n%s", args, err, out)
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
