@@ -1,0 +1,250 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/conveyorhq/conveyor/internal/postgres"
+	"github.com/conveyorhq/conveyor/internal/rabbitmq"
+	"github.com/conveyorhq/conveyor/internal/testdb"
+	"github.com/conveyorhq/conveyor/internal/testenv"
+)
+
+// Fault tests run the real relay binary against real servers, and kill,
+// stop and block them. Servers that are stopped or blocked are private to
+// the test.
+
+type faultBundle struct {
+	dbURL   string
+	pool    *pgxpool.Pool
+	amqpURL string
+	admin   string
+}
+
+func (b *faultBundle) startRelay(t *testing.T, name string) *testenv.Process {
+	t.Helper()
+	p := testenv.Start(t, name, testenv.Binary(t, "./cmd/relay"),
+		"DATABASE_URL="+b.dbURL, "AMQP_URL="+b.amqpURL, "RELAY_ADMIN_ADDR="+b.admin,
+		"RELAY_BATCH_SIZE=200", "RELAY_POLL_INTERVAL=100ms", "RELAY_RECONNECT_BACKOFF_MAX=300ms",
+		"RELAY_RETRY_BACKOFF_BASE=100ms", "RELAY_RETRY_BACKOFF_MAX=500ms", "RELAY_STATS_INTERVAL=200ms",
+		"LOG_LEVEL=info", "LOG_FORMAT=text")
+	return p
+}
+
+// fill adds n task.run rows and returns their ids.
+func (b *faultBundle) fill(t *testing.T, n int) map[string]bool {
+	t.Helper()
+	rows, err := b.pool.Query(context.Background(), `INSERT INTO outbox (kind, task_id, routing_key, priority, body)
+		SELECT 'task.run', gen_random_uuid(), 'demo.noop', 5, jsonb_build_object('i', g)
+		FROM generate_series(1, $1) g RETURNING id`, n)
+	require.NoError(t, err)
+	ids := map[string]bool{}
+	for rows.Next() {
+		var id int64
+		require.NoError(t, rows.Scan(&id))
+		ids[strconv.FormatInt(id, 10)] = true
+	}
+	require.NoError(t, rows.Err())
+	return ids
+}
+
+func (b *faultBundle) outboxCount(t *testing.T) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox").Scan(&n))
+	return n
+}
+
+func (b *faultBundle) waitOutboxEmpty(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	testenv.Eventually(t, timeout, func() error {
+		if n := b.outboxCount(t); n != 0 {
+			return fmt.Errorf("outbox holds %d rows", n)
+		}
+		return nil
+	})
+}
+
+// requireAllDelivered drains the queue and checks every id arrived; it
+// returns the number of duplicates.
+func (b *faultBundle) requireAllDelivered(t *testing.T, ids map[string]bool) int {
+	t.Helper()
+	msgs := testenv.Drain(t, b.amqpURL, rabbitmq.QueueName("demo.noop"))
+	got := map[string]int{}
+	for _, m := range msgs {
+		got[m.ID]++
+	}
+	missing := 0
+	for id := range ids {
+		if got[id] == 0 {
+			missing++
+		}
+	}
+	require.Zero(t, missing, "messages lost: %d of %d", missing, len(ids))
+	return len(msgs) - len(got)
+}
+
+func sharedBundle(t *testing.T) *faultBundle {
+	db := testdb.New(t)
+	return &faultBundle{dbURL: db.URL, pool: db.Pool, amqpURL: testenv.NewVhost(t), admin: testenv.FreeAddr(t)}
+}
+
+func skipShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("process-level fault test")
+	}
+}
+
+func TestRelaySIGTERMFinishesBatchAndExitsZero(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	b := sharedBundle(t)
+	ids := b.fill(t, 4000)
+	relay := b.startRelay(t, "relay")
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if n := b.outboxCount(t); n == len(ids) {
+			return fmt.Errorf("nothing published yet")
+		}
+		return nil
+	})
+	relay.Signal(syscall.SIGTERM)
+	require.Equal(t, 0, relay.Wait(t, 20*time.Second), relay.Output())
+	left := b.outboxCount(t)
+
+	// Whatever it did not publish is still in the outbox: nothing lost.
+	relay = b.startRelay(t, "relay-2")
+	b.waitOutboxEmpty(t, 60*time.Second)
+	dups := b.requireAllDelivered(t, ids)
+	t.Logf("stopped with %d rows left; duplicates after SIGTERM: %d", left, dups)
+	require.Zero(t, dups, "a graceful stop finishes its batch: no duplicates")
+}
+
+func TestRelaySIGKILLLosesNothing(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	b := sharedBundle(t)
+	ids := b.fill(t, 4000)
+	for i := range 3 {
+		relay := b.startRelay(t, fmt.Sprintf("relay-%d", i))
+		before := b.outboxCount(t)
+		testenv.Eventually(t, 30*time.Second, func() error {
+			if n := b.outboxCount(t); n == before && n > 0 {
+				return fmt.Errorf("nothing published yet")
+			}
+			return nil
+		})
+		relay.Signal(syscall.SIGKILL)
+		relay.Wait(t, 10*time.Second)
+	}
+	b.startRelay(t, "relay-final")
+	b.waitOutboxEmpty(t, 60*time.Second)
+	dups := b.requireAllDelivered(t, ids)
+	t.Logf("duplicates after 3 SIGKILLs: %d of %d", dups, len(ids))
+}
+
+func TestRelaySurvivesPostgresRestart(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	pg := testenv.StartPG(t)
+	ctx := context.Background()
+	dbURL := pg.URL("conveyor")
+	pool, err := postgres.Open(ctx, postgres.PoolConfig{URL: dbURL})
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = postgres.Migrate(ctx, pool, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.NoError(t, err)
+	b := &faultBundle{dbURL: dbURL, pool: pool, amqpURL: testenv.NewVhost(t), admin: testenv.FreeAddr(t)}
+
+	ids := b.fill(t, 500)
+	relay := b.startRelay(t, "relay")
+	b.waitOutboxEmpty(t, 30*time.Second)
+
+	pg.Stop(t)
+	testenv.Eventually(t, 10*time.Second, func() error { return wantStatus(b.admin, "/readyz", http.StatusServiceUnavailable) })
+	require.NoError(t, wantStatus(b.admin, "/healthz", http.StatusOK), "alive while the database is down")
+	pg.Start(t)
+	pool.Reset() // the test's own connections died with the server
+
+	for id := range b.fill(t, 500) {
+		ids[id] = true
+	}
+	b.waitOutboxEmpty(t, 30*time.Second)
+	require.Zero(t, b.requireAllDelivered(t, ids))
+	require.False(t, relay.Exited(), relay.Output())
+	testenv.Eventually(t, 10*time.Second, func() error { return wantStatus(b.admin, "/readyz", http.StatusOK) })
+}
+
+func TestRelaySurvivesBrokerRestartAndAlarm(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	node := testenv.StartRabbit(t)
+	db := testdb.New(t)
+	b := &faultBundle{dbURL: db.URL, pool: db.Pool, amqpURL: node.URL(), admin: testenv.FreeAddr(t)}
+
+	ids := b.fill(t, 500)
+	relay := b.startRelay(t, "relay")
+	b.waitOutboxEmpty(t, 30*time.Second)
+
+	// Broker restart: rows committed meanwhile wait, then go out.
+	node.Stop(t)
+	testenv.Eventually(t, 10*time.Second, func() error { return wantStatus(b.admin, "/readyz", http.StatusServiceUnavailable) })
+	for id := range b.fill(t, 500) {
+		ids[id] = true
+	}
+	node.Start(t)
+	b.waitOutboxEmpty(t, 60*time.Second)
+	testenv.WaitForDepth(t, b.amqpURL, rabbitmq.QueueName("demo.noop"), len(ids), 10*time.Second)
+
+	// A memory alarm blocks publishers: the relay stays alive and ready,
+	// says so, and the rows wait until the alarm clears.
+	node.Ctl(t, "set_vm_memory_high_watermark", "0.000001")
+	testenv.Eventually(t, 20*time.Second, func() error {
+		for id := range b.fill(t, 1) {
+			ids[id] = true
+		}
+		return wantBody(b.admin, "/readyz", `"broker_blocked":true`)
+	})
+	require.NoError(t, wantStatus(b.admin, "/readyz", http.StatusOK))
+	require.NoError(t, wantBody(b.admin, "/metrics", "conveyor_relay_broker_blocked 1"))
+	require.NotZero(t, b.outboxCount(t), "rows wait while the broker blocks")
+	node.Ctl(t, "set_vm_memory_high_watermark", "0.4")
+	b.waitOutboxEmpty(t, 60*time.Second)
+	require.Zero(t, b.requireAllDelivered(t, ids))
+	require.False(t, relay.Exited(), relay.Output())
+}
+
+func wantStatus(addr, path string, status int) error {
+	resp, err := http.Get("http://" + addr + path)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != status {
+		return fmt.Errorf("%s: %d, want %d", path, resp.StatusCode, status)
+	}
+	return nil
+}
+
+func wantBody(addr, path, want string) error {
+	resp, err := http.Get("http://" + addr + path)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if !strings.Contains(string(body), want) {
+		return fmt.Errorf("%s does not say %q", path, want)
+	}
+	return nil
+}
