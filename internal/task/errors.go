@@ -68,3 +68,7 @@ func ErrorCode(err error) Code {
 	}
 	return ErrCodeInternal
 }
+
+// ErrFenced is returned by a fenced write that matched no row: the task's
+// version moved on (cancel requested, lease expired, taken over).
+var ErrFenced = errors.New("task no longer held at this version")

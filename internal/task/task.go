@@ -138,3 +138,29 @@ const (
 // Carrier holds W3C trace context headers (traceparent, tracestate) on their
 // way from a request to an outbox row and on to a message.
 type Carrier map[string]string
+
+// Lease is a worker's hold on a running task. Every write the worker makes
+// while it holds the task is fenced by Version (and status IN_PROGRESS); a
+// write that matches nothing means the hold is gone.
+type Lease struct {
+	TaskID   uuid.UUID
+	WorkerID string
+	Attempt  int
+	Version  int
+}
+
+// Hold is what a worker reads back when a fenced write missed: whether the
+// task is still its own (with a new version because a cancel was requested)
+// or was lost.
+type Hold struct {
+	Status          Status
+	Version         int
+	WorkerID        string
+	Attempt         int
+	CancelRequested bool
+}
+
+// Owns reports whether the hold still belongs to lease's worker and attempt.
+func (h Hold) Owns(l Lease) bool {
+	return h.Status == StatusInProgress && h.WorkerID == l.WorkerID && h.Attempt == l.Attempt
+}

@@ -83,3 +83,23 @@ type depthError struct {
 func (e *depthError) Error() string {
 	return fmt.Sprintf("queue %s holds %d messages, want %d", e.queue, e.got, e.want)
 }
+
+// PurgeQueue deletes every ready message of queue, as an operator (or a
+// broker losing its data) would, and returns how many went.
+func PurgeQueue(t testing.TB, url, queue string) int {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatalf("testenv: dial: %v", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatalf("testenv: channel: %v", err)
+	}
+	n, err := ch.QueuePurge(queue, false)
+	if err != nil {
+		t.Fatalf("testenv: purge %s: %v", queue, err)
+	}
+	return n
+}

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -79,6 +80,9 @@ func Start(t testing.TB, name, binary string, env ...string) *Process {
 	t.Cleanup(func() {
 		p.Signal(syscall.SIGKILL)
 		<-p.done
+		if strings.Contains(p.Output(), "WARNING: DATA RACE") {
+			t.Errorf("testenv: %s reported a data race", name)
+		}
 		if t.Failed() {
 			t.Logf("--- output of %s:\n%s", name, p.Output())
 		}

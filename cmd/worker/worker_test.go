@@ -1,0 +1,474 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/conveyorhq/conveyor/internal/rabbitmq"
+	"github.com/conveyorhq/conveyor/internal/testdb"
+	"github.com/conveyorhq/conveyor/internal/testenv"
+)
+
+// These tests run the real api, relay and worker binaries against the real
+// PostgreSQL (a database per test) and RabbitMQ (a vhost per test), and
+// judge by what the database holds afterwards.
+
+type bundle struct {
+	db      *testdb.DB
+	amqpURL string
+	api     string
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("process-level worker test")
+	}
+	t.Parallel()
+	b := &bundle{db: testdb.New(t), amqpURL: testenv.NewVhost(t)}
+	apiAddr := testenv.FreeAddr(t)
+	b.api = "http://" + apiAddr
+	testenv.Start(t, "api", testenv.Binary(t, "./cmd/api"),
+		"DATABASE_URL="+b.db.URL, "API_ADDR="+apiAddr, "LOG_FORMAT=text", "LOG_LEVEL=warn")
+	testenv.Start(t, "relay", testenv.Binary(t, "./cmd/relay"),
+		"DATABASE_URL="+b.db.URL, "AMQP_URL="+b.amqpURL, "RELAY_ADMIN_ADDR="+testenv.FreeAddr(t),
+		"RELAY_POLL_INTERVAL=100ms", "RELAY_RECONNECT_BACKOFF_MAX=300ms", "LOG_FORMAT=text", "LOG_LEVEL=warn")
+	testenv.Eventually(t, 30*time.Second, func() error {
+		resp, err := http.Get(b.api + "/readyz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("api readyz: %d", resp.StatusCode)
+		}
+		return nil
+	})
+	return b
+}
+
+// startWorker starts a worker binary with short leases and intervals, so
+// faults heal within seconds. env overrides the defaults.
+func (b *bundle) startWorker(t *testing.T, id string, env ...string) *testenv.Process {
+	t.Helper()
+	base := []string{
+		"DATABASE_URL=" + b.db.URL, "AMQP_URL=" + b.amqpURL, "WORKER_ADMIN_ADDR=" + testenv.FreeAddr(t),
+		"WORKER_ID=" + id, "WORKER_CONCURRENCY=4", "LEASE_DURATION=3s", "HEARTBEAT_INTERVAL=500ms",
+		"MAINTENANCE_INTERVAL=300ms", "LEADER_TTL=2s", "WORKER_DEAD_AFTER=3s",
+		"RETRY_BACKOFF_BASE=200ms", "RETRY_BACKOFF_MAX=1s", "PROGRESS_MIN_INTERVAL=50ms",
+		"SHUTDOWN_TIMEOUT=5s", "WORKER_RECONNECT_BACKOFF_MAX=300ms", "LOG_FORMAT=text",
+	}
+	return testenv.Start(t, id, testenv.Binary(t, "./cmd/worker"), append(base, env...)...)
+}
+
+// submit posts a task through the API and returns its id.
+func (b *bundle) submit(t *testing.T, taskType string, payload map[string]any, maxAttempts int) uuid.UUID {
+	t.Helper()
+	body, err := json.Marshal(map[string]any{"type": taskType, "payload": payload, "max_attempts": maxAttempts, "dedupe": false})
+	require.NoError(t, err)
+	resp, err := http.Post(b.api+"/v1/tasks", "application/json", bytes.NewReader(body))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	var out struct {
+		ID uuid.UUID `json:"id"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+	return out.ID
+}
+
+func (b *bundle) sleepTask(t *testing.T, steps, stepMS int) uuid.UUID {
+	t.Helper()
+	return b.submit(t, "demo.sleep", map[string]any{"steps": steps, "step_ms": stepMS}, 3)
+}
+
+func (b *bundle) cancel(t *testing.T, id uuid.UUID) int {
+	t.Helper()
+	resp, err := http.Post(b.api+"/v1/tasks/"+id.String()+"/cancel", "application/json", nil)
+	require.NoError(t, err)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+type taskRow struct {
+	Status   string
+	State    string
+	Progress int
+	Attempt  int
+	WorkerID string
+	Error    string
+	Result   []byte
+}
+
+func (b *bundle) task(t *testing.T, id uuid.UUID) taskRow {
+	t.Helper()
+	var r taskRow
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT status, state, progress, attempt,
+		coalesce(worker_id, ''), coalesce(error, ''), (SELECT payload FROM task_results WHERE task_id = id)
+		FROM tasks WHERE id = $1`, id).Scan(&r.Status, &r.State, &r.Progress, &r.Attempt, &r.WorkerID, &r.Error, &r.Result))
+	return r
+}
+
+func (b *bundle) waitStatus(t *testing.T, id uuid.UUID, status string, timeout time.Duration) taskRow {
+	t.Helper()
+	var r taskRow
+	testenv.Eventually(t, timeout, func() error {
+		if r = b.task(t, id); r.Status != status {
+			return fmt.Errorf("task %s is %s (%s, %d%%), want %s", id, r.Status, r.State, r.Progress, status)
+		}
+		return nil
+	})
+	return r
+}
+
+type event struct {
+	Status   string
+	State    string
+	Progress int
+	Actor    string
+	Detail   map[string]any
+	At       time.Time
+}
+
+// events returns a task's history, oldest first.
+func (b *bundle) events(t *testing.T, id uuid.UUID) []event {
+	t.Helper()
+	rows, err := b.db.Pool.Query(context.Background(), `SELECT status, state, progress, actor, detail, created_at
+		FROM task_events WHERE task_id = $1 ORDER BY id`, id)
+	require.NoError(t, err)
+	defer rows.Close()
+	var out []event
+	for rows.Next() {
+		var e event
+		require.NoError(t, rows.Scan(&e.Status, &e.State, &e.Progress, &e.Actor, &e.Detail, &e.At))
+		out = append(out, e)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// count returns how many of the task's events have the status and state.
+func count(events []event, status, state string) int {
+	n := 0
+	for _, e := range events {
+		if e.Status == status && (state == "" || e.State == state) {
+			n++
+		}
+	}
+	return n
+}
+
+// requireOneTerminal checks the task reached exactly one terminal state.
+func (b *bundle) requireOneTerminal(t *testing.T, id uuid.UUID) []event {
+	t.Helper()
+	ev := b.events(t, id)
+	terminal := count(ev, "COMPLETED", "") + count(ev, "FAILED", "") + count(ev, "CANCELLED", "")
+	require.Equal(t, 1, terminal, "task %s must have exactly one terminal event: %+v", id, ev)
+	return ev
+}
+
+func (b *bundle) waitUntil(t *testing.T, id uuid.UUID, desc string, cond func(taskRow) bool) {
+	t.Helper()
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if r := b.task(t, id); !cond(r) {
+			return fmt.Errorf("task %s not yet %s: %+v", id, desc, r)
+		}
+		return nil
+	})
+}
+
+func TestWorkerRunsTaskReportingProgress(t *testing.T) {
+	b := setup(t)
+	b.startWorker(t, "w1")
+	id := b.sleepTask(t, 10, 100)
+
+	// Progress is visible through the API while the task runs.
+	seen := map[int]bool{}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		resp, err := http.Get(b.api + "/v1/tasks/" + id.String())
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		var v struct {
+			Status   string `json:"status"`
+			Progress int    `json:"progress"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+			return err
+		}
+		seen[v.Progress] = true
+		if v.Status != "COMPLETED" {
+			return fmt.Errorf("status %s at %d%%", v.Status, v.Progress)
+		}
+		return nil
+	})
+	require.GreaterOrEqual(t, len(seen), 3, "progress observed rising through the API: %v", seen)
+
+	r := b.task(t, id)
+	require.Equal(t, 100, r.Progress)
+	require.Equal(t, 1, r.Attempt)
+	var result struct {
+		SleptMS int `json:"slept_ms"`
+	}
+	require.NoError(t, json.Unmarshal(r.Result, &result))
+	require.GreaterOrEqual(t, result.SleptMS, 1000)
+
+	ev := b.requireOneTerminal(t, id)
+	require.Equal(t, "PENDING", ev[0].Status)
+	require.Equal(t, "Running", ev[1].State)
+	require.Equal(t, "COMPLETED", ev[len(ev)-1].Status)
+	last := -1
+	for _, e := range ev[1 : len(ev)-1] {
+		require.Equal(t, "IN_PROGRESS", e.Status)
+		require.GreaterOrEqual(t, e.Progress, last, "progress never goes back")
+		last = e.Progress
+	}
+	require.Equal(t, 100, last, "the last report (Step 10/10) landed before completion")
+}
+
+func TestWorkerCancelStopsRunningTask(t *testing.T) {
+	b := setup(t)
+	// Heartbeats too rare to matter: only the broadcast can stop it in time.
+	b.startWorker(t, "w1", "HEARTBEAT_INTERVAL=15s", "LEASE_DURATION=60s", "WORKER_DEAD_AFTER=60s")
+	id := b.sleepTask(t, 100, 100)
+	b.waitUntil(t, id, "at step 3", func(r taskRow) bool { return r.Progress >= 3 })
+
+	require.Equal(t, http.StatusAccepted, b.cancel(t, id))
+	r := b.waitStatus(t, id, "CANCELLED", 3*time.Second)
+	require.Less(t, r.Progress, 100)
+
+	// The handler stopped: nothing more is written, now or later.
+	before := b.events(t, id)
+	time.Sleep(500 * time.Millisecond) // let a handler that did not stop write again
+	ev := b.requireOneTerminal(t, id)
+	require.Equal(t, before, ev)
+	requested, cancelled := ev[len(ev)-2], ev[len(ev)-1]
+	require.Equal(t, "Cancel requested", requested.State)
+	require.Equal(t, "CANCELLED", cancelled.Status)
+	require.Equal(t, "WORKER", cancelled.Actor)
+	t.Logf("cancel request to CANCELLED: %s", cancelled.At.Sub(requested.At))
+}
+
+func TestWorkerCancelWithoutBroadcastCaughtByLeaseRenewal(t *testing.T) {
+	b := setup(t)
+	b.startWorker(t, "w1")
+	id := b.sleepTask(t, 100, 100)
+	b.waitUntil(t, id, "running", func(r taskRow) bool { return r.Progress >= 3 })
+
+	// A cancel whose broadcast was lost: the row says so, no message goes.
+	_, err := b.db.Pool.Exec(context.Background(), `UPDATE tasks SET cancel_requested_at = now(),
+		version = version + 1 WHERE id = $1`, id)
+	require.NoError(t, err)
+	b.waitStatus(t, id, "CANCELLED", 10*time.Second)
+	b.requireOneTerminal(t, id)
+}
+
+func TestWorkerCancelledWhilePendingNeverRuns(t *testing.T) {
+	b := setup(t)
+	id := b.sleepTask(t, 1, 10)
+	testenv.WaitForDepth(t, b.amqpURL, rabbitmq.QueueName("demo.sleep"), 1, 30*time.Second)
+	require.Equal(t, http.StatusOK, b.cancel(t, id))
+
+	b.startWorker(t, "w1")
+	testenv.WaitForDepth(t, b.amqpURL, rabbitmq.QueueName("demo.sleep"), 0, 30*time.Second)
+	// The message was consumed and dropped; the task stayed CANCELLED.
+	r := b.task(t, id)
+	require.Equal(t, "CANCELLED", r.Status)
+	require.Equal(t, 0, r.Attempt)
+	ev := b.requireOneTerminal(t, id)
+	require.Zero(t, count(ev, "IN_PROGRESS", ""), "never ran: %+v", ev)
+}
+
+func TestWorkerRetriesWithBackoffThenCompletes(t *testing.T) {
+	b := setup(t)
+	b.startWorker(t, "w1")
+	id := b.submit(t, "demo.sleep", map[string]any{"steps": 1, "step_ms": 10, "fail_times": 2}, 3)
+	r := b.waitStatus(t, id, "COMPLETED", 30*time.Second)
+	require.Equal(t, 3, r.Attempt)
+	require.Empty(t, r.Error, "a completed task carries no error")
+
+	ev := b.requireOneTerminal(t, id)
+	require.Equal(t, 3, count(ev, "IN_PROGRESS", "Running"))
+	require.Equal(t, 2, count(ev, "PENDING", "Retry scheduled"))
+	// Each retry waited at least half its backoff (200ms, then 400ms, with
+	// equal jitter) before it ran.
+	minWait := []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}
+	retry := 0
+	for i, e := range ev {
+		if e.State != "Retry scheduled" {
+			continue
+		}
+		require.Contains(t, e.Detail["error"], "failing attempt")
+		next := ev[i+1]
+		require.Equal(t, "Running", next.State)
+		require.GreaterOrEqual(t, next.At.Sub(e.At), minWait[retry], "retry %d ran before its backoff", retry+1)
+		retry++
+	}
+}
+
+func TestWorkerFailsAfterMaxAttempts(t *testing.T) {
+	b := setup(t)
+	b.startWorker(t, "w1")
+	id := b.submit(t, "demo.sleep", map[string]any{"steps": 1, "step_ms": 1, "fail_times": 99}, 2)
+	r := b.waitStatus(t, id, "FAILED", 30*time.Second)
+	require.Equal(t, 2, r.Attempt)
+	require.Contains(t, r.Error, "failing attempt 2")
+	ev := b.requireOneTerminal(t, id)
+	require.Equal(t, 2, count(ev, "IN_PROGRESS", "Running"))
+
+	// It stays FAILED: nothing retries it behind our back.
+	time.Sleep(time.Second)
+	require.Equal(t, "FAILED", b.task(t, id).Status)
+
+	// The retry endpoint revives it; it fails again through both attempts.
+	resp, err := http.Post(b.api+"/v1/tasks/"+id.String()+"/retry", "application/json", nil)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if n := count(b.events(t, id), "FAILED", ""); n != 2 {
+			return fmt.Errorf("%d FAILED events", n)
+		}
+		return nil
+	})
+	require.Equal(t, 4, count(b.events(t, id), "IN_PROGRESS", "Running"))
+}
+
+func TestWorkerRunsDuplicateDeliveryOnce(t *testing.T) {
+	b := setup(t)
+	id := b.sleepTask(t, 5, 50)
+	// A second message for the same task, as a relay killed between
+	// confirm and delete would publish.
+	_, err := b.db.Pool.Exec(context.Background(), `INSERT INTO outbox (kind, task_id, routing_key, priority, body)
+		SELECT 'task.run', id, type, priority, jsonb_build_object('task_id', id, 'type', type, 'attempt', 0)
+		FROM tasks WHERE id = $1`, id)
+	require.NoError(t, err)
+	testenv.WaitForDepth(t, b.amqpURL, rabbitmq.QueueName("demo.sleep"), 2, 30*time.Second)
+
+	b.startWorker(t, "w1")
+	b.startWorker(t, "w2")
+	b.waitStatus(t, id, "COMPLETED", 30*time.Second)
+	testenv.WaitForDepth(t, b.amqpURL, rabbitmq.QueueName("demo.sleep"), 0, 30*time.Second)
+	ev := b.requireOneTerminal(t, id)
+	require.Equal(t, 1, count(ev, "IN_PROGRESS", "Running"), "one execution: %+v", ev)
+	require.Equal(t, 1, b.task(t, id).Attempt)
+}
+
+func TestWorkerRecoversTasksOfPurgedQueue(t *testing.T) {
+	b := setup(t)
+	var ids []uuid.UUID
+	for range 5 {
+		ids = append(ids, b.sleepTask(t, 1, 10))
+	}
+	queue := rabbitmq.QueueName("demo.sleep")
+	testenv.WaitForDepth(t, b.amqpURL, queue, 5, 30*time.Second)
+	require.Equal(t, 5, testenv.PurgeQueue(t, b.amqpURL, queue))
+
+	b.startWorker(t, "w1", "REPUBLISH_AFTER=1s")
+	for _, id := range ids {
+		b.waitStatus(t, id, "COMPLETED", 30*time.Second)
+		ev := b.requireOneTerminal(t, id)
+		require.Equal(t, 1, count(ev, "PENDING", "Queued")-1, "republished once by maintenance: %+v", ev)
+	}
+}
+
+func TestWorkerSIGKILLMidTaskFinishedElsewhere(t *testing.T) {
+	b := setup(t)
+	w1 := b.startWorker(t, "w1")
+	id := b.sleepTask(t, 30, 100)
+	b.waitUntil(t, id, "running on w1", func(r taskRow) bool { return r.WorkerID == "w1" && r.Progress >= 10 })
+	w1.Signal(syscall.SIGKILL)
+	w1.Wait(t, 10*time.Second)
+
+	b.startWorker(t, "w2")
+	r := b.waitStatus(t, id, "COMPLETED", 60*time.Second)
+	require.Equal(t, "w2", r.WorkerID)
+	require.Equal(t, 2, r.Attempt)
+	ev := b.requireOneTerminal(t, id)
+	require.Equal(t, 2, count(ev, "IN_PROGRESS", "Running"))
+	require.Equal(t, 1, count(ev, "PENDING", "Queued")-1, "the expired lease sent it back once: %+v", ev)
+}
+
+func TestWorkerMaintenanceMovesToAnotherLeader(t *testing.T) {
+	b := setup(t)
+	w1 := b.startWorker(t, "w1")
+	b.waitLeader(t, "w1")
+	b.startWorker(t, "w2")
+	w1.Signal(syscall.SIGKILL)
+	w1.Wait(t, 10*time.Second)
+	b.waitLeader(t, "w2")
+
+	// A task left running by the dead worker is recovered by the new leader.
+	id := uuid.Must(uuid.NewV7())
+	_, err := b.db.Pool.Exec(context.Background(), `INSERT INTO tasks (id, type, status, state, attempt, worker_id,
+		lease_expires_at, started_at) VALUES ($1, 'demo.noop', 'IN_PROGRESS', 'Running', 1, 'w1', now() - interval '1 second', now())`, id)
+	require.NoError(t, err)
+	r := b.waitStatus(t, id, "COMPLETED", 30*time.Second)
+	require.Equal(t, "w2", r.WorkerID)
+	b.requireOneTerminal(t, id)
+	// The dead worker left the registry.
+	testenv.Eventually(t, 30*time.Second, func() error {
+		var ids []string
+		require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT array_agg(id ORDER BY id) FROM workers`).Scan(&ids))
+		if strings.Join(ids, ",") != "w2" {
+			return fmt.Errorf("registry holds %v", ids)
+		}
+		return nil
+	})
+}
+
+func (b *bundle) waitLeader(t *testing.T, id string) {
+	t.Helper()
+	testenv.Eventually(t, 30*time.Second, func() error {
+		var leader string
+		err := b.db.Pool.QueryRow(context.Background(), `SELECT leader_id FROM leaders
+			WHERE name = 'maintenance' AND expires_at > now()`).Scan(&leader)
+		if err != nil || leader != id {
+			return fmt.Errorf("leader %q (%v), want %s", leader, err, id)
+		}
+		return nil
+	})
+}
+
+func TestWorkerSIGTERMFinishesOrHandsBack(t *testing.T) {
+	b := setup(t)
+	w1 := b.startWorker(t, "w1", "SHUTDOWN_TIMEOUT=1500ms")
+	short := []uuid.UUID{b.sleepTask(t, 5, 100), b.sleepTask(t, 6, 100)}
+	long := []uuid.UUID{b.sleepTask(t, 100, 100), b.sleepTask(t, 101, 100)}
+	for _, id := range append(append([]uuid.UUID{}, short...), long...) {
+		b.waitUntil(t, id, "running", func(r taskRow) bool { return r.Status == "IN_PROGRESS" })
+	}
+	w1.Signal(syscall.SIGTERM)
+	require.Equal(t, 0, w1.Wait(t, 20*time.Second), "a graceful stop exits 0")
+
+	for _, id := range short {
+		require.Equal(t, "COMPLETED", b.task(t, id).Status, "short tasks finish within the grace period")
+	}
+	for _, id := range long {
+		r := b.task(t, id)
+		require.Equal(t, "PENDING", r.Status, "long tasks are handed back")
+		require.Equal(t, 0, r.Attempt, "a handed-back task keeps its attempts")
+	}
+	var registered int
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM workers`).Scan(&registered))
+	require.Zero(t, registered, "the worker left the registry")
+
+	b.startWorker(t, "w2", "PROGRESS_MIN_INTERVAL=1s")
+	for _, id := range long {
+		r := b.waitStatus(t, id, "COMPLETED", 60*time.Second)
+		require.Equal(t, "w2", r.WorkerID)
+		ev := b.requireOneTerminal(t, id)
+		require.Equal(t, 2, count(ev, "IN_PROGRESS", "Running"))
+	}
+}

@@ -1,0 +1,77 @@
+package config
+
+import (
+	"fmt"
+	"time"
+)
+
+// Worker configures a worker binary (cmd/worker, or one built with
+// worker.Main).
+type Worker struct {
+	Common
+	AMQPURL     string `envconfig:"AMQP_URL" default:"amqp://guest:guest@localhost:5672/"`
+	AdminAddr   string `envconfig:"WORKER_ADMIN_ADDR" default:":8082"`
+	Concurrency int    `envconfig:"WORKER_CONCURRENCY" default:"16"`
+	// ID names the worker in the registry and on the tasks it runs; empty
+	// means hostname, pid and a random suffix.
+	ID string `envconfig:"WORKER_ID"`
+	// LeaseDuration is how long a running task stays the worker's without a
+	// renewal; HeartbeatInterval is how often it is renewed (and the
+	// worker's registry row refreshed).
+	LeaseDuration     time.Duration `envconfig:"LEASE_DURATION" default:"30s"`
+	HeartbeatInterval time.Duration `envconfig:"HEARTBEAT_INTERVAL" default:"5s"`
+	// ProgressInterval is the least time between two stored progress
+	// reports of one task; the latest report always lands.
+	ProgressInterval time.Duration `envconfig:"PROGRESS_MIN_INTERVAL" default:"250ms"`
+	// RetryBackoffBase and RetryBackoffMax space a failed task's attempts:
+	// base doubled per attempt, capped, with jitter.
+	RetryBackoffBase time.Duration `envconfig:"RETRY_BACKOFF_BASE" default:"1s"`
+	RetryBackoffMax  time.Duration `envconfig:"RETRY_BACKOFF_MAX" default:"5m"`
+	// MaintenanceInterval is how often the elected worker runs maintenance;
+	// LeaderTTL is how long its leadership lasts without renewal.
+	MaintenanceInterval time.Duration `envconfig:"MAINTENANCE_INTERVAL" default:"5s"`
+	LeaderTTL           time.Duration `envconfig:"LEADER_TTL" default:"15s"`
+	// RepublishAfter is how long a PENDING task may wait, unclaimed and with
+	// no message in the outbox, before maintenance publishes it again.
+	RepublishAfter time.Duration `envconfig:"REPUBLISH_AFTER" default:"10m"`
+	// Retention is how long terminal tasks and their events are kept.
+	Retention time.Duration `envconfig:"RETENTION" default:"168h"`
+	// WorkerDeadAfter is how long a silent worker stays in the registry.
+	WorkerDeadAfter time.Duration `envconfig:"WORKER_DEAD_AFTER" default:"1m"`
+	// ReconnectBackoffMax caps the wait between reconnects to the broker.
+	ReconnectBackoffMax time.Duration `envconfig:"WORKER_RECONNECT_BACKOFF_MAX" default:"5s"`
+}
+
+// Validate checks the worker's configuration.
+func (c Worker) Validate() error {
+	if err := c.Common.Validate(); err != nil {
+		return err
+	}
+	if c.AMQPURL == "" {
+		return fmt.Errorf("AMQP_URL: must not be empty")
+	}
+	if c.Concurrency < 1 || c.Concurrency > 10000 {
+		return fmt.Errorf("WORKER_CONCURRENCY: must be between 1 and 10000, got %d", c.Concurrency)
+	}
+	for name, d := range map[string]time.Duration{
+		"LEASE_DURATION": c.LeaseDuration, "HEARTBEAT_INTERVAL": c.HeartbeatInterval,
+		"PROGRESS_MIN_INTERVAL": c.ProgressInterval, "RETRY_BACKOFF_BASE": c.RetryBackoffBase,
+		"RETRY_BACKOFF_MAX": c.RetryBackoffMax, "MAINTENANCE_INTERVAL": c.MaintenanceInterval,
+		"LEADER_TTL": c.LeaderTTL, "REPUBLISH_AFTER": c.RepublishAfter, "RETENTION": c.Retention,
+		"WORKER_DEAD_AFTER": c.WorkerDeadAfter, "WORKER_RECONNECT_BACKOFF_MAX": c.ReconnectBackoffMax,
+	} {
+		if err := positive(name, d); err != nil {
+			return err
+		}
+	}
+	if c.HeartbeatInterval*2 > c.LeaseDuration {
+		return fmt.Errorf("HEARTBEAT_INTERVAL: must be at most half of LEASE_DURATION (%s), got %s", c.LeaseDuration, c.HeartbeatInterval)
+	}
+	if c.MaintenanceInterval >= c.LeaderTTL {
+		return fmt.Errorf("MAINTENANCE_INTERVAL: must be shorter than LEADER_TTL (%s), got %s", c.LeaderTTL, c.MaintenanceInterval)
+	}
+	if c.WorkerDeadAfter <= c.HeartbeatInterval {
+		return fmt.Errorf("WORKER_DEAD_AFTER: must be longer than HEARTBEAT_INTERVAL (%s), got %s", c.HeartbeatInterval, c.WorkerDeadAfter)
+	}
+	return nil
+}

@@ -1,0 +1,59 @@
+package worker
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/conveyorhq/conveyor/internal/rabbitmq"
+	"github.com/conveyorhq/conveyor/internal/task"
+)
+
+// startConsumerSpan continues the trace the relay wrote into the message
+// headers with a CONSUMER span; the claim, the handler's progress (as span
+// events) and the outcome's writes hang under it.
+func (w *Worker) startConsumerSpan(ctx context.Context, d rabbitmq.Delivery) (context.Context, trace.Span) {
+	parent := w.propagator.Extract(ctx, propagation.MapCarrier(d.Headers))
+	return w.tracer.Start(parent, "process "+d.Queue,
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(
+			semconv.MessagingSystemRabbitmq,
+			semconv.MessagingOperationTypeDeliver,
+			semconv.MessagingDestinationName(rabbitmq.TasksExchange),
+			semconv.MessagingRabbitmqDestinationRoutingKey(d.Body.Type),
+			semconv.MessagingMessageID(d.MessageID),
+			attribute.String("messaging.rabbitmq.queue", d.Queue),
+			attribute.Bool("messaging.rabbitmq.redelivered", d.Redelivered),
+			attribute.String("conveyor.task_id", d.Body.TaskID.String()),
+			attribute.Int("conveyor.attempt", d.Body.Attempt),
+		))
+}
+
+// inject returns the W3C headers of ctx's span, for an outbox row.
+func (w *Worker) inject(ctx context.Context) task.Carrier {
+	c := task.Carrier{}
+	w.propagator.Inject(ctx, propagation.MapCarrier(c))
+	return c
+}
+
+// retryTrace starts the trace of a task's next attempt: a new root linked
+// to the failed attempt's span (SPEC 7), so each attempt is its own trace
+// and Jaeger leads from one to the other. It returns the new traceparent
+// for the task row and the headers for the outbox row.
+func (w *Worker) retryTrace(ctx context.Context, t task.Task) (string, task.Carrier) {
+	rctx, span := w.tracer.Start(ctx, "schedule retry",
+		trace.WithNewRoot(),
+		trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithLinks(trace.LinkFromContext(ctx, attribute.String("conveyor.link", "previous attempt"))),
+		trace.WithAttributes(
+			attribute.String("conveyor.task_id", t.ID.String()),
+			attribute.String("conveyor.task_type", t.Type),
+			attribute.Int("conveyor.next_attempt", t.Attempt+1),
+		))
+	defer span.End()
+	headers := w.inject(rctx)
+	return headers["traceparent"], headers
+}
