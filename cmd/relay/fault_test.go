@@ -123,7 +123,7 @@ func TestRelaySIGTERMFinishesBatchAndExitsZero(t *testing.T) {
 	left := b.outboxCount(t)
 
 	// Whatever it did not publish is still in the outbox: nothing lost.
-	relay = b.startRelay(t, "relay-2")
+	b.startRelay(t, "relay-2")
 	b.waitOutboxEmpty(t, 60*time.Second)
 	dups := b.requireAllDelivered(t, ids)
 	t.Logf("stopped with %d rows left; duplicates after SIGTERM: %d", left, dups)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/conveyorhq/conveyor/internal/rabbitmq"
@@ -24,24 +25,37 @@ import (
 // judge by what the database holds afterwards.
 
 type bundle struct {
-	db      *testdb.DB
+	dbURL   string
+	pool    *pgxpool.Pool
 	amqpURL string
 	api     string
 }
 
+// setup starts an api and a relay on a database and a vhost of the test's
+// own, on the shared servers.
 func setup(t *testing.T) *bundle {
 	t.Helper()
+	skipShort(t)
+	t.Parallel()
+	db := testdb.New(t)
+	return setupWith(t, db.URL, db.Pool, testenv.NewVhost(t))
+}
+
+func skipShort(t *testing.T) {
 	if testing.Short() {
 		t.Skip("process-level worker test")
 	}
-	t.Parallel()
-	b := &bundle{db: testdb.New(t), amqpURL: testenv.NewVhost(t)}
+}
+
+func setupWith(t *testing.T, dbURL string, pool *pgxpool.Pool, amqpURL string) *bundle {
+	t.Helper()
+	b := &bundle{dbURL: dbURL, pool: pool, amqpURL: amqpURL}
 	apiAddr := testenv.FreeAddr(t)
 	b.api = "http://" + apiAddr
 	testenv.Start(t, "api", testenv.Binary(t, "./cmd/api"),
-		"DATABASE_URL="+b.db.URL, "API_ADDR="+apiAddr, "LOG_FORMAT=text", "LOG_LEVEL=warn")
+		"DATABASE_URL="+b.dbURL, "API_ADDR="+apiAddr, "LOG_FORMAT=text", "LOG_LEVEL=warn")
 	testenv.Start(t, "relay", testenv.Binary(t, "./cmd/relay"),
-		"DATABASE_URL="+b.db.URL, "AMQP_URL="+b.amqpURL, "RELAY_ADMIN_ADDR="+testenv.FreeAddr(t),
+		"DATABASE_URL="+b.dbURL, "AMQP_URL="+b.amqpURL, "RELAY_ADMIN_ADDR="+testenv.FreeAddr(t),
 		"RELAY_POLL_INTERVAL=100ms", "RELAY_RECONNECT_BACKOFF_MAX=300ms", "LOG_FORMAT=text", "LOG_LEVEL=warn")
 	testenv.Eventually(t, 30*time.Second, func() error {
 		resp, err := http.Get(b.api + "/readyz")
@@ -62,7 +76,7 @@ func setup(t *testing.T) *bundle {
 func (b *bundle) startWorker(t *testing.T, id string, env ...string) *testenv.Process {
 	t.Helper()
 	base := []string{
-		"DATABASE_URL=" + b.db.URL, "AMQP_URL=" + b.amqpURL, "WORKER_ADMIN_ADDR=" + testenv.FreeAddr(t),
+		"DATABASE_URL=" + b.dbURL, "AMQP_URL=" + b.amqpURL, "WORKER_ADMIN_ADDR=" + testenv.FreeAddr(t),
 		"WORKER_ID=" + id, "WORKER_CONCURRENCY=4", "LEASE_DURATION=3s", "HEARTBEAT_INTERVAL=500ms",
 		"MAINTENANCE_INTERVAL=300ms", "LEADER_TTL=2s", "WORKER_DEAD_AFTER=3s",
 		"RETRY_BACKOFF_BASE=200ms", "RETRY_BACKOFF_MAX=1s", "PROGRESS_MIN_INTERVAL=50ms",
@@ -113,7 +127,7 @@ type taskRow struct {
 func (b *bundle) task(t *testing.T, id uuid.UUID) taskRow {
 	t.Helper()
 	var r taskRow
-	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT status, state, progress, attempt,
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT status, state, progress, attempt,
 		coalesce(worker_id, ''), coalesce(error, ''), (SELECT payload FROM task_results WHERE task_id = id)
 		FROM tasks WHERE id = $1`, id).Scan(&r.Status, &r.State, &r.Progress, &r.Attempt, &r.WorkerID, &r.Error, &r.Result))
 	return r
@@ -143,7 +157,7 @@ type event struct {
 // events returns a task's history, oldest first.
 func (b *bundle) events(t *testing.T, id uuid.UUID) []event {
 	t.Helper()
-	rows, err := b.db.Pool.Query(context.Background(), `SELECT status, state, progress, actor, detail, created_at
+	rows, err := b.pool.Query(context.Background(), `SELECT status, state, progress, actor, detail, created_at
 		FROM task_events WHERE task_id = $1 ORDER BY id`, id)
 	require.NoError(t, err)
 	defer rows.Close()
@@ -267,7 +281,7 @@ func TestWorkerCancelWithoutBroadcastCaughtByLeaseRenewal(t *testing.T) {
 	b.waitUntil(t, id, "running", func(r taskRow) bool { return r.Progress >= 3 })
 
 	// A cancel whose broadcast was lost: the row says so, no message goes.
-	_, err := b.db.Pool.Exec(context.Background(), `UPDATE tasks SET cancel_requested_at = now(),
+	_, err := b.pool.Exec(context.Background(), `UPDATE tasks SET cancel_requested_at = now(),
 		version = version + 1 WHERE id = $1`, id)
 	require.NoError(t, err)
 	b.waitStatus(t, id, "CANCELLED", 10*time.Second)
@@ -350,7 +364,7 @@ func TestWorkerRunsDuplicateDeliveryOnce(t *testing.T) {
 	id := b.sleepTask(t, 5, 50)
 	// A second message for the same task, as a relay killed between
 	// confirm and delete would publish.
-	_, err := b.db.Pool.Exec(context.Background(), `INSERT INTO outbox (kind, task_id, routing_key, priority, body)
+	_, err := b.pool.Exec(context.Background(), `INSERT INTO outbox (kind, task_id, routing_key, priority, body)
 		SELECT 'task.run', id, type, priority, jsonb_build_object('task_id', id, 'type', type, 'attempt', 0)
 		FROM tasks WHERE id = $1`, id)
 	require.NoError(t, err)
@@ -411,7 +425,7 @@ func TestWorkerMaintenanceMovesToAnotherLeader(t *testing.T) {
 
 	// A task left running by the dead worker is recovered by the new leader.
 	id := uuid.Must(uuid.NewV7())
-	_, err := b.db.Pool.Exec(context.Background(), `INSERT INTO tasks (id, type, status, state, attempt, worker_id,
+	_, err := b.pool.Exec(context.Background(), `INSERT INTO tasks (id, type, status, state, attempt, worker_id,
 		lease_expires_at, started_at) VALUES ($1, 'demo.noop', 'IN_PROGRESS', 'Running', 1, 'w1', now() - interval '1 second', now())`, id)
 	require.NoError(t, err)
 	r := b.waitStatus(t, id, "COMPLETED", 30*time.Second)
@@ -420,7 +434,7 @@ func TestWorkerMaintenanceMovesToAnotherLeader(t *testing.T) {
 	// The dead worker left the registry.
 	testenv.Eventually(t, 30*time.Second, func() error {
 		var ids []string
-		require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT array_agg(id ORDER BY id) FROM workers`).Scan(&ids))
+		require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT array_agg(id ORDER BY id) FROM workers`).Scan(&ids))
 		if strings.Join(ids, ",") != "w2" {
 			return fmt.Errorf("registry holds %v", ids)
 		}
@@ -432,10 +446,10 @@ func (b *bundle) waitLeader(t *testing.T, id string) {
 	t.Helper()
 	testenv.Eventually(t, 30*time.Second, func() error {
 		var leader string
-		err := b.db.Pool.QueryRow(context.Background(), `SELECT leader_id FROM leaders
+		err := b.pool.QueryRow(context.Background(), `SELECT leader_id FROM leaders
 			WHERE name = 'maintenance' AND expires_at > now()`).Scan(&leader)
 		if err != nil || leader != id {
-			return fmt.Errorf("leader %q (%v), want %s", leader, err, id)
+			return fmt.Errorf("leader %q, want %s: %w", leader, id, err)
 		}
 		return nil
 	})
@@ -461,7 +475,7 @@ func TestWorkerSIGTERMFinishesOrHandsBack(t *testing.T) {
 		require.Equal(t, 0, r.Attempt, "a handed-back task keeps its attempts")
 	}
 	var registered int
-	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM workers`).Scan(&registered))
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM workers`).Scan(&registered))
 	require.Zero(t, registered, "the worker left the registry")
 
 	b.startWorker(t, "w2", "PROGRESS_MIN_INTERVAL=1s")

@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -37,4 +38,33 @@ func TestLoadAPIDefaults(t *testing.T) {
 	require.Equal(t, int64(1<<20), cfg.MaxBodyBytes)
 	require.Equal(t, 3, cfg.DefaultMaxAttempts)
 	require.Equal(t, "info", cfg.LogLevel)
+}
+
+func TestLoadWorkerNamesTheBadVariable(t *testing.T) {
+	tests := []struct{ name, value string }{
+		{"WORKER_CONCURRENCY", "0"},
+		{"WORKER_CONCURRENCY", "many"},
+		{"LEASE_DURATION", "0s"},
+		{"HEARTBEAT_INTERVAL", "20s"}, // more than half the 30s lease
+		{"MAINTENANCE_INTERVAL", "1m"},
+		{"RETRY_BACKOFF_BASE", "-1s"},
+		{"WORKER_DEAD_AFTER", "1s"},
+		{"AMQP_URL", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
+			t.Setenv(tt.name, tt.value)
+			_, err := config.Load[config.Worker]()
+			require.ErrorContains(t, err, tt.name)
+		})
+	}
+}
+
+func TestLoadWorkerDefaults(t *testing.T) {
+	cfg, err := config.Load[config.Worker]()
+	require.NoError(t, err)
+	require.Equal(t, ":8082", cfg.AdminAddr)
+	require.Equal(t, 16, cfg.Concurrency)
+	require.Equal(t, 30*time.Second, cfg.LeaseDuration)
+	require.Equal(t, 5*time.Second, cfg.HeartbeatInterval)
 }

@@ -33,7 +33,7 @@ func (l *Listener) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		err := l.listen(ctx, b)
 		if ctx.Err() != nil {
-			return nil
+			return nil //nolint:nilerr // the connection ended because we are stopping
 		}
 		wait := b.NextBackOff()
 		l.log.WarnContext(ctx, "listen connection lost; reconnecting", "channel", l.channel, "error", err, "retry_in", wait)

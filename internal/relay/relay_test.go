@@ -104,7 +104,7 @@ func TestRelayPublishesTaskAndCancelMessages(t *testing.T) {
 	// A worker's control queue, to see the cancel broadcast.
 	conn, err := amqp.Dial(b.amqpURL)
 	require.NoError(t, err)
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	ch, err := conn.Channel()
 	require.NoError(t, err)
 	require.NoError(t, rabbitmq.DeclareExchanges(ch))
@@ -210,7 +210,7 @@ func TestReturnedMessageStaysAndIsRetried(t *testing.T) {
 	// comes back. The row must stay, with the failure recorded.
 	conn, err := amqp.Dial(b.amqpURL)
 	require.NoError(t, err)
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	ch, err := conn.Channel()
 	require.NoError(t, err)
 	_, err = ch.QueueDelete(queue, false, false, false)

@@ -26,7 +26,7 @@ func QueueDepth(t testing.TB, url, queue string) int {
 	if err != nil {
 		t.Fatalf("testenv: dial: %v", err)
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	ch, err := conn.Channel()
 	if err != nil {
 		t.Fatalf("testenv: channel: %v", err)
@@ -45,7 +45,7 @@ func Drain(t testing.TB, url, queue string) []Message {
 	if err != nil {
 		t.Fatalf("testenv: dial: %v", err)
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	ch, err := conn.Channel()
 	if err != nil {
 		t.Fatalf("testenv: channel: %v", err)
@@ -92,7 +92,7 @@ func PurgeQueue(t testing.TB, url, queue string) int {
 	if err != nil {
 		t.Fatalf("testenv: dial: %v", err)
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	ch, err := conn.Channel()
 	if err != nil {
 		t.Fatalf("testenv: channel: %v", err)

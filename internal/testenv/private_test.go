@@ -2,24 +2,29 @@ package testenv_test
 
 import (
 	"context"
-	"github.com/conveyorhq/conveyor/internal/testenv"
-	"github.com/jackc/pgx/v5"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/conveyorhq/conveyor/internal/testenv"
 )
 
-func TestPrivateServers(t *testing.T) {
+// A private PostgreSQL answers, stops, and answers again after a restart.
+func TestPrivatePostgresRestarts(t *testing.T) {
 	t.Parallel()
 	pg := testenv.StartPG(t)
-	c, err := pgx.Connect(context.Background(), pg.URL("postgres"))
-	if err != nil {
-		t.Fatal(err)
+	ctx := context.Background()
+	connect := func() error {
+		c, err := pgx.Connect(ctx, pg.URL("postgres"))
+		if err != nil {
+			return err
+		}
+		return c.Close(ctx)
 	}
-	c.Close(context.Background())
+	require.NoError(t, connect())
 	pg.Stop(t)
+	require.Error(t, connect(), "stopped")
 	pg.Start(t)
-	c, err = pgx.Connect(context.Background(), pg.URL("postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.Close(context.Background())
+	require.NoError(t, connect())
 }

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/conveyorhq/conveyor/internal/postgres"
+	"github.com/conveyorhq/conveyor/internal/testdb"
+	"github.com/conveyorhq/conveyor/internal/testenv"
+)
+
+// Faults of the servers the worker depends on. Each test stops a server of
+// its own, never the shared one.
+
+func TestWorkerSurvivesBrokerRestart(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	node := testenv.StartRabbit(t)
+	db := testdb.New(t)
+	b := setupWith(t, db.URL, db.Pool, node.URL())
+	admin := testenv.FreeAddr(t)
+	w := b.startWorker(t, "w1", "WORKER_ADMIN_ADDR="+admin)
+	running := b.sleepTask(t, 40, 100)
+	b.waitUntil(t, running, "running", func(r taskRow) bool { return r.Progress >= 5 })
+
+	node.Stop(t)
+	testenv.Eventually(t, 10*time.Second, func() error { return wantStatus(admin, "/readyz", http.StatusServiceUnavailable) })
+	// Work goes on without the broker: the running task reports progress.
+	progress := b.task(t, running).Progress
+	b.waitUntil(t, running, "progressing without the broker", func(r taskRow) bool { return r.Progress > progress })
+	submitted := []uuid.UUID{b.sleepTask(t, 1, 10), b.sleepTask(t, 2, 10)}
+	node.Start(t)
+
+	for _, id := range append(submitted, running) {
+		b.waitStatus(t, id, "COMPLETED", 60*time.Second)
+		b.requireOneTerminal(t, id)
+	}
+	require.Equal(t, 1, b.task(t, running).Attempt, "the running task was not interrupted")
+	testenv.Eventually(t, 10*time.Second, func() error { return wantStatus(admin, "/readyz", http.StatusOK) })
+	require.False(t, w.Exited(), w.Output())
+}
+
+func TestWorkerSurvivesPostgresRestart(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	pg := testenv.StartPG(t)
+	ctx := context.Background()
+	dbURL := pg.URL("conveyor")
+	pool, err := postgres.Open(ctx, postgres.PoolConfig{URL: dbURL})
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = postgres.Migrate(ctx, pool, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.NoError(t, err)
+	b := setupWith(t, dbURL, pool, testenv.NewVhost(t))
+	w := b.startWorker(t, "w1", "LEASE_DURATION=5s")
+	running := b.sleepTask(t, 40, 100)
+	b.waitUntil(t, running, "running", func(r taskRow) bool { return r.Progress >= 5 })
+
+	pg.Stop(t)
+	time.Sleep(time.Second) // the handler keeps running while its writes fail
+	pg.Start(t)
+	pool.Reset()
+
+	r := b.waitStatus(t, running, "COMPLETED", 60*time.Second)
+	b.requireOneTerminal(t, running)
+	t.Logf("completed on attempt %d after the database restart", r.Attempt)
+	after := b.sleepTask(t, 1, 10)
+	b.waitStatus(t, after, "COMPLETED", 30*time.Second)
+	require.False(t, w.Exited(), w.Output())
+}
+
+func wantStatus(addr, path string, status int) error {
+	resp, err := http.Get("http://" + addr + path)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != status {
+		return &statusError{path: path, got: resp.StatusCode, want: status}
+	}
+	return nil
+}
+
+type statusError struct {
+	path      string
+	got, want int
+}
+
+func (e *statusError) Error() string {
+	return e.path + ": " + http.StatusText(e.got) + ", want " + http.StatusText(e.want)
+}
