@@ -47,16 +47,18 @@ func skipShort(t *testing.T) {
 	}
 }
 
-func setupWith(t *testing.T, dbURL string, pool *pgxpool.Pool, amqpURL string) *bundle {
+// setupWith starts an api and a relay on the given servers; env is added to
+// both.
+func setupWith(t *testing.T, dbURL string, pool *pgxpool.Pool, amqpURL string, env ...string) *bundle {
 	t.Helper()
 	b := &bundle{dbURL: dbURL, pool: pool, amqpURL: amqpURL}
 	apiAddr := testenv.FreeAddr(t)
 	b.api = "http://" + apiAddr
-	testenv.Start(t, "api", testenv.Binary(t, "./cmd/api"),
-		"DATABASE_URL="+b.dbURL, "API_ADDR="+apiAddr, "LOG_FORMAT=text", "LOG_LEVEL=warn")
-	testenv.Start(t, "relay", testenv.Binary(t, "./cmd/relay"),
-		"DATABASE_URL="+b.dbURL, "AMQP_URL="+b.amqpURL, "RELAY_ADMIN_ADDR="+testenv.FreeAddr(t),
-		"RELAY_POLL_INTERVAL=100ms", "RELAY_RECONNECT_BACKOFF_MAX=300ms", "LOG_FORMAT=text", "LOG_LEVEL=warn")
+	testenv.Start(t, "api", testenv.Binary(t, "./cmd/api"), append([]string{
+		"DATABASE_URL=" + b.dbURL, "API_ADDR=" + apiAddr, "LOG_FORMAT=text", "LOG_LEVEL=warn"}, env...)...)
+	testenv.Start(t, "relay", testenv.Binary(t, "./cmd/relay"), append([]string{
+		"DATABASE_URL=" + b.dbURL, "AMQP_URL=" + b.amqpURL, "RELAY_ADMIN_ADDR=" + testenv.FreeAddr(t),
+		"RELAY_POLL_INTERVAL=100ms", "RELAY_RECONNECT_BACKOFF_MAX=300ms", "LOG_FORMAT=text", "LOG_LEVEL=warn"}, env...)...)
 	testenv.Eventually(t, 30*time.Second, func() error {
 		resp, err := http.Get(b.api + "/readyz")
 		if err != nil {
