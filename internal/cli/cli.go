@@ -6,16 +6,24 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/conveyorhq/conveyor/internal/config"
 )
 
 // Main loads C from the environment and calls run with a context cancelled
 // on SIGINT or SIGTERM. It never returns.
+//
+// `<binary> healthcheck URL` instead probes URL and exits 0 when it answers
+// 200: a container healthcheck for images that hold no curl.
 func Main[C interface{ Validate() error }](name string, run func(context.Context, C, io.Writer) error) {
+	if len(os.Args) > 1 && os.Args[1] == "healthcheck" {
+		os.Exit(healthcheck(os.Args[2:]))
+	}
 	cfg, err := config.Load[C]()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
@@ -30,4 +38,24 @@ func Main[C interface{ Validate() error }](name string, run func(context.Context
 		os.Exit(1)
 	}
 	os.Exit(0)
+}
+
+// healthcheck GETs the one URL it is given and returns the exit code.
+func healthcheck(args []string) int {
+	if len(args) != 1 {
+		fmt.Fprintln(os.Stderr, "usage: healthcheck URL (such as http://localhost:8080/readyz)")
+		return 2
+	}
+	client := &http.Client{Timeout: 3 * time.Second}
+	resp, err := client.Get(args[0])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "healthcheck:", err)
+		return 1
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		fmt.Fprintln(os.Stderr, "healthcheck:", resp.Status)
+		return 1
+	}
+	return 0
 }
