@@ -33,8 +33,8 @@ lint: ## gofmt, go vet, and golangci-lint when installed
 fmt: ## Format the code
 	gofmt -w $$(git ls-files '*.go')
 
-bench: ## Benchmarks (ratios to baselines measured in the same run)
-	@echo "make bench: not yet — the benchmark program arrives with the benchmark issue"
+bench: ## Benchmarks against the machine's ceilings and River, as ratios measured in the same run (BENCH_FLAGS=-quick for a short one)
+	cd bench && $(GO) run . $(BENCH_FLAGS)
 
 tidy: ## go mod tidy
 	$(GO) mod tidy

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/conveyorhq/conveyor/internal/postgres"
+	"github.com/conveyorhq/conveyor/internal/rabbitmq"
+	"github.com/conveyorhq/conveyor/internal/task"
+)
+
+// The ceilings: what PostgreSQL and RabbitMQ allow on this machine for the
+// work Conveyor does, without Conveyor around it.
+
+// forDuration runs fn from conc goroutines for d and returns the number of
+// successful calls per second.
+func forDuration(conc int, d time.Duration, fn func(worker, i int) error) (float64, error) {
+	var ops atomic.Int64
+	var firstErr error
+	var once sync.Once
+	deadline := time.Now().Add(d)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; time.Now().Before(deadline); i++ {
+				if err := fn(w, i); err != nil {
+					once.Do(func() { firstErr = err })
+					return
+				}
+				ops.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(ops.Load()) / time.Since(start).Seconds(), firstErr
+}
+
+// submitCeiling is the API's own submit transaction (task, event and outbox
+// row in one statement), called directly with pgx from conc goroutines.
+func submitCeiling(ctx context.Context, pool *pgxpool.Pool, conc int, d time.Duration) (float64, error) {
+	store := postgres.NewTaskStore(pool, nil)
+	return forDuration(conc, d, func(w, i int) error {
+		sub, err := task.NewSubmission(task.SubmitInput{
+			Type:    "demo.noop",
+			Payload: json.RawMessage(fmt.Sprintf(`{"ceiling": %d, "i": %d}`, w, i)),
+		}, task.Defaults{MaxAttempts: 3}, "")
+		if err != nil {
+			return err
+		}
+		_, err = store.Submit(ctx, sub, nil)
+		return err
+	})
+}
+
+// messageBody is the size of a task message: {task_id, type, attempt}.
+var messageBody = []byte(`{"task_id": "01a205e2-d588-7d57-bea0-198522c3fe8a", "type": "demo.noop", "attempt": 0}`)
+
+// publishCeiling publishes n persistent, mandatory messages with publisher
+// confirms, batch at a time, waiting for each batch's confirms: the relay's
+// batching, with nothing else.
+func publishCeiling(amqpURL string, n, batch int) (float64, error) {
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, err
+	}
+	if err := rabbitmq.DeclareExchanges(ch); err != nil {
+		return 0, err
+	}
+	if err := rabbitmq.DeclareTaskQueue(ch, "bench.ceiling"); err != nil {
+		return 0, err
+	}
+	if err := ch.Confirm(false); err != nil {
+		return 0, err
+	}
+	ctx := context.Background()
+	start := time.Now()
+	for sent := 0; sent < n; {
+		confirms := make([]*amqp.DeferredConfirmation, 0, batch)
+		for i := 0; i < batch && sent < n; i++ {
+			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, rabbitmq.TasksExchange, "bench.ceiling", true, false, amqp.Publishing{
+				DeliveryMode: amqp.Persistent, ContentType: "application/json", Priority: 5,
+				MessageId: fmt.Sprint(sent), Body: messageBody,
+				Headers: amqp.Table{"traceparent": "00-0dba3b847a67f67a629808001b5e6847-bbc96f631e9baf07-01"},
+			})
+			if err != nil {
+				return 0, err
+			}
+			confirms = append(confirms, dc)
+			sent++
+		}
+		for _, dc := range confirms {
+			if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+				return 0, fmt.Errorf("publish not confirmed: %v", err)
+			}
+		}
+	}
+	return float64(n) / time.Since(start).Seconds(), nil
+}
+
+// consumeCeiling consumes n messages from the queue the publish ceiling
+// filled, acking each, with a prefetch of prefetch.
+func consumeCeiling(amqpURL string, n, prefetch int) (float64, error) {
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, err
+	}
+	if err := ch.Qos(prefetch, 0, false); err != nil {
+		return 0, err
+	}
+	msgs, err := ch.Consume(rabbitmq.QueueName("bench.ceiling"), "", false, false, false, false, nil)
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	for i := range n {
+		select {
+		case m := <-msgs:
+			if err := m.Ack(false); err != nil {
+				return 0, err
+			}
+		case <-time.After(30 * time.Second):
+			return 0, fmt.Errorf("consumed only %d of %d", i, n)
+		}
+	}
+	return float64(n) / time.Since(start).Seconds(), nil
+}

@@ -1,0 +1,400 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// system is a running Conveyor: api and relay, and workers when asked.
+type system struct {
+	e       *env
+	dbURL   string
+	pool    *pgxpool.Pool
+	amqpURL string
+	api     string
+	relay   string // admin address
+	procs   map[string]*proc
+}
+
+func (e *env) system(ctx context.Context, name string, apiConns int) (*system, error) {
+	dbURL, pool, err := e.database(ctx, name, 8)
+	if err != nil {
+		return nil, err
+	}
+	amqpURL, err := e.vhost(name)
+	if err != nil {
+		return nil, err
+	}
+	s := &system{e: e, dbURL: dbURL, pool: pool, amqpURL: amqpURL, procs: map[string]*proc{}}
+	apiAddr := freeAddr()
+	s.api = "http://" + apiAddr
+	if err := s.start("api", "API_ADDR="+apiAddr, fmt.Sprintf("DATABASE_MAX_CONNS=%d", apiConns)); err != nil {
+		return nil, err
+	}
+	if err := waitHTTP(s.api+"/readyz", 30*time.Second); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *system) start(name string, vars ...string) error {
+	p, err := s.e.start(name, append([]string{"DATABASE_URL=" + s.dbURL, "AMQP_URL=" + s.amqpURL}, vars...)...)
+	if err != nil {
+		return err
+	}
+	s.procs[name] = p
+	return nil
+}
+
+func (s *system) startRelay() error {
+	s.relay = freeAddr()
+	if err := s.start("relay", "RELAY_ADMIN_ADDR="+s.relay); err != nil {
+		return err
+	}
+	return waitHTTP("http://"+s.relay+"/readyz", 30*time.Second)
+}
+
+func (s *system) startWorker(name string, concurrency int) error {
+	addr := freeAddr()
+	if err := s.start(name, "WORKER_ADMIN_ADDR="+addr, fmt.Sprintf("WORKER_CONCURRENCY=%d", concurrency)); err != nil {
+		return err
+	}
+	return waitHTTP("http://"+addr+"/readyz", 30*time.Second)
+}
+
+func (s *system) count(ctx context.Context, sql string) (int, error) {
+	var n int
+	err := s.pool.QueryRow(ctx, sql).Scan(&n)
+	return n, err
+}
+
+func (s *system) waitOutboxEmpty(ctx context.Context, timeout time.Duration) error {
+	return waitFor(timeout, 10*time.Millisecond, func() (bool, error) {
+		n, err := s.count(ctx, `SELECT count(*) FROM outbox`)
+		return n == 0, err
+	})
+}
+
+var httpClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxConnsPerHost: 256}, Timeout: 30 * time.Second}
+
+func (s *system) post(path string, body []byte) (int, error) {
+	resp, err := httpClient.Post(s.api+path, "application/json", bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// httpSubmit posts single submissions from conc keep-alive clients for d
+// and returns submissions per second and the latency percentiles.
+func (s *system) httpSubmit(conc int, d time.Duration, taskType string) (perSec float64, p50, p99 time.Duration, err error) {
+	var mu sync.Mutex
+	var lat []time.Duration
+	perSec, err = forDuration(conc, d, func(w, i int) error {
+		body := fmt.Appendf(nil, `{"type": %q, "payload": {"w": %d, "i": %d}}`, taskType, w, i)
+		start := time.Now()
+		code, err := s.post("/v1/tasks", body)
+		if err != nil {
+			return err
+		}
+		if code != http.StatusCreated {
+			return fmt.Errorf("submit: status %d", code)
+		}
+		mu.Lock()
+		lat = append(lat, time.Since(start))
+		mu.Unlock()
+		return nil
+	})
+	return perSec, percentile(lat, 0.5), percentile(lat, 0.99), err
+}
+
+// httpBatch posts batches of size from conc clients for d and returns tasks
+// per second.
+func (s *system) httpBatch(conc, size int, d time.Duration) (float64, error) {
+	batches, err := forDuration(conc, d, func(w, i int) error {
+		code, err := s.post("/v1/tasks/batch", batchBody(size, fmt.Sprintf("b%d-%d", w, i)))
+		if err != nil {
+			return err
+		}
+		if code != http.StatusOK {
+			return fmt.Errorf("batch: status %d", code)
+		}
+		return nil
+	})
+	return batches * float64(size), err
+}
+
+func batchBody(size int, tag string) []byte {
+	var b strings.Builder
+	b.WriteString(`{"tasks": [`)
+	for i := range size {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"type": "demo.noop", "dedupe": false, "payload": {"tag": %q, "i": %d}}`, tag, i)
+	}
+	b.WriteString(`]}`)
+	return []byte(b.String())
+}
+
+// submitNoops submits n demo.noop tasks through the batch endpoint.
+func (s *system) submitNoops(n int) error {
+	for done := 0; done < n; done += 1000 {
+		size := min(1000, n-done)
+		code, err := s.post("/v1/tasks/batch", batchBody(size, fmt.Sprintf("burn-%d", done)))
+		if err != nil {
+			return err
+		}
+		if code != http.StatusOK {
+			return fmt.Errorf("batch: status %d", code)
+		}
+	}
+	return nil
+}
+
+// burnDown measures how fast workers complete n queued demo.noop tasks:
+// the tasks are submitted and published first, then the workers start.
+func (s *system) burnDown(ctx context.Context, n, workers, concurrency int) (perSec, commits, wal float64, err error) {
+	if err := s.submitNoops(n); err != nil {
+		return 0, 0, 0, err
+	}
+	if err := s.waitOutboxEmpty(ctx, 5*time.Minute); err != nil {
+		return 0, 0, 0, err
+	}
+	before, err := pgCounters(ctx, s.pool)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	start := time.Now()
+	for i := range workers {
+		if err := s.startWorker(fmt.Sprintf("worker-%d", i), concurrency); err != nil {
+			return 0, 0, 0, err
+		}
+	}
+	err = waitFor(5*time.Minute, 20*time.Millisecond, func() (bool, error) {
+		done, err := s.count(ctx, `SELECT count(*) FROM tasks WHERE status = 'COMPLETED'`)
+		return done >= n, err
+	})
+	elapsed := time.Since(start)
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("burn-down: %w", err)
+	}
+	after, err := pgCounters(ctx, s.pool)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	return float64(n) / elapsed.Seconds(), float64(after.commits-before.commits) / float64(n),
+		float64(after.wal-before.wal) / float64(n), nil
+}
+
+// latency submits single tasks at a fixed rate for d to an idle system and
+// returns the submit→handler-start latency percentiles (from the task's
+// created_at to its started_at, both the database's clock).
+func (s *system) latency(ctx context.Context, rate int, d time.Duration) (p50, p99 time.Duration, err error) {
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	defer tick.Stop()
+	end := time.Now().Add(d)
+	var wg sync.WaitGroup
+	errs := make(chan error, 1)
+	sent := 0
+	for time.Now().Before(end) {
+		<-tick.C
+		sent++
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			code, err := s.post("/v1/tasks", fmt.Appendf(nil, `{"type": "demo.noop", "payload": {"latency": %d}}`, i))
+			if err == nil && code != http.StatusCreated {
+				err = fmt.Errorf("submit: status %d", code)
+			}
+			if err != nil {
+				select {
+				case errs <- err:
+				default:
+				}
+			}
+		}(sent)
+	}
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return 0, 0, err
+	default:
+	}
+	if err := waitFor(time.Minute, 20*time.Millisecond, func() (bool, error) {
+		n, err := s.count(ctx, `SELECT count(*) FROM tasks WHERE status = 'COMPLETED' AND payload ? 'latency'`)
+		return n >= sent, err
+	}); err != nil {
+		return 0, 0, err
+	}
+	rows, err := s.pool.Query(ctx, `SELECT extract(epoch FROM started_at - created_at) FROM tasks WHERE payload ? 'latency'`)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer rows.Close()
+	var lat []time.Duration
+	for rows.Next() {
+		var sec float64
+		if err := rows.Scan(&sec); err != nil {
+			return 0, 0, err
+		}
+		lat = append(lat, time.Duration(sec*float64(time.Second)))
+	}
+	return percentile(lat, 0.5), percentile(lat, 0.99), rows.Err()
+}
+
+// relayThroughput fills the outbox with n rows and measures how fast one
+// relay publishes them; it also reports the relay's peak RSS.
+func (s *system) relayThroughput(ctx context.Context, n int) (perSec float64, peakRSS int64, err error) {
+	if err := s.startRelay(); err != nil {
+		return 0, 0, err
+	}
+	if err := s.fillOutbox(ctx, n, "bench.relay"); err != nil {
+		return 0, 0, err
+	}
+	// The rows are committed: wake the relay as the API would.
+	start := time.Now()
+	if _, err := s.pool.Exec(ctx, `SELECT pg_notify('conveyor_outbox', '')`); err != nil {
+		return 0, 0, err
+	}
+	stop := s.sampleRSS("relay")
+	err = s.waitOutboxEmpty(ctx, 10*time.Minute)
+	elapsed := time.Since(start)
+	peak := stop()
+	return float64(n) / elapsed.Seconds(), peak["relay"], err
+}
+
+// fillOutbox inserts n task.run rows straight into the outbox.
+func (s *system) fillOutbox(ctx context.Context, n int, routingKey string) error {
+	_, err := s.pool.Exec(ctx, `INSERT INTO outbox (kind, task_id, routing_key, priority, body, headers)
+		SELECT 'task.run', gen_random_uuid(), $2, 5,
+			jsonb_build_object('task_id', gen_random_uuid(), 'type', $2::text, 'attempt', 0),
+			'{"traceparent": "00-0dba3b847a67f67a629808001b5e6847-bbc96f631e9baf07-01"}'
+		FROM generate_series(1, $1)`, n, routingKey)
+	return err
+}
+
+// fillTasks inserts n PENDING demo.noop tasks with their outbox rows
+// straight into the database: a backlog, made fast.
+func (s *system) fillTasks(ctx context.Context, n int) error {
+	for done := 0; done < n; done += 100_000 {
+		_, err := s.pool.Exec(ctx, `WITH t AS (
+				INSERT INTO tasks (id, type, payload)
+				SELECT gen_random_uuid(), 'demo.noop', jsonb_build_object('i', g)
+				FROM generate_series(1, $1) g RETURNING id, type, priority)
+			INSERT INTO outbox (kind, task_id, routing_key, priority, body)
+			SELECT 'task.run', id, type, priority, jsonb_build_object('task_id', id, 'type', type, 'attempt', 0) FROM t`,
+			min(100_000, n-done))
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sampleRSS samples the RSS of the named processes every 100ms until the
+// returned function is called, which returns each one's peak.
+func (s *system) sampleRSS(names ...string) func() map[string]int64 {
+	peak := map[string]int64{}
+	var mu sync.Mutex
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	sample := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, n := range names {
+			if p := s.procs[n]; p != nil {
+				peak[n] = max(peak[n], p.rss())
+			}
+		}
+	}
+	go func() {
+		defer close(stopped)
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			sample()
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() map[string]int64 {
+		close(done)
+		<-stopped
+		sample()
+		return peak
+	}
+}
+
+// relayPublishP50 reads the relay's commit→publish histogram and returns
+// its median.
+func (s *system) relayPublishP50() (time.Duration, error) {
+	resp, err := http.Get("http://" + s.relay + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	f := families["conveyor_relay_commit_to_publish_seconds"]
+	if f == nil || len(f.GetMetric()) == 0 {
+		return 0, fmt.Errorf("relay metrics hold no commit-to-publish histogram")
+	}
+	return histogramQuantile(f.GetMetric()[0].GetHistogram(), 0.5), nil
+}
+
+// histogramQuantile interpolates a quantile from cumulative buckets, as
+// Prometheus's histogram_quantile does.
+func histogramQuantile(h *dto.Histogram, q float64) time.Duration {
+	total := float64(h.GetSampleCount())
+	if total == 0 {
+		return 0
+	}
+	rank := q * total
+	lower, prevCount := 0.0, 0.0
+	for _, b := range h.GetBucket() {
+		count := float64(b.GetCumulativeCount())
+		if count >= rank {
+			frac := (rank - prevCount) / max(count-prevCount, 1)
+			return time.Duration((lower + frac*(b.GetUpperBound()-lower)) * float64(time.Second))
+		}
+		lower, prevCount = b.GetUpperBound(), count
+	}
+	return time.Duration(lower * float64(time.Second))
+}
+
+func percentile(d []time.Duration, q float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(q*float64(len(s))))]
+}
+
+// jsonString is for table notes.
+func jsonString(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}

@@ -1,0 +1,207 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// env is what every scenario needs: where the servers are, the built
+// binaries, and scratch databases and vhosts that are dropped at the end.
+type env struct {
+	adminURL string // PostgreSQL, a database to create others from
+	amqpURL  string
+	bin      string // directory of the built api, relay and worker
+	cleanups []func()
+}
+
+func (e *env) close() {
+	for i := len(e.cleanups) - 1; i >= 0; i-- {
+		e.cleanups[i]()
+	}
+}
+
+// build compiles the product's binaries (without the race detector).
+func (e *env) build() error {
+	dir, err := os.MkdirTemp("", "conveyor-bench-bin-")
+	if err != nil {
+		return err
+	}
+	e.bin = dir
+	e.cleanups = append(e.cleanups, func() { _ = os.RemoveAll(dir) })
+	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/...")
+	cmd.Dir = ".."
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// database creates a fresh database and returns its URL and a pool on it.
+func (e *env) database(ctx context.Context, name string, maxConns int32) (string, *pgxpool.Pool, error) {
+	conn, err := pgx.Connect(ctx, e.adminURL)
+	if err != nil {
+		return "", nil, err
+	}
+	defer conn.Close(ctx)
+	ident := pgx.Identifier{name}.Sanitize()
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)"); err != nil {
+		return "", nil, err
+	}
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+ident); err != nil {
+		return "", nil, err
+	}
+	u, err := url.Parse(e.adminURL)
+	if err != nil {
+		return "", nil, err
+	}
+	u.Path = "/" + name
+	cfg, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		return "", nil, err
+	}
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return "", nil, err
+	}
+	e.cleanups = append(e.cleanups, func() {
+		pool.Close()
+		if c, err := pgx.Connect(context.Background(), e.adminURL); err == nil {
+			_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)")
+			_ = c.Close(context.Background())
+		}
+	})
+	return u.String(), pool, nil
+}
+
+// vhost creates a fresh RabbitMQ vhost and returns the AMQP URL for it.
+func (e *env) vhost(name string) (string, error) {
+	_ = exec.Command("rabbitmqctl", "-q", "delete_vhost", name).Run()
+	for _, args := range [][]string{{"add_vhost", name}, {"set_permissions", "-p", name, "guest", ".*", ".*", ".*"}} {
+		if out, err := exec.Command("rabbitmqctl", append([]string{"-q"}, args...)...).CombinedOutput(); err != nil {
+			return "", fmt.Errorf("rabbitmqctl %v: %w\n%s", args, err, out)
+		}
+	}
+	e.cleanups = append(e.cleanups, func() { _ = exec.Command("rabbitmqctl", "-q", "delete_vhost", name).Run() })
+	u, err := url.Parse(e.amqpURL)
+	if err != nil {
+		return "", err
+	}
+	u.Path = "/" + name
+	return u.String(), nil
+}
+
+// proc is a running product binary.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	log  *os.File
+}
+
+// start runs a built binary with env added to the bench's environment.
+func (e *env) start(name string, vars ...string) (*proc, error) {
+	log, err := os.CreateTemp("", "conveyor-bench-"+name+"-*.log")
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(filepath.Join(e.bin, strings.SplitN(name, "-", 2)[0]))
+	cmd.Env = append(append(os.Environ(), "LOG_LEVEL=warn", "LOG_FORMAT=text"), vars...)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &proc{name: name, cmd: cmd, log: log}
+	e.cleanups = append(e.cleanups, p.stop)
+	return p, nil
+}
+
+func (p *proc) stop() {
+	if p.cmd.ProcessState == nil {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = p.cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-done
+		}
+	}
+	_ = p.log.Close()
+	_ = os.Remove(p.log.Name())
+}
+
+// rss is the process's resident set size in bytes.
+func (p *proc) rss() int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "VmRSS:") {
+			f := strings.Fields(line)
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb * 1024
+		}
+	}
+	return 0
+}
+
+// waitHTTP waits until url answers 200.
+func waitHTTP(url string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		resp, err := http.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not ready after %s (last error: %v)", url, timeout, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// waitFor polls cond until it holds.
+func waitFor(timeout time.Duration, interval time.Duration, cond func() (bool, error)) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, err := cond()
+		if err != nil {
+			return err
+		}
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %s", timeout)
+		}
+		time.Sleep(interval)
+	}
+}
+
+// freeAddr returns a loopback address with a free port.
+func freeAddr() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}

@@ -1,0 +1,462 @@
+// Command bench measures Conveyor against the ceilings of the machine it
+// runs on (bare pgx, bare amqp091-go) and against River, all in one run, and
+// reports every figure as a ratio to its baseline. It is its own module so
+// that the product does not depend on what it is compared with.
+//
+//	cd bench && go run . [-quick] [-out results/latest.json]
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/conveyorhq/conveyor/internal/postgres"
+)
+
+type options struct {
+	conc        int
+	pool        int
+	dur         time.Duration
+	burnN       int
+	workers     int
+	messages    int
+	rate        int
+	backlogs    []int
+	sampleFor   time.Duration
+	out         string
+	adminURL    string
+	amqpURL     string
+	skipBacklog bool
+}
+
+// result is one line of the report.
+type result struct {
+	Name     string  `json:"name"`
+	Value    float64 `json:"value"`
+	Unit     string  `json:"unit"`
+	Baseline string  `json:"baseline,omitempty"`
+	Ratio    float64 `json:"ratio,omitempty"`
+	Target   string  `json:"target,omitempty"`
+	Met      *bool   `json:"met,omitempty"`
+}
+
+type report struct {
+	Started  time.Time         `json:"started"`
+	Machine  map[string]string `json:"machine"`
+	Options  map[string]any    `json:"options"`
+	Results  []result          `json:"results"`
+	Duration string            `json:"duration"`
+}
+
+func main() {
+	var o options
+	quick := flag.Bool("quick", false, "small sizes and short runs (a smoke test of the benchmark itself)")
+	flag.IntVar(&o.conc, "concurrency", 32, "concurrent clients for the submit measurements")
+	flag.IntVar(&o.pool, "pool", 16, "database connections of the API and of the direct-pgx ceiling")
+	flag.DurationVar(&o.dur, "duration", 10*time.Second, "length of each timed measurement")
+	flag.IntVar(&o.burnN, "n", 20000, "tasks (and River jobs) in the burn-down")
+	flag.IntVar(&o.workers, "workers", 64, "handler concurrency in the burn-down (Conveyor WORKER_CONCURRENCY, River MaxWorkers)")
+	flag.IntVar(&o.messages, "messages", 100000, "messages for the publish, consume and relay measurements")
+	flag.IntVar(&o.rate, "rate", 200, "offered rate (tasks/s) of the latency measurement")
+	backlogs := flag.String("backlogs", "10000,1000000", "small and large backlogs of the memory measurement")
+	flag.DurationVar(&o.sampleFor, "sample", 20*time.Second, "how long relay and worker RSS is sampled per backlog")
+	flag.BoolVar(&o.skipBacklog, "skip-backlog", false, "skip the memory-versus-backlog measurement")
+	flag.StringVar(&o.out, "out", "results/latest.json", "where to write the JSON report")
+	flag.StringVar(&o.adminURL, "database", envOr("BENCH_DATABASE_URL", "postgres://postgres@localhost:5432/postgres?sslmode=disable"), "PostgreSQL to create scratch databases in")
+	flag.StringVar(&o.amqpURL, "amqp", envOr("BENCH_AMQP_URL", "amqp://guest:guest@localhost:5672/"), "RabbitMQ to create scratch vhosts in")
+	flag.Parse()
+	if *quick {
+		o.dur, o.burnN, o.messages, o.sampleFor = 2*time.Second, 2000, 10000, 3*time.Second
+		*backlogs = "10000,100000"
+	}
+	for _, b := range strings.Split(*backlogs, ",") {
+		var n int
+		if _, err := fmt.Sscan(b, &n); err != nil || n <= 0 {
+			fmt.Fprintf(os.Stderr, "bench: -backlogs: %q is not a positive count\n", b)
+			os.Exit(2)
+		}
+		o.backlogs = append(o.backlogs, n)
+	}
+	if err := run(context.Background(), o); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+type bench struct {
+	o       options
+	e       *env
+	results []result
+}
+
+func (b *bench) add(r result) {
+	b.results = append(b.results, r)
+	fmt.Fprintf(os.Stderr, "  %-48s %12.1f %s\n", r.Name, r.Value, r.Unit)
+}
+
+// vs adds a result with its ratio to a baseline result and, when given, a
+// target on that ratio (at least min when higher is better).
+func (b *bench) vs(name string, value float64, unit, baseline string, minRatio float64) {
+	r := result{Name: name, Value: value, Unit: unit, Baseline: baseline}
+	for _, x := range b.results {
+		if x.Name == baseline && x.Value > 0 {
+			r.Ratio = value / x.Value
+		}
+	}
+	if minRatio > 0 {
+		met := r.Ratio >= minRatio
+		r.Target, r.Met = fmt.Sprintf("ratio ≥ %.2f", minRatio), &met
+	}
+	b.add(r)
+}
+
+// atMost adds a result with an absolute target.
+func (b *bench) atMost(name string, value float64, unit string, limit float64) {
+	met := value <= limit
+	b.add(result{Name: name, Value: value, Unit: unit, Target: fmt.Sprintf("≤ %g %s", limit, unit), Met: &met})
+}
+
+func run(ctx context.Context, o options) error {
+	started := time.Now()
+	e := &env{adminURL: o.adminURL, amqpURL: o.amqpURL}
+	defer e.close()
+	fmt.Fprintln(os.Stderr, "building the binaries...")
+	if err := e.build(); err != nil {
+		return err
+	}
+	b := &bench{o: o, e: e}
+	steps := []struct {
+		name string
+		fn   func(context.Context) error
+	}{
+		{"ceilings: direct pgx submit, bare publish and consume", b.ceilings},
+		{"River: inserts and burn-down", b.river},
+		{"Conveyor: HTTP submits", b.submits},
+		{"Conveyor: relay throughput", b.relay},
+		{"Conveyor: burn-down", b.burnDown},
+		{"Conveyor: submit-to-start latency at a fixed rate", b.latency},
+		{"Conveyor: memory against backlog", b.backlog},
+	}
+	for _, s := range steps {
+		if s.name == "Conveyor: memory against backlog" && o.skipBacklog {
+			continue
+		}
+		fmt.Fprintln(os.Stderr, s.name)
+		if err := s.fn(ctx); err != nil {
+			return fmt.Errorf("%s: %w", s.name, err)
+		}
+	}
+	rep := report{
+		Started: started, Results: b.results, Duration: time.Since(started).Round(time.Second).String(),
+		Machine: machine(ctx, e),
+		Options: map[string]any{
+			"concurrency": o.conc, "pool": o.pool, "duration": o.dur.String(), "n": o.burnN, "workers": o.workers,
+			"messages": o.messages, "rate": o.rate, "backlogs": o.backlogs, "sample": o.sampleFor.String(),
+		},
+	}
+	printTable(os.Stdout, rep)
+	if err := os.MkdirAll(filepath.Dir(o.out), 0o755); err != nil {
+		return err
+	}
+	data, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(o.out, append(data, '\n'), 0o644)
+}
+
+// scope runs fn and then releases what it created (processes, databases,
+// vhosts), so each measurement starts on a clean machine.
+func (b *bench) scope(fn func() error) error {
+	mark := len(b.e.cleanups)
+	defer func() {
+		for i := len(b.e.cleanups) - 1; i >= mark; i-- {
+			b.e.cleanups[i]()
+		}
+		b.e.cleanups = b.e.cleanups[:mark]
+	}()
+	return fn()
+}
+
+func (b *bench) ceilings(ctx context.Context) error {
+	return b.scope(func() error {
+		_, pool, err := b.e.database(ctx, "bench_ceiling", int32(b.o.pool))
+		if err != nil {
+			return err
+		}
+		if _, err := postgres.Migrate(ctx, pool, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+			return err
+		}
+		v, err := submitCeiling(ctx, pool, b.o.conc, b.o.dur)
+		if err != nil {
+			return err
+		}
+		b.add(result{Name: "ceiling: submit tx, direct pgx", Value: v, Unit: "tasks/s"})
+		amqpURL, err := b.e.vhost("bench_ceiling")
+		if err != nil {
+			return err
+		}
+		if v, err = publishCeiling(amqpURL, b.o.messages, 500); err != nil {
+			return err
+		}
+		b.add(result{Name: "ceiling: publish, bare amqp091 (confirms, 500/batch)", Value: v, Unit: "msgs/s"})
+		if v, err = consumeCeiling(amqpURL, b.o.messages, 64); err != nil {
+			return err
+		}
+		b.add(result{Name: "ceiling: consume, bare amqp091 (acks)", Value: v, Unit: "msgs/s"})
+		return nil
+	})
+}
+
+func (b *bench) river(ctx context.Context) error {
+	err := b.scope(func() error {
+		_, pool, err := b.e.database(ctx, "bench_river_insert", int32(b.o.pool))
+		if err != nil {
+			return err
+		}
+		if err := riverMigrate(ctx, pool); err != nil {
+			return err
+		}
+		v, err := riverInsert(ctx, pool, b.o.conc, b.o.dur)
+		if err != nil {
+			return err
+		}
+		b.vs("River: insert, one job per tx", v, "jobs/s", "ceiling: submit tx, direct pgx", 0)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return b.scope(func() error {
+		_, pool, err := b.e.database(ctx, "bench_river_burn", int32(b.o.workers/2+4))
+		if err != nil {
+			return err
+		}
+		if err := riverMigrate(ctx, pool); err != nil {
+			return err
+		}
+		perSec, commits, wal, err := riverBurnDown(ctx, pool, b.o.burnN, b.o.workers)
+		if err != nil {
+			return err
+		}
+		b.add(result{Name: "River: burn-down of no-op jobs", Value: perSec, Unit: "jobs/s"})
+		b.add(result{Name: "River: write transactions per job (burn-down)", Value: commits, Unit: "txs"})
+		b.add(result{Name: "River: WAL per job (burn-down)", Value: wal, Unit: "bytes"})
+		return nil
+	})
+}
+
+func (b *bench) submits(ctx context.Context) error {
+	return b.scope(func() error {
+		s, err := b.e.system(ctx, "bench_submit", b.o.pool)
+		if err != nil {
+			return err
+		}
+		before, err := pgCounters(ctx, s.pool)
+		if err != nil {
+			return err
+		}
+		perSec, p50, p99, err := s.httpSubmit(b.o.conc, b.o.dur, "demo.noop")
+		if err != nil {
+			return err
+		}
+		after, err := pgCounters(ctx, s.pool)
+		if err != nil {
+			return err
+		}
+		n := perSec * b.o.dur.Seconds()
+		b.vs("Conveyor: submit over HTTP, single", perSec, "tasks/s", "ceiling: submit tx, direct pgx", 0.75)
+		b.add(result{Name: "Conveyor: submit over HTTP, p50", Value: ms(p50), Unit: "ms"})
+		b.add(result{Name: "Conveyor: submit over HTTP, p99", Value: ms(p99), Unit: "ms"})
+		b.add(result{Name: "Conveyor: write transactions per single submit", Value: float64(after.commits-before.commits) / n, Unit: "txs"})
+		b.add(result{Name: "Conveyor: WAL per single submit", Value: float64(after.wal-before.wal) / n, Unit: "bytes"})
+		v, err := s.httpBatch(4, 500, b.o.dur)
+		if err != nil {
+			return err
+		}
+		b.vs("Conveyor: submit over HTTP, batches of 500", v, "tasks/s", "ceiling: submit tx, direct pgx", 0)
+		b.add(result{Name: "Conveyor: api RSS after submits", Value: mib(s.procs["api"].rss()), Unit: "MiB"})
+		return nil
+	})
+}
+
+func (b *bench) relay(ctx context.Context) error {
+	return b.scope(func() error {
+		s, err := b.e.system(ctx, "bench_relay", b.o.pool)
+		if err != nil {
+			return err
+		}
+		perSec, rss, err := s.relayThroughput(ctx, b.o.messages)
+		if err != nil {
+			return err
+		}
+		b.vs("Conveyor: relay publish throughput", perSec, "msgs/s", "ceiling: publish, bare amqp091 (confirms, 500/batch)", 0.8)
+		b.add(result{Name: "Conveyor: relay peak RSS (publishing)", Value: mib(rss), Unit: "MiB"})
+		return nil
+	})
+}
+
+func (b *bench) burnDown(ctx context.Context) error {
+	return b.scope(func() error {
+		s, err := b.e.system(ctx, "bench_burn", b.o.pool)
+		if err != nil {
+			return err
+		}
+		if err := s.startRelay(); err != nil {
+			return err
+		}
+		stop := s.sampleRSS("worker-0")
+		perSec, commits, wal, err := s.burnDown(ctx, b.o.burnN, 1, b.o.workers)
+		peak := stop()
+		if err != nil {
+			return err
+		}
+		b.vs("Conveyor: burn-down of demo.noop tasks", perSec, "tasks/s", "River: burn-down of no-op jobs", 0.5)
+		b.vs("Conveyor: write transactions per task (burn-down)", commits, "txs", "River: write transactions per job (burn-down)", 0)
+		b.vs("Conveyor: WAL per task (burn-down)", wal, "bytes", "River: WAL per job (burn-down)", 0)
+		b.add(result{Name: "Conveyor: worker peak RSS (burn-down)", Value: mib(peak["worker-0"]), Unit: "MiB"})
+		return nil
+	})
+}
+
+func (b *bench) latency(ctx context.Context) error {
+	return b.scope(func() error {
+		s, err := b.e.system(ctx, "bench_latency", b.o.pool)
+		if err != nil {
+			return err
+		}
+		if err := s.startRelay(); err != nil {
+			return err
+		}
+		if err := s.startWorker("worker-0", 16); err != nil {
+			return err
+		}
+		p50, p99, err := s.latency(ctx, b.o.rate, b.o.dur)
+		if err != nil {
+			return err
+		}
+		b.atMost(fmt.Sprintf("Conveyor: submit→handler start p50 at %d/s", b.o.rate), ms(p50), "ms", 10)
+		b.atMost(fmt.Sprintf("Conveyor: submit→handler start p99 at %d/s", b.o.rate), ms(p99), "ms", 50)
+		pub, err := s.relayPublishP50()
+		if err != nil {
+			return err
+		}
+		b.atMost("Conveyor: relay commit→publish p50, low load", ms(pub), "ms", 10)
+		return nil
+	})
+}
+
+func (b *bench) backlog(ctx context.Context) error {
+	peaks := make([]map[string]int64, len(b.o.backlogs))
+	for i, n := range b.o.backlogs {
+		err := b.scope(func() error {
+			s, err := b.e.system(ctx, fmt.Sprintf("bench_backlog_%d", i), b.o.pool)
+			if err != nil {
+				return err
+			}
+			if err := s.fillTasks(ctx, n); err != nil {
+				return err
+			}
+			if err := s.startRelay(); err != nil {
+				return err
+			}
+			if err := s.startWorker("worker-0", 16); err != nil {
+				return err
+			}
+			stop := s.sampleRSS("relay", "worker-0")
+			time.Sleep(b.o.sampleFor)
+			peaks[i] = stop()
+			b.add(result{Name: fmt.Sprintf("Conveyor: relay peak RSS, %d backlog", n), Value: mib(peaks[i]["relay"]), Unit: "MiB"})
+			b.add(result{Name: fmt.Sprintf("Conveyor: worker peak RSS, %d backlog", n), Value: mib(peaks[i]["worker-0"]), Unit: "MiB"})
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	last := len(b.o.backlogs) - 1
+	small, large := b.o.backlogs[0], b.o.backlogs[last]
+	for _, p := range []string{"relay", "worker"} {
+		b.vs(fmt.Sprintf("Conveyor: %s peak RSS, %d backlog", p, large), mib(peaks[last][procName(p)]), "MiB",
+			fmt.Sprintf("Conveyor: %s peak RSS, %d backlog", p, small), 0)
+		r := &b.results[len(b.results)-1]
+		met := r.Ratio <= 1.2
+		r.Name += " (vs small)"
+		r.Target, r.Met = "ratio ≤ 1.20", &met
+	}
+	return nil
+}
+
+func procName(p string) string {
+	if p == "worker" {
+		return "worker-0"
+	}
+	return p
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+func mib(b int64) float64        { return float64(b) / (1 << 20) }
+
+func machine(ctx context.Context, e *env) map[string]string {
+	m := map[string]string{"go": runtime.Version(), "cpus": fmt.Sprint(runtime.NumCPU())}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(line, "model name") {
+				m["cpu"] = strings.TrimSpace(strings.SplitN(line, ":", 2)[1])
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		m["memory"] = strings.TrimSpace(strings.TrimPrefix(strings.SplitN(string(b), "\n", 2)[0], "MemTotal:"))
+	}
+	if c, err := pgx.Connect(ctx, e.adminURL); err == nil {
+		var v string
+		_ = c.QueryRow(ctx, "SHOW server_version").Scan(&v)
+		m["postgresql"] = v
+		_ = c.Close(ctx)
+	}
+	if c, err := amqp.Dial(e.amqpURL); err == nil {
+		m["rabbitmq"] = fmt.Sprint(c.Properties["version"])
+		_ = c.Close()
+	}
+	return m
+}
+
+func printTable(w io.Writer, rep report) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "measurement\tvalue\tunit\tratio\tbaseline\ttarget\n")
+	for _, r := range rep.Results {
+		ratio, met := "", ""
+		if r.Ratio != 0 {
+			ratio = fmt.Sprintf("%.2f", r.Ratio)
+		}
+		if r.Met != nil {
+			met = r.Target + map[bool]string{true: " ✓", false: " ✗"}[*r.Met]
+		}
+		fmt.Fprintf(tw, "%s\t%.1f\t%s\t%s\t%s\t%s\n", r.Name, r.Value, r.Unit, ratio, r.Baseline, met)
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(w, "\n%s, %s CPUs (%s), %s, PostgreSQL %s, RabbitMQ %s; took %s\n", rep.Machine["go"], rep.Machine["cpus"],
+		rep.Machine["cpu"], rep.Machine["memory"], rep.Machine["postgresql"], rep.Machine["rabbitmq"], rep.Duration)
+}
