@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -40,6 +41,7 @@ type options struct {
 	adminURL    string
 	amqpURL     string
 	skipBacklog bool
+	only        string
 }
 
 // result is one line of the report.
@@ -74,6 +76,7 @@ func main() {
 	backlogs := flag.String("backlogs", "10000,1000000", "small and large backlogs of the memory measurement")
 	flag.DurationVar(&o.sampleFor, "sample", 20*time.Second, "how long relay and worker RSS is sampled per backlog")
 	flag.BoolVar(&o.skipBacklog, "skip-backlog", false, "skip the memory-versus-backlog measurement")
+	flag.StringVar(&o.only, "only", "", "comma-separated steps to run: ceilings,river,submits,relay,burndown,latency,backlog (default all)")
 	flag.StringVar(&o.out, "out", "results/latest.json", "where to write the JSON report")
 	flag.StringVar(&o.adminURL, "database", envOr("BENCH_DATABASE_URL", "postgres://postgres@localhost:5432/postgres?sslmode=disable"), "PostgreSQL to create scratch databases in")
 	flag.StringVar(&o.amqpURL, "amqp", envOr("BENCH_AMQP_URL", "amqp://guest:guest@localhost:5672/"), "RabbitMQ to create scratch vhosts in")
@@ -146,19 +149,19 @@ func run(ctx context.Context, o options) error {
 	}
 	b := &bench{o: o, e: e}
 	steps := []struct {
-		name string
-		fn   func(context.Context) error
+		key, name string
+		fn        func(context.Context) error
 	}{
-		{"ceilings: direct pgx submit, bare publish and consume", b.ceilings},
-		{"River: inserts and burn-down", b.river},
-		{"Conveyor: HTTP submits", b.submits},
-		{"Conveyor: relay throughput", b.relay},
-		{"Conveyor: burn-down", b.burnDown},
-		{"Conveyor: submit-to-start latency at a fixed rate", b.latency},
-		{"Conveyor: memory against backlog", b.backlog},
+		{"ceilings", "ceilings: direct pgx submit, bare publish and consume", b.ceilings},
+		{"river", "River: inserts and burn-down", b.river},
+		{"submits", "Conveyor: HTTP submits", b.submits},
+		{"relay", "Conveyor: relay throughput", b.relay},
+		{"burndown", "Conveyor: burn-down", b.burnDown},
+		{"latency", "Conveyor: submit-to-start latency at a fixed rate", b.latency},
+		{"backlog", "Conveyor: memory against backlog", b.backlog},
 	}
 	for _, s := range steps {
-		if s.name == "Conveyor: memory against backlog" && o.skipBacklog {
+		if (s.key == "backlog" && o.skipBacklog) || (o.only != "" && !slices.Contains(strings.Split(o.only, ","), s.key)) {
 			continue
 		}
 		fmt.Fprintln(os.Stderr, s.name)

@@ -3,19 +3,21 @@ package postgres
 // The SQL of the worker's statements. Every write after the claim is fenced
 // by (id, version, status = 'IN_PROGRESS') and bumps version.
 
-// sqlClaim takes a task for a worker: lock the row if it is claimable
+// sqlClaim takes tasks for a worker: lock the rows that are claimable
 // (PENDING and due, or IN_PROGRESS under an expired lease with attempts
-// left and no cancel pending), then start the attempt and record it. One
-// statement, so one short transaction; under concurrent claims the FOR
+// left and no cancel pending), then start their attempts and record them.
+// One statement, so one short transaction; under concurrent claims the FOR
 // UPDATE re-checks the condition on the row the winner committed, so only
-// one claim succeeds.
+// one claim of a task succeeds. Rows are locked in id order, so concurrent
+// batches cannot deadlock.
 const sqlClaim = `
 WITH locked AS (
 	SELECT id AS locked_id FROM tasks
-	WHERE id = $1 AND (
+	WHERE id = ANY($1::uuid[]) AND (
 		(status = 'PENDING' AND next_run_at <= now() + interval '1 second')
 		OR (status = 'IN_PROGRESS' AND lease_expires_at < now() AND attempt < max_attempts
 			AND cancel_requested_at IS NULL))
+	ORDER BY id
 	FOR UPDATE
 ), upd AS (
 	UPDATE tasks SET status = 'IN_PROGRESS', state = 'Running', progress = 0, attempt = attempt + 1,
@@ -49,20 +51,25 @@ const sqlRenewLease = `UPDATE tasks SET lease_expires_at = now() + $3 * interval
 	updated_at = now(), version = version + 1
 	` + fence + ` RETURNING version`
 
+// sqlComplete ends a batch of tasks COMPLETED with their results, each
+// fenced by its own version; it returns the tasks it matched.
 const sqlComplete = `
-WITH upd AS (
+WITH input AS (
+	SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[]) AS i(task_id, version, result)
+), upd AS (
 	UPDATE tasks SET status = 'COMPLETED', state = 'Completed', progress = 100, error = NULL,
-		lease_expires_at = NULL, completed_at = now(), updated_at = now(), version = version + 1
-	` + fence + `
-	RETURNING id, status, state, progress, version, attempt
+		lease_expires_at = NULL, completed_at = now(), updated_at = now(), version = tasks.version + 1
+	FROM input
+	WHERE tasks.id = input.task_id AND tasks.version = input.version AND tasks.status = 'IN_PROGRESS'
+	RETURNING tasks.id, tasks.status, tasks.state, tasks.progress, tasks.version, tasks.attempt, input.result
 ), result AS (
-	INSERT INTO task_results (task_id, payload) SELECT id, $3 FROM upd
+	INSERT INTO task_results (task_id, payload) SELECT id, result::jsonb FROM upd
 	ON CONFLICT (task_id) DO UPDATE SET payload = excluded.payload, created_at = now()
 ), event AS (
 	INSERT INTO task_events (task_id, status, state, progress, actor, detail)
 	SELECT id, status, state, progress, 'WORKER', jsonb_build_object('attempt', attempt) FROM upd
 )
-SELECT version FROM upd`
+SELECT id, version FROM upd`
 
 const sqlFail = `
 WITH upd AS (

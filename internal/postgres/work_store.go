@@ -33,14 +33,22 @@ func NewWorkStore(pool *pgxpool.Pool, onOutbox func()) *WorkStore {
 // given length. ok is false when the task is not claimable: terminal,
 // running under a live lease, not due yet, or unknown.
 func (s *WorkStore) Claim(ctx context.Context, id uuid.UUID, workerID string, lease time.Duration) (t task.Task, ok bool, err error) {
-	t, err = scanTask(s.pool.QueryRow(ctx, sqlClaim, id, workerID, lease.Milliseconds()))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return task.Task{}, false, nil
+	tasks, err := s.ClaimMany(ctx, []uuid.UUID{id}, workerID, lease)
+	if err != nil || len(tasks) == 0 {
+		return task.Task{}, false, err
 	}
+	return tasks[0], true, nil
+}
+
+// ClaimMany claims, in one transaction, those of the tasks that are
+// claimable, and returns them.
+func (s *WorkStore) ClaimMany(ctx context.Context, ids []uuid.UUID, workerID string, lease time.Duration) ([]task.Task, error) {
+	rows, err := s.pool.Query(ctx, sqlClaim, ids, workerID, lease.Milliseconds())
 	if err != nil {
-		return task.Task{}, false, translate(err)
+		return nil, translate(err)
 	}
-	return t, true, nil
+	tasks, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (task.Task, error) { return scanTask(row) })
+	return tasks, translate(err)
 }
 
 // Progress stores a progress report and renews the lease.
@@ -55,7 +63,43 @@ func (s *WorkStore) RenewLease(ctx context.Context, l *task.Lease, lease time.Du
 
 // Complete ends the task COMPLETED with its result.
 func (s *WorkStore) Complete(ctx context.Context, l *task.Lease, result []byte) error {
-	return s.fenced(ctx, l, sqlComplete, result)
+	done, err := s.CompleteMany(ctx, []task.Completion{{Lease: *l, Result: result}})
+	if err != nil {
+		return err
+	}
+	v, ok := done[l.TaskID]
+	if !ok {
+		return task.ErrFenced
+	}
+	l.Version = v
+	return nil
+}
+
+// CompleteMany ends a batch of tasks COMPLETED in one transaction, each
+// write fenced by its lease. It returns the new version of every task it
+// completed; a task missing from the answer missed its fence.
+func (s *WorkStore) CompleteMany(ctx context.Context, cs []task.Completion) (map[uuid.UUID]int, error) {
+	ids := make([]uuid.UUID, len(cs))
+	versions := make([]int, len(cs))
+	results := make([]string, len(cs))
+	for i, c := range cs {
+		ids[i], versions[i], results[i] = c.Lease.TaskID, c.Lease.Version, string(c.Result)
+	}
+	rows, err := s.pool.Query(ctx, sqlComplete, ids, versions, results)
+	if err != nil {
+		return nil, translate(err)
+	}
+	done := make(map[uuid.UUID]int, len(cs))
+	var id uuid.UUID
+	var version int
+	_, err = pgx.ForEachRow(rows, []any{&id, &version}, func() error {
+		done[id] = version
+		return nil
+	})
+	if err != nil {
+		return nil, translate(err)
+	}
+	return done, nil
 }
 
 // Fail ends the task FAILED.

@@ -149,6 +149,12 @@ type Lease struct {
 	Version  int
 }
 
+// Completion is a finished attempt's result, to be stored under its lease.
+type Completion struct {
+	Lease  Lease
+	Result []byte
+}
+
 // Hold is what a worker reads back when a fenced write missed: whether the
 // task is still its own (with a new version because a cancel was requested)
 // or was lost.

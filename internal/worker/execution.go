@@ -275,7 +275,7 @@ func (e *execution) finish(ctx context.Context, out outcome) {
 			e.fail(ctx, conveyor.Permanent(fmt.Errorf("result is not JSON: %w", err)))
 			return
 		}
-		e.store(ctx, "completed", func() error { return e.w.store.Complete(ctx, &e.lease, result) })
+		e.store(ctx, "completed", func() error { return e.w.complete(ctx, &e.lease, result) })
 	default:
 		e.fail(ctx, out.err)
 	}

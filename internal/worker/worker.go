@@ -27,10 +27,10 @@ import (
 
 // Store is the database as the worker needs it.
 type Store interface {
-	Claim(ctx context.Context, id uuid.UUID, workerID string, lease time.Duration) (task.Task, bool, error)
+	ClaimMany(ctx context.Context, ids []uuid.UUID, workerID string, lease time.Duration) ([]task.Task, error)
 	Progress(ctx context.Context, l *task.Lease, percent int, state string, lease time.Duration) error
 	RenewLease(ctx context.Context, l *task.Lease, lease time.Duration) error
-	Complete(ctx context.Context, l *task.Lease, result []byte) error
+	CompleteMany(ctx context.Context, cs []task.Completion) (map[uuid.UUID]int, error)
 	Fail(ctx context.Context, l *task.Lease, reason string, permanent bool) error
 	ScheduleRetry(ctx context.Context, l *task.Lease, reason string, delay time.Duration, traceparent string, headers task.Carrier) error
 	FinishCancelled(ctx context.Context, l *task.Lease) error
@@ -68,6 +68,11 @@ type Worker struct {
 	propagator propagation.TextMapPropagator
 	metrics    *Metrics
 
+	// Claims and completions made at about the same time share a
+	// statement and a commit.
+	claims    *batcher[uuid.UUID, claimed]
+	completes *batcher[task.Completion, int]
+
 	slots    chan struct{}
 	inflight sync.WaitGroup
 	mu       sync.Mutex
@@ -90,6 +95,8 @@ func New(cfg Config, store Store, handlers []conveyor.Handler, log *slog.Logger,
 		running:    map[uuid.UUID]*execution{},
 		stopping:   make(chan struct{}),
 	}
+	w.claims = newBatcher(cfg.Concurrency, w.claimBatch)
+	w.completes = newBatcher(cfg.Concurrency, w.completeBatch)
 	for _, h := range handlers {
 		if _, dup := w.handlers[h.Type]; dup {
 			return nil, fmt.Errorf("worker: two handlers for type %q", h.Type)
@@ -126,6 +133,12 @@ func (w *Worker) Ready(ctx context.Context) (bool, error) {
 // shutdown timeout, then cancels them and hands their tasks back.
 func (w *Worker) Run(ctx context.Context) error {
 	w.register(ctx)
+	// The batchers outlive ctx: running tasks still claim nothing but
+	// complete while the worker drains.
+	bctx, stopBatchers := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBatchers()
+	go w.claims.run(bctx)
+	go w.completes.run(bctx)
 	// Handlers run under their own context: SIGTERM does not cut them
 	// short, the end of the grace period does.
 	runCtx, stopHandlers := context.WithCancelCause(context.WithoutCancel(ctx))
@@ -316,9 +329,9 @@ func (w *Worker) claim(ctx context.Context, d rabbitmq.Delivery) (task.Task, boo
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval, b.MaxInterval = 100*time.Millisecond, w.cfg.ReconnectBackoffMax
 	for {
-		t, ok, err := w.store.Claim(ctx, d.Body.TaskID, w.cfg.Info.ID, w.cfg.Lease)
+		c, err := w.claims.do(ctx, d.Body.TaskID)
 		if err == nil {
-			return t, ok, nil
+			return c.task, c.ok, nil
 		}
 		wait := b.NextBackOff()
 		w.log.WarnContext(ctx, "claim failed; retrying", "task_id", d.Body.TaskID, "error", err, "retry_in", wait)
@@ -328,6 +341,64 @@ func (w *Worker) claim(ctx context.Context, d rabbitmq.Delivery) (task.Task, boo
 		case <-time.After(wait):
 		}
 	}
+}
+
+type claimed struct {
+	task task.Task
+	ok   bool
+}
+
+// claimBatch claims the tasks of a batch of deliveries in one statement.
+// When two deliveries of one task share a batch, only the first gets it.
+func (w *Worker) claimBatch(ctx context.Context, ids []uuid.UUID) ([]claimed, []error) {
+	res, errs := make([]claimed, len(ids)), make([]error, len(ids))
+	tasks, err := w.store.ClaimMany(ctx, ids, w.cfg.Info.ID, w.cfg.Lease)
+	if err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return res, errs
+	}
+	byID := make(map[uuid.UUID]task.Task, len(tasks))
+	for _, t := range tasks {
+		byID[t.ID] = t
+	}
+	for i, id := range ids {
+		if t, ok := byID[id]; ok {
+			res[i] = claimed{task: t, ok: true}
+			delete(byID, id)
+		}
+	}
+	return res, errs
+}
+
+// completeBatch stores a batch of results in one statement; each is fenced
+// by its own lease.
+func (w *Worker) completeBatch(ctx context.Context, cs []task.Completion) ([]int, []error) {
+	res, errs := make([]int, len(cs)), make([]error, len(cs))
+	done, err := w.store.CompleteMany(ctx, cs)
+	for i, c := range cs {
+		v, ok := done[c.Lease.TaskID]
+		switch {
+		case err != nil:
+			errs[i] = err
+		case !ok:
+			errs[i] = task.ErrFenced
+		default:
+			res[i] = v
+		}
+	}
+	return res, errs
+}
+
+// complete stores a result through the completion batcher.
+func (w *Worker) complete(ctx context.Context, l *task.Lease, result []byte) error {
+	v, err := w.completes.do(ctx, task.Completion{Lease: *l, Result: result})
+	if err != nil {
+		return err
+	}
+	l.Version = v
+	return nil
 }
 
 // register adds the worker to the registry, retrying until the database

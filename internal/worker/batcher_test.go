@@ -1,0 +1,59 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestBatcherGroupsConcurrentCallsAndAnswersEach(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mu sync.Mutex
+	var sizes []int
+	release := make(chan struct{})
+	b := newBatcher(8, func(_ context.Context, reqs []int) ([]int, []error) {
+		<-release
+		mu.Lock()
+		sizes = append(sizes, len(reqs))
+		mu.Unlock()
+		res, errs := make([]int, len(reqs)), make([]error, len(reqs))
+		for i, r := range reqs {
+			res[i] = r * 10
+			if r%5 == 0 {
+				errs[i] = errors.New("five")
+			}
+		}
+		return res, errs
+	})
+	go b.run(ctx)
+
+	const calls = 20
+	var wg sync.WaitGroup
+	got := make([]int, calls)
+	gotErr := make([]error, calls)
+	for i := range calls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i], gotErr[i] = b.do(ctx, i)
+		}()
+	}
+	close(release)
+	wg.Wait()
+	total := 0
+	for _, s := range sizes {
+		require.LessOrEqual(t, s, 8)
+		total += s
+	}
+	require.Equal(t, calls, total)
+	require.Less(t, len(sizes), calls, "calls made together share batches")
+	for i := range calls {
+		require.Equal(t, i*10, got[i])
+		require.Equal(t, i%5 == 0, gotErr[i] != nil)
+	}
+}
