@@ -46,8 +46,14 @@ func healthcheck(args []string) int {
 		fmt.Fprintln(os.Stderr, "usage: healthcheck URL (such as http://localhost:8080/readyz)")
 		return 2
 	}
-	client := &http.Client{Timeout: 3 * time.Second}
-	resp, err := client.Get(args[0])
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, args[0], nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "healthcheck:", err)
+		return 2
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "healthcheck:", err)
 		return 1
