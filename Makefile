@@ -36,6 +36,9 @@ fmt: ## Format the code
 bench: ## Benchmarks against the machine's ceilings and River, as ratios measured in the same run (BENCH_FLAGS=-quick for a short one)
 	cd bench && $(GO) run . $(BENCH_FLAGS)
 
+chaos: ## Chaos soak: api, 2 relays, 3 workers under faults for CHAOS_DURATION (default 10m), then the checks of SPEC 6
+	$(GO) test -count=1 -timeout 60m -run TestChaos ./chaos -v -chaos.duration=$(or $(CHAOS_DURATION),10m) -chaos.report=$(or $(CHAOS_REPORT),chaos-report.json)
+
 tidy: ## go mod tidy
 	$(GO) mod tidy
 
