@@ -455,7 +455,7 @@ func (h *harness) check(l *ledger) summary {
 	executions := map[uuid.UUID]int{}
 	f, err := os.Open(h.execLog)
 	require.NoError(t, err)
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
@@ -486,14 +486,14 @@ func (h *harness) check(l *ledger) summary {
 		}
 	}
 
-	// Recovery: from the end of each fault to the completion of the first
-	// task submitted after it.
+	// Recovery: from the end of each fault until work completes again (the
+	// first task completed after it).
 	worst := map[string]time.Duration{}
 	for _, f := range h.faults {
 		s.Faults[f.Kind]++
 		var first *time.Time
 		require.NoError(t, h.pool.QueryRow(ctx, `SELECT min(completed_at) FROM tasks
-			WHERE status = 'COMPLETED' AND created_at >= $1`, f.End).Scan(&first))
+			WHERE status = 'COMPLETED' AND completed_at >= $1`, f.End).Scan(&first))
 		if first != nil {
 			worst[f.Kind] = max(worst[f.Kind], first.Sub(f.End))
 		}
@@ -562,7 +562,7 @@ func waitHTTP(url string, timeout time.Duration) error {
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not ready: %v", url, err)
+			return fmt.Errorf("%s not ready: %w", url, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

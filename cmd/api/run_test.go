@@ -28,7 +28,7 @@ type testBundle struct {
 
 // setup starts run() on a free port against a fresh database and waits
 // until it answers.
-func setup(t *testing.T) *testBundle {
+func setup(t *testing.T, opts ...func(*config.API)) *testBundle {
 	t.Helper()
 	db := testdb.New(t)
 	addr := testenv.FreeAddr(t)
@@ -39,6 +39,9 @@ func setup(t *testing.T) *testBundle {
 		Addr: addr, JaegerUIURL: "http://jaeger.example:16686", MaxBodyBytes: 1 << 20, DefaultMaxAttempts: 3,
 		ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second,
 		IdleTimeout: time.Minute, NotifyDebounce: time.Millisecond,
+	}
+	for _, o := range opts {
+		o(&cfg)
 	}
 	require.NoError(t, cfg.Validate())
 	ctx, cancel := context.WithCancel(context.Background())

@@ -144,7 +144,37 @@ func jsonObject(raw json.RawMessage, field string) (json.RawMessage, error) {
 	if !utf8.Valid(trimmed) {
 		return nil, Invalid(field, "must be valid UTF-8")
 	}
+	if d := depth(trimmed); d > MaxJSONDepth {
+		return nil, Invalid(field, "nests %d levels deep; at most %d are allowed", d, MaxJSONDepth)
+	}
 	return trimmed, nil
+}
+
+// MaxJSONDepth bounds the nesting of payload and metadata: deeper documents
+// serve no task and only burden every layer that walks them.
+const MaxJSONDepth = 64
+
+// depth returns how deeply a valid JSON document nests objects and arrays.
+func depth(doc []byte) int {
+	deepest, cur := 0, 0
+	inString, escaped := false, false
+	for _, c := range doc {
+		switch {
+		case escaped:
+			escaped = false
+		case inString && c == '\\':
+			escaped = true
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == '{' || c == '[':
+			cur++
+			deepest = max(deepest, cur)
+		case c == '}' || c == ']':
+			cur--
+		}
+	}
+	return deepest
 }
 
 func printableASCII(s string) bool {
