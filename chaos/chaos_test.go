@@ -31,7 +31,6 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
-	"github.com/conveyorhq/conveyor/internal/postgres"
 	"github.com/conveyorhq/conveyor/internal/rabbitmq"
 	"github.com/conveyorhq/conveyor/internal/testenv"
 )
@@ -117,11 +116,7 @@ func (h *harness) setup() {
 	t := h.t
 	h.pg = testenv.StartPG(t)
 	h.rabbit = testenv.StartRabbit(t)
-	ctx := context.Background()
-	pool, err := postgres.Open(ctx, postgres.PoolConfig{URL: h.pg.URL("conveyor"), MaxConns: 4})
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	h.pool = pool
+	_, h.pool = h.pg.Migrated(t, "conveyor")
 
 	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
 	h.pgProxy = toxiproxy.NewProxy(srv, "postgres", "127.0.0.1:0", hostPort(h.pg.URL("conveyor")))
@@ -138,7 +133,7 @@ func (h *harness) setup() {
 	h.api = "http://" + apiAddr
 	common := []string{"DATABASE_URL=" + dbURL, "LOG_FORMAT=text", "LOG_LEVEL=warn"}
 	testenv.Start(t, "api", testenv.Binary(t, "./cmd/api"), append(common, "API_ADDR="+apiAddr)...)
-	require.NoError(t, waitHTTP(h.api+"/readyz", time.Minute))
+	testenv.WaitHTTP(t, h.api+"/readyz", time.Minute)
 	for i := range 2 {
 		s := &slot{name: fmt.Sprintf("relay-%d", i), bin: testenv.Binary(t, "./cmd/relay"), admin: testenv.FreeAddr(t)}
 		s.env = append(common, "AMQP_URL="+amqpURL, "RELAY_ADMIN_ADDR="+s.admin, "RELAY_POLL_INTERVAL=200ms",
@@ -549,21 +544,4 @@ func processStats(t *testing.T, admin string) (goroutines int, rss float64) {
 		}
 	}
 	return goroutines, rss
-}
-
-func waitHTTP(url string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		resp, err := http.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not ready: %w", url, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }

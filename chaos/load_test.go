@@ -34,7 +34,7 @@ func TestAPIUnderLoad(t *testing.T) {
 	api := "http://" + apiAddr
 	common := []string{"DATABASE_URL=" + db.URL, "LOG_FORMAT=text", "LOG_LEVEL=warn"}
 	testenv.Start(t, "api", testenv.Binary(t, "./cmd/api"), append(common, "API_ADDR="+apiAddr, "DATABASE_MAX_CONNS=16")...)
-	require.NoError(t, waitHTTP(api+"/readyz", time.Minute))
+	testenv.WaitHTTP(t, api+"/readyz", time.Minute)
 	relay := &slot{name: "relay", bin: testenv.Binary(t, "./cmd/relay"),
 		env: append(common, "AMQP_URL="+amqpURL, "RELAY_ADMIN_ADDR="+testenv.FreeAddr(t))}
 	worker := &slot{name: "worker", bin: testenv.Binary(t, "./cmd/worker"),

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -15,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/conveyorhq/conveyor/internal/postgres"
 	"github.com/conveyorhq/conveyor/internal/rabbitmq"
 	"github.com/conveyorhq/conveyor/internal/testdb"
 	"github.com/conveyorhq/conveyor/internal/testenv"
@@ -157,13 +155,7 @@ func TestRelaySurvivesPostgresRestart(t *testing.T) {
 	skipShort(t)
 	t.Parallel()
 	pg := testenv.StartPG(t)
-	ctx := context.Background()
-	dbURL := pg.URL("conveyor")
-	pool, err := postgres.Open(ctx, postgres.PoolConfig{URL: dbURL})
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	_, err = postgres.Migrate(ctx, pool, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	require.NoError(t, err)
+	dbURL, pool := pg.Migrated(t, "conveyor")
 	b := &faultBundle{dbURL: dbURL, pool: pool, amqpURL: testenv.NewVhost(t), admin: testenv.FreeAddr(t)}
 
 	ids := b.fill(t, 500)

@@ -1,9 +1,6 @@
 package main
 
 import (
-	"context"
-	"io"
-	"log/slog"
 	"net/http"
 	"testing"
 	"time"
@@ -11,7 +8,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/conveyorhq/conveyor/internal/postgres"
 	"github.com/conveyorhq/conveyor/internal/testdb"
 	"github.com/conveyorhq/conveyor/internal/testenv"
 )
@@ -51,13 +47,7 @@ func TestWorkerSurvivesPostgresRestart(t *testing.T) {
 	skipShort(t)
 	t.Parallel()
 	pg := testenv.StartPG(t)
-	ctx := context.Background()
-	dbURL := pg.URL("conveyor")
-	pool, err := postgres.Open(ctx, postgres.PoolConfig{URL: dbURL})
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	_, err = postgres.Migrate(ctx, pool, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	require.NoError(t, err)
+	dbURL, pool := pg.Migrated(t, "conveyor")
 	b := setupWith(t, dbURL, pool, testenv.NewVhost(t))
 	w := b.startWorker(t, "w1", "LEASE_DURATION=5s")
 	running := b.sleepTask(t, 40, 100)

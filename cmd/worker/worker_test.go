@@ -59,17 +59,7 @@ func setupWith(t *testing.T, dbURL string, pool *pgxpool.Pool, amqpURL string, e
 	testenv.Start(t, "relay", testenv.Binary(t, "./cmd/relay"), append([]string{
 		"DATABASE_URL=" + b.dbURL, "AMQP_URL=" + b.amqpURL, "RELAY_ADMIN_ADDR=" + testenv.FreeAddr(t),
 		"RELAY_POLL_INTERVAL=100ms", "RELAY_RECONNECT_BACKOFF_MAX=300ms", "LOG_FORMAT=text", "LOG_LEVEL=warn"}, env...)...)
-	testenv.Eventually(t, 30*time.Second, func() error {
-		resp, err := http.Get(b.api + "/readyz")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("api readyz: %d", resp.StatusCode)
-		}
-		return nil
-	})
+	testenv.WaitHTTP(t, b.api+"/readyz", 30*time.Second)
 	return b
 }
 

@@ -8,6 +8,22 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
+// channel opens a connection and a channel to url, closed when the caller
+// calls the returned function.
+func channel(t testing.TB, url string) (*amqp.Channel, func()) {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatalf("testenv: dial: %v", err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		_ = conn.Close()
+		t.Fatalf("testenv: channel: %v", err)
+	}
+	return ch, func() { _ = conn.Close() }
+}
+
 // Message is a message drained from a queue by a test.
 type Message struct {
 	ID       string
@@ -22,15 +38,8 @@ type Message struct {
 // queue does not exist.
 func QueueDepth(t testing.TB, url, queue string) int {
 	t.Helper()
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatalf("testenv: dial: %v", err)
-	}
-	defer func() { _ = conn.Close() }()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatalf("testenv: channel: %v", err)
-	}
+	ch, closeConn := channel(t, url)
+	defer closeConn()
 	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 	if err != nil {
 		return -1
@@ -41,15 +50,8 @@ func QueueDepth(t testing.TB, url, queue string) int {
 // Drain takes (and acks) every message waiting in queue.
 func Drain(t testing.TB, url, queue string) []Message {
 	t.Helper()
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatalf("testenv: dial: %v", err)
-	}
-	defer func() { _ = conn.Close() }()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatalf("testenv: channel: %v", err)
-	}
+	ch, closeConn := channel(t, url)
+	defer closeConn()
 	var out []Message
 	for {
 		d, ok, err := ch.Get(queue, true)
@@ -88,15 +90,8 @@ func (e *depthError) Error() string {
 // broker losing its data) would, and returns how many went.
 func PurgeQueue(t testing.TB, url, queue string) int {
 	t.Helper()
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatalf("testenv: dial: %v", err)
-	}
-	defer func() { _ = conn.Close() }()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatalf("testenv: channel: %v", err)
-	}
+	ch, closeConn := channel(t, url)
+	defer closeConn()
 	n, err := ch.QueuePurge(queue, false)
 	if err != nil {
 		t.Fatalf("testenv: purge %s: %v", queue, err)

@@ -1,7 +1,10 @@
 package testenv
 
 import (
+	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"os/user"
@@ -10,6 +13,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/conveyorhq/conveyor/internal/postgres"
 )
 
 // Private servers are for tests that stop, restart or block a server: they
@@ -216,4 +223,21 @@ func tail(s string, n int) string {
 		return s[len(s)-n:]
 	}
 	return s
+}
+
+// Migrated creates database on the private server, applies Conveyor's
+// migrations, and returns its URL and a pool on it (closed when t ends).
+func (s *PGServer) Migrated(t testing.TB, database string) (string, *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	url := s.URL(database)
+	pool, err := postgres.Open(ctx, postgres.PoolConfig{URL: url, MaxConns: 4})
+	if err != nil {
+		t.Fatalf("testenv: open %s: %v", url, err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := postgres.Migrate(ctx, pool, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+		t.Fatalf("testenv: migrate %s: %v", url, err)
+	}
+	return url, pool
 }

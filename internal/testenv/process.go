@@ -3,7 +3,9 @@ package testenv
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -161,6 +163,22 @@ func Eventually(t testing.TB, timeout time.Duration, cond func() error) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// WaitHTTP waits until url answers 200.
+func WaitHTTP(t testing.TB, url string, timeout time.Duration) {
+	t.Helper()
+	Eventually(t, timeout, func() error {
+		resp, err := http.Get(url) //nolint:noctx // a probe bounded by Eventually
+		if err != nil {
+			return err
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s: %s", url, resp.Status)
+		}
+		return nil
+	})
 }
 
 type syncBuffer struct {
