@@ -368,10 +368,32 @@ func (h *harness) drain(timeout time.Duration) {
 			return err
 		}
 		if open > 0 || outbox > 0 {
-			return fmt.Errorf("%d tasks not terminal, %d outbox rows", open, outbox)
+			return fmt.Errorf("%d tasks not terminal, %d outbox rows; some: %s", open, outbox, h.stuck())
 		}
 		return nil
 	})
+}
+
+// stuck describes a few tasks that are not terminal, for a failed drain.
+func (h *harness) stuck() string {
+	rows, err := h.pool.Query(context.Background(), `SELECT t.id, t.status, t.state, t.attempt,
+		coalesce(t.worker_id, ''), coalesce(t.lease_expires_at::text, ''), t.next_run_at::text,
+		(SELECT count(*) FROM outbox o WHERE o.task_id = t.id)
+		FROM tasks t WHERE status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED') ORDER BY updated_at LIMIT 5`)
+	if err != nil {
+		return err.Error()
+	}
+	defer rows.Close()
+	var b strings.Builder
+	for rows.Next() {
+		var id, status, state, worker, lease, next string
+		var attempt, outbox int
+		if err := rows.Scan(&id, &status, &state, &attempt, &worker, &lease, &next, &outbox); err != nil {
+			return err.Error()
+		}
+		fmt.Fprintf(&b, "\n  %s %s %q attempt=%d worker=%q lease=%s next_run=%s outbox=%d", id, status, state, attempt, worker, lease, next, outbox)
+	}
+	return b.String()
 }
 
 type summary struct {

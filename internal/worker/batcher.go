@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"time"
 )
 
 // batcher turns calls made at about the same time into one database
@@ -9,8 +10,9 @@ import (
 // next batch takes them all. A lone call goes at once, with no added wait;
 // under load, batches grow and the commits per task shrink.
 type batcher[Req, Res any] struct {
-	in    chan batchCall[Req, Res]
-	max   int
+	in      chan batchCall[Req, Res]
+	max     int
+	timeout time.Duration
 	flush func(ctx context.Context, reqs []Req) ([]Res, []error)
 }
 
@@ -24,11 +26,11 @@ type batchResult[Res any] struct {
 	err error
 }
 
-// newBatcher returns a batcher of at most max calls per flush. flush gets
-// the requests in call order and returns one result and one error per
-// request.
-func newBatcher[Req, Res any](max int, flush func(context.Context, []Req) ([]Res, []error)) *batcher[Req, Res] {
-	return &batcher[Req, Res]{in: make(chan batchCall[Req, Res], max), max: max, flush: flush}
+// newBatcher returns a batcher of at most max calls per flush, each flush
+// bounded by timeout. flush gets the requests in call order and returns one
+// result and one error per request.
+func newBatcher[Req, Res any](max int, timeout time.Duration, flush func(context.Context, []Req) ([]Res, []error)) *batcher[Req, Res] {
+	return &batcher[Req, Res]{in: make(chan batchCall[Req, Res], max), max: max, timeout: timeout, flush: flush}
 }
 
 // do queues req and waits for its result. The batch is written whatever
@@ -69,7 +71,9 @@ func (b *batcher[Req, Res]) run(ctx context.Context) {
 		for _, c := range calls {
 			reqs = append(reqs, c.req)
 		}
-		res, errs := b.flush(context.WithoutCancel(ctx), reqs)
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.timeout)
+		res, errs := b.flush(fctx, reqs)
+		cancel()
 		for i, c := range calls {
 			c.done <- batchResult[Res]{res: res[i], err: errs[i]}
 		}

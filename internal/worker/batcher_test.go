@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -16,7 +17,7 @@ func TestBatcherGroupsConcurrentCallsAndAnswersEach(t *testing.T) {
 	var mu sync.Mutex
 	var sizes []int
 	release := make(chan struct{})
-	b := newBatcher(8, func(_ context.Context, reqs []int) ([]int, []error) {
+	b := newBatcher(8, time.Minute, func(_ context.Context, reqs []int) ([]int, []error) {
 		<-release
 		mu.Lock()
 		sizes = append(sizes, len(reqs))

@@ -140,7 +140,7 @@ func (e *execution) run(ctx context.Context) {
 			return
 		case <-heartbeat.C:
 			if !e.lost {
-				e.check(ctx, e.w.store.RenewLease(ctx, &e.lease, e.w.cfg.Lease))
+				e.check(ctx, e.bounded(ctx, func(ctx context.Context) error { return e.w.store.RenewLease(ctx, &e.lease, e.w.cfg.Lease) }))
 			}
 		case <-e.cancel:
 			e.markCancelled(ctx)
@@ -185,7 +185,9 @@ func (e *execution) flushProgress(ctx context.Context) {
 	if p == nil || e.lost || e.cancelled {
 		return
 	}
-	err := e.w.store.Progress(ctx, &e.lease, p.percent, p.state, e.w.cfg.Lease)
+	err := e.bounded(ctx, func(ctx context.Context) error {
+		return e.w.store.Progress(ctx, &e.lease, p.percent, p.state, e.w.cfg.Lease)
+	})
 	if err != nil && !errors.Is(err, task.ErrFenced) {
 		// Keep it for the next try unless a newer report replaced it.
 		e.mu.Lock()
@@ -220,7 +222,11 @@ func (e *execution) check(ctx context.Context, err error) {
 // handler and reports owned; otherwise the task is lost and the handler
 // stopped. err is a failed read: nothing is decided.
 func (e *execution) reclaim(ctx context.Context) (owned bool, err error) {
-	hold, err := e.w.store.Inspect(ctx, e.lease.TaskID)
+	var hold task.Hold
+	err = e.bounded(ctx, func(ctx context.Context) (err error) {
+		hold, err = e.w.store.Inspect(ctx, e.lease.TaskID)
+		return err
+	})
 	if err != nil && !errors.Is(err, task.ErrNotFound) {
 		return false, err
 	}
@@ -262,11 +268,11 @@ func (e *execution) finish(ctx context.Context, out outcome) {
 	}
 	switch {
 	case e.cancelled || errors.Is(cause, conveyor.ErrCancelled):
-		e.store(ctx, "cancelled", func() error { return e.w.store.FinishCancelled(ctx, &e.lease) })
+		e.store(ctx, "cancelled", func(ctx context.Context) error { return e.w.store.FinishCancelled(ctx, &e.lease) })
 		e.w.metrics.cancelLatency.Observe(time.Since(e.cancelledAt).Seconds())
 	case errors.Is(cause, conveyor.ErrShutdown):
 		headers := e.w.inject(ctx)
-		e.store(ctx, "handed_back", func() error {
+		e.store(ctx, "handed_back", func(ctx context.Context) error {
 			return e.w.store.HandBack(ctx, &e.lease, "worker shutting down", headers)
 		})
 	case out.err == nil:
@@ -275,7 +281,7 @@ func (e *execution) finish(ctx context.Context, out outcome) {
 			e.fail(ctx, conveyor.Permanent(fmt.Errorf("result is not JSON: %w", err)))
 			return
 		}
-		e.store(ctx, "completed", func() error { return e.w.complete(ctx, &e.lease, result) })
+		e.store(ctx, "completed", func(ctx context.Context) error { return e.w.complete(ctx, &e.lease, result) })
 	default:
 		e.fail(ctx, out.err)
 	}
@@ -292,13 +298,13 @@ func (e *execution) fail(ctx context.Context, err error) {
 	e.span.RecordError(err)
 	permanent := conveyor.IsPermanent(err)
 	if permanent || e.task.Attempt >= e.task.MaxAttempts {
-		e.store(ctx, "failed", func() error { return e.w.store.Fail(ctx, &e.lease, reason, permanent) })
+		e.store(ctx, "failed", func(ctx context.Context) error { return e.w.store.Fail(ctx, &e.lease, reason, permanent) })
 		return
 	}
 	delay := retryDelay(e.task.Attempt, e.w.cfg.BackoffBase, e.w.cfg.BackoffMax)
 	traceparent, headers := e.w.retryTrace(ctx, e.task)
 	e.log.InfoContext(ctx, "attempt failed; retry scheduled", "error", reason, "retry_in", delay)
-	e.store(ctx, "retried", func() error {
+	e.store(ctx, "retried", func(ctx context.Context) error {
 		return e.w.store.ScheduleRetry(ctx, &e.lease, reason, delay, traceparent, headers)
 	})
 }
@@ -308,12 +314,12 @@ func (e *execution) fail(ctx context.Context, err error) {
 // cancellation was accepted never completes nor runs again. A database that
 // does not answer is retried for as long as the lease lasts; after that the
 // lease's expiry hands the task on.
-func (e *execution) store(ctx context.Context, outcome string, write func() error) {
+func (e *execution) store(ctx context.Context, outcome string, write func(context.Context) error) {
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval, b.MaxInterval = 100*time.Millisecond, e.w.cfg.ReconnectBackoffMax
 	deadline := time.Now().Add(e.w.cfg.Lease)
 	for {
-		err := write()
+		err := e.bounded(ctx, write)
 		switch {
 		case err == nil:
 			e.done(ctx, outcome, nil)
@@ -326,7 +332,7 @@ func (e *execution) store(ctx context.Context, outcome string, write func() erro
 			}
 			if rerr == nil {
 				outcome = "cancelled"
-				write = func() error { return e.w.store.FinishCancelled(ctx, &e.lease) }
+				write = func(ctx context.Context) error { return e.w.store.FinishCancelled(ctx, &e.lease) }
 				continue
 			}
 			err = rerr
@@ -355,6 +361,15 @@ func (e *execution) done(ctx context.Context, outcome string, err error) {
 		e.span.SetStatus(codes.Error, "task failed")
 	}
 	e.log.InfoContext(ctx, "task attempt ended", "outcome", outcome, "duration", time.Since(e.started))
+}
+
+// bounded runs a database call under a deadline of one lease: a connection
+// that hangs (a half-open link) must not freeze the task's run loop, whose
+// lease would expire anyway.
+func (e *execution) bounded(ctx context.Context, call func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, e.w.cfg.Lease)
+	defer cancel()
+	return call(ctx)
 }
 
 // retryDelay is the wait before attempt+1: base doubled per attempt, capped,

@@ -77,6 +77,9 @@ func (m *Maintainer) Run(ctx context.Context) error {
 }
 
 func (m *Maintainer) tick(ctx context.Context) {
+	// A hung connection must not hold the duties past the leadership.
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.LeaderTTL)
+	defer cancel()
 	leader, err := m.store.Elect(ctx, leadership, m.cfg.WorkerID, m.cfg.LeaderTTL)
 	if err != nil {
 		if ctx.Err() == nil {

@@ -95,8 +95,8 @@ func New(cfg Config, store Store, handlers []conveyor.Handler, log *slog.Logger,
 		running:    map[uuid.UUID]*execution{},
 		stopping:   make(chan struct{}),
 	}
-	w.claims = newBatcher(cfg.Concurrency, w.claimBatch)
-	w.completes = newBatcher(cfg.Concurrency, w.completeBatch)
+	w.claims = newBatcher(cfg.Concurrency, cfg.Lease, w.claimBatch)
+	w.completes = newBatcher(cfg.Concurrency, cfg.Lease, w.completeBatch)
 	for _, h := range handlers {
 		if _, dup := w.handlers[h.Type]; dup {
 			return nil, fmt.Errorf("worker: two handlers for type %q", h.Type)
