@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/google/uuid"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -57,12 +56,9 @@ type Consumer struct {
 // exchanges, a durable queue per type, its own exclusive control queue) and
 // starts consuming with at most prefetch unacknowledged task messages.
 func DialConsumer(url, name string, types []string, prefetch int) (*Consumer, error) {
-	conn, err := amqp.DialConfig(url, amqp.Config{
-		Heartbeat:  10 * time.Second,
-		Properties: amqp.Table{"connection_name": name},
-	})
+	conn, err := dial(url, name)
 	if err != nil {
-		return nil, fmt.Errorf("connect to RabbitMQ: %w", err)
+		return nil, err
 	}
 	c := &Consumer{
 		conn: conn, deliveries: make(chan Delivery), cancels: make(chan uuid.UUID, 64),

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strconv"
 	"sync/atomic"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -28,12 +27,9 @@ type Publisher struct {
 // confirm mode. returnBuffer must be at least the largest batch published at
 // once.
 func DialPublisher(url string, returnBuffer int, name string) (*Publisher, error) {
-	conn, err := amqp.DialConfig(url, amqp.Config{
-		Heartbeat:  10 * time.Second,
-		Properties: amqp.Table{"connection_name": name},
-	})
+	conn, err := dial(url, name)
 	if err != nil {
-		return nil, fmt.Errorf("connect to RabbitMQ: %w", err)
+		return nil, err
 	}
 	p := &Publisher{conn: conn, closed: make(chan struct{}), declared: map[string]bool{}}
 	if err := p.open(returnBuffer); err != nil {

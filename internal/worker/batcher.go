@@ -13,7 +13,7 @@ type batcher[Req, Res any] struct {
 	in      chan batchCall[Req, Res]
 	max     int
 	timeout time.Duration
-	flush func(ctx context.Context, reqs []Req) ([]Res, []error)
+	flush   func(ctx context.Context, reqs []Req) ([]Res, []error)
 }
 
 type batchCall[Req, Res any] struct {
