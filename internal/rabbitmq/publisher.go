@@ -147,11 +147,16 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) outbox.O
 		}
 	}
 	// The broker sends basic.return before the ack of the same message, so
-	// every return of this batch is already buffered.
+	// every return of this batch is already buffered. The returns channel
+	// is closed when the connection dies: stop there, or the loop would
+	// spin on its zero values.
 drain:
 	for {
 		select {
-		case r := <-p.returns:
+		case r, open := <-p.returns:
+			if !open {
+				break drain
+			}
 			id, err := strconv.ParseInt(r.MessageId, 10, 64)
 			if err != nil {
 				continue
