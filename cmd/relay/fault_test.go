@@ -163,8 +163,8 @@ func TestRelaySurvivesPostgresRestart(t *testing.T) {
 	b.waitOutboxEmpty(t, 30*time.Second)
 
 	pg.Stop(t)
-	testenv.Eventually(t, 10*time.Second, func() error { return wantStatus(b.admin, "/readyz", http.StatusServiceUnavailable) })
-	require.NoError(t, wantStatus(b.admin, "/healthz", http.StatusOK), "alive while the database is down")
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.WantStatus("http://"+b.admin+"/readyz", http.StatusServiceUnavailable) })
+	require.NoError(t, testenv.WantStatus("http://"+b.admin+"/healthz", http.StatusOK), "alive while the database is down")
 	pg.Start(t)
 	pool.Reset() // the test's own connections died with the server
 
@@ -174,7 +174,7 @@ func TestRelaySurvivesPostgresRestart(t *testing.T) {
 	b.waitOutboxEmpty(t, 30*time.Second)
 	require.Zero(t, b.requireAllDelivered(t, ids))
 	require.False(t, relay.Exited(), relay.Output())
-	testenv.Eventually(t, 10*time.Second, func() error { return wantStatus(b.admin, "/readyz", http.StatusOK) })
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.WantStatus("http://"+b.admin+"/readyz", http.StatusOK) })
 }
 
 func TestRelaySurvivesBrokerRestartAndAlarm(t *testing.T) {
@@ -190,7 +190,7 @@ func TestRelaySurvivesBrokerRestartAndAlarm(t *testing.T) {
 
 	// Broker restart: rows committed meanwhile wait, then go out.
 	node.Stop(t)
-	testenv.Eventually(t, 10*time.Second, func() error { return wantStatus(b.admin, "/readyz", http.StatusServiceUnavailable) })
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.WantStatus("http://"+b.admin+"/readyz", http.StatusServiceUnavailable) })
 	for id := range b.fill(t, 500) {
 		ids[id] = true
 	}
@@ -207,25 +207,13 @@ func TestRelaySurvivesBrokerRestartAndAlarm(t *testing.T) {
 		}
 		return wantBody(b.admin, "/readyz", `"broker_blocked":true`)
 	})
-	require.NoError(t, wantStatus(b.admin, "/readyz", http.StatusOK))
+	require.NoError(t, testenv.WantStatus("http://"+b.admin+"/readyz", http.StatusOK))
 	require.NoError(t, wantBody(b.admin, "/metrics", "conveyor_relay_broker_blocked 1"))
 	require.NotZero(t, b.outboxCount(t), "rows wait while the broker blocks")
 	node.Ctl(t, "set_vm_memory_high_watermark", "0.4")
 	b.waitOutboxEmpty(t, 60*time.Second)
 	require.Zero(t, b.requireAllDelivered(t, ids))
 	require.False(t, relay.Exited(), relay.Output())
-}
-
-func wantStatus(addr, path string, status int) error {
-	resp, err := http.Get("http://" + addr + path)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != status {
-		return fmt.Errorf("%s: %d, want %d", path, resp.StatusCode, status)
-	}
-	return nil
 }
 
 func wantBody(addr, path, want string) error {

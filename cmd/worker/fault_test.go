@@ -27,7 +27,7 @@ func TestWorkerSurvivesBrokerRestart(t *testing.T) {
 	b.waitUntil(t, running, "running", func(r taskRow) bool { return r.Progress >= 5 })
 
 	node.Stop(t)
-	testenv.Eventually(t, 10*time.Second, func() error { return wantStatus(admin, "/readyz", http.StatusServiceUnavailable) })
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.WantStatus("http://"+admin+"/readyz", http.StatusServiceUnavailable) })
 	// Work goes on without the broker: the running task reports progress.
 	progress := b.task(t, running).Progress
 	b.waitUntil(t, running, "progressing without the broker", func(r taskRow) bool { return r.Progress > progress })
@@ -39,7 +39,7 @@ func TestWorkerSurvivesBrokerRestart(t *testing.T) {
 		b.requireOneTerminal(t, id)
 	}
 	require.Equal(t, 1, b.task(t, running).Attempt, "the running task was not interrupted")
-	testenv.Eventually(t, 10*time.Second, func() error { return wantStatus(admin, "/readyz", http.StatusOK) })
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.WantStatus("http://"+admin+"/readyz", http.StatusOK) })
 	require.False(t, w.Exited(), w.Output())
 }
 
@@ -64,25 +64,4 @@ func TestWorkerSurvivesPostgresRestart(t *testing.T) {
 	after := b.sleepTask(t, 1, 10)
 	b.waitStatus(t, after, "COMPLETED", 30*time.Second)
 	require.False(t, w.Exited(), w.Output())
-}
-
-func wantStatus(addr, path string, status int) error {
-	resp, err := http.Get("http://" + addr + path)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != status {
-		return &statusError{path: path, got: resp.StatusCode, want: status}
-	}
-	return nil
-}
-
-type statusError struct {
-	path      string
-	got, want int
-}
-
-func (e *statusError) Error() string {
-	return e.path + ": " + http.StatusText(e.got) + ", want " + http.StatusText(e.want)
 }

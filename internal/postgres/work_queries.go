@@ -144,6 +144,15 @@ const sqlInspect = `SELECT status, version, coalesce(worker_id, ''), attempt, ca
 
 // Maintenance, run by the elected worker.
 
+// sqlRequeueFromUpd writes a task.run message for each task an upd CTE
+// returned, carrying the task's stored trace context: the maintenance
+// statements that send tasks back to their queue share it.
+const sqlRequeueFromUpd = `
+	INSERT INTO outbox (kind, task_id, routing_key, priority, body, headers)
+	SELECT 'task.run', id, type, priority, jsonb_build_object('task_id', id, 'type', type, 'attempt', attempt),
+		CASE WHEN traceparent IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('traceparent', traceparent) END
+	FROM upd`
+
 // sqlReapLeases ends the attempts whose worker stopped renewing the lease:
 // a cancelled task ends CANCELLED, one out of attempts FAILED, the others go
 // back to PENDING with a new task.run message.
@@ -170,10 +179,7 @@ WITH expired AS (
 	INSERT INTO task_events (task_id, status, state, progress, actor, detail)
 	SELECT id, status, state, progress, 'SYSTEM', '{"reason": "lease expired"}' FROM upd
 ), message AS (
-	INSERT INTO outbox (kind, task_id, routing_key, priority, body, headers)
-	SELECT 'task.run', id, type, priority, jsonb_build_object('task_id', id, 'type', type, 'attempt', attempt),
-		CASE WHEN traceparent IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('traceparent', traceparent) END
-	FROM upd WHERE status = 'PENDING'
+` + sqlRequeueFromUpd + ` WHERE status = 'PENDING'
 )
 SELECT status, count(*) FROM upd GROUP BY status`
 
@@ -195,10 +201,7 @@ WITH stale AS (
 	INSERT INTO task_events (task_id, status, state, progress, actor, detail)
 	SELECT id, status, state, progress, 'SYSTEM', '{"reason": "republished"}' FROM upd
 ), message AS (
-	INSERT INTO outbox (kind, task_id, routing_key, priority, body, headers)
-	SELECT 'task.run', id, type, priority, jsonb_build_object('task_id', id, 'type', type, 'attempt', attempt),
-		CASE WHEN traceparent IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('traceparent', traceparent) END
-	FROM upd
+` + sqlRequeueFromUpd + `
 )
 SELECT count(*) FROM upd`
 

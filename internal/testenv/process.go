@@ -168,17 +168,20 @@ func Eventually(t testing.TB, timeout time.Duration, cond func() error) {
 // WaitHTTP waits until url answers 200.
 func WaitHTTP(t testing.TB, url string, timeout time.Duration) {
 	t.Helper()
-	Eventually(t, timeout, func() error {
-		resp, err := http.Get(url) //nolint:noctx // a probe bounded by Eventually
-		if err != nil {
-			return err
-		}
-		_ = resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("%s: %s", url, resp.Status)
-		}
-		return nil
-	})
+	Eventually(t, timeout, func() error { return WantStatus(url, http.StatusOK) })
+}
+
+// WantStatus GETs url and says how its status differs from status.
+func WantStatus(url string, status int) error {
+	resp, err := http.Get(url) //nolint:noctx // a probe, bounded by its caller
+	if err != nil {
+		return err
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != status {
+		return fmt.Errorf("%s: %s, want %d", url, resp.Status, status)
+	}
+	return nil
 }
 
 type syncBuffer struct {
