@@ -1,4 +1,12 @@
-# One image for every Conveyor binary: docker run IMAGE api|relay|worker
+# One image for every Conveyor binary (api, relay, worker in /usr/local/bin).
+# The image has no ENTRYPOINT: the command names the binary, found on PATH,
+# and defaults to the API.
+#   docker run IMAGE                      the API
+#   docker run IMAGE api migrate          apply the migrations and exit
+#   docker run IMAGE relay                the relay
+#   docker run IMAGE worker               the worker
+# docker-compose.yml (entrypoint:) and deployments/kubernetes (command:) name
+# the binary by its absolute path instead, which amounts to the same.
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
@@ -11,5 +19,8 @@ RUN CGO_ENABLED=0 go build -trimpath \
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/ /usr/local/bin/
+# distroless sets this PATH already; spelled out because the commands above
+# rely on it.
+ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 USER nonroot:nonroot
-ENTRYPOINT ["/usr/local/bin/api"]
+CMD ["api"]

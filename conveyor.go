@@ -10,8 +10,9 @@
 //
 // The context is cancelled when the task is cancelled through the API, when
 // the worker loses the task (its lease expired and another worker took it
-// over) and when the worker shuts down past its grace period; context.Cause
-// tells which (ErrCancelled, ErrLost, ErrShutdown). A handler must return
+// over), when the attempt runs past the worker's maximum run time, and when
+// the worker shuts down past its grace period; context.Cause tells which
+// (ErrCancelled, ErrLost, ErrTimeout, ErrShutdown). A handler must return
 // soon after its context is done; whatever it returns then is ignored.
 //
 // Delivery is at least once: a handler may run again for the same task after
@@ -23,9 +24,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
 
 	"github.com/google/uuid"
+
+	"github.com/conveyorhq/conveyor/internal/task"
 )
 
 // Task is what a handler knows of the task it runs.
@@ -61,13 +63,11 @@ type Handler struct {
 	Func HandlerFunc
 }
 
-var typePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,127}$`)
-
 // Handle returns the handler of a task type. It panics on a type the API
 // would refuse, since that is a programming error found at start-up.
 func Handle(taskType string, fn HandlerFunc) Handler {
-	if !typePattern.MatchString(taskType) {
-		panic(fmt.Sprintf("conveyor: invalid task type %q: want lowercase letters, digits, '.', '_' or '-', up to 128", taskType))
+	if err := task.ValidateType(taskType); err != nil {
+		panic(fmt.Sprintf("conveyor: invalid task type %q: %s", taskType, err.Message))
 	}
 	if fn == nil {
 		panic("conveyor: nil handler for " + taskType)
@@ -86,6 +86,9 @@ var (
 	// ErrShutdown: the worker is stopping and the grace period is over. The
 	// task is handed back and runs again elsewhere.
 	ErrShutdown = errors.New("conveyor: worker shutting down")
+	// ErrTimeout: the attempt ran longer than the worker's maximum run
+	// time. It fails as timed out, and is retried if attempts are left.
+	ErrTimeout = errors.New("conveyor: attempt timed out")
 )
 
 // permanentError marks an error that retrying cannot fix.

@@ -48,7 +48,7 @@ func forDuration(conc int, d time.Duration, fn func(worker, i int) error) (float
 // submitCeiling is the API's own submit transaction (task, event and outbox
 // row in one statement), called directly with pgx from conc goroutines.
 func submitCeiling(ctx context.Context, pool *pgxpool.Pool, conc int, d time.Duration) (float64, error) {
-	store := postgres.NewTaskStore(pool, nil)
+	store := postgres.NewAPIStore(pool, nil)
 	return forDuration(conc, d, func(w, i int) error {
 		sub, err := task.NewSubmission(task.SubmitInput{
 			Type:    "demo.noop",
@@ -62,8 +62,8 @@ func submitCeiling(ctx context.Context, pool *pgxpool.Pool, conc int, d time.Dur
 	})
 }
 
-// messageBody is the size of a task message: {task_id, type, attempt}.
-var messageBody = []byte(`{"task_id": "01a205e2-d588-7d57-bea0-198522c3fe8a", "type": "demo.noop", "attempt": 0}`)
+// messageBody is the size of a task message: {task_id, type, attempt, version}.
+var messageBody = []byte(`{"task_id":"01a205e2-d588-7d57-bea0-198522c3fe8a","type":"demo.noop","attempt":0,"version":1}`)
 
 // publishCeiling publishes n persistent, mandatory messages with publisher
 // confirms, batch at a time, waiting for each batch's confirms: the relay's

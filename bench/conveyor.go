@@ -16,6 +16,9 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/conveyorhq/conveyor/internal/rabbitmq"
 )
 
 // system is a running Conveyor: api and relay, and workers when asked.
@@ -39,6 +42,12 @@ func (e *env) system(ctx context.Context, name string, apiConns int) (*system, e
 		return nil, err
 	}
 	s := &system{e: e, dbURL: dbURL, pool: pool, amqpURL: amqpURL, procs: map[string]*proc{}}
+	// The system is in its steady state: workers of the bench's types have
+	// run before, so their queues exist (a relay parks the messages of a
+	// type no worker has declared a queue for).
+	if err := declareQueues(amqpURL, "demo.noop", "bench.relay"); err != nil {
+		return nil, err
+	}
 	apiAddr := freeAddr()
 	s.api = "http://" + apiAddr
 	if err := s.start("api", "API_ADDR="+apiAddr, fmt.Sprintf("DATABASE_MAX_CONNS=%d", apiConns)); err != nil {
@@ -48,6 +57,29 @@ func (e *env) system(ctx context.Context, name string, apiConns int) (*system, e
 		return nil, err
 	}
 	return s, nil
+}
+
+// declareQueues declares the exchanges and the queues of taskTypes, as
+// workers of those types do when they start.
+func declareQueues(amqpURL string, taskTypes ...string) error {
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	if err := rabbitmq.DeclareExchanges(ch); err != nil {
+		return err
+	}
+	for _, typ := range taskTypes {
+		if err := rabbitmq.DeclareTaskQueue(ch, typ); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (s *system) start(name string, vars ...string) error {
@@ -281,9 +313,8 @@ func (s *system) relayThroughput(ctx context.Context, n int) (perSec float64, pe
 
 // fillOutbox inserts n task.run rows straight into the outbox.
 func (s *system) fillOutbox(ctx context.Context, n int, routingKey string) error {
-	_, err := s.pool.Exec(ctx, `INSERT INTO outbox (kind, task_id, routing_key, priority, body, headers)
-		SELECT 'task.run', gen_random_uuid(), $2, 5,
-			jsonb_build_object('task_id', gen_random_uuid(), 'type', $2::text, 'attempt', 0),
+	_, err := s.pool.Exec(ctx, `INSERT INTO outbox (kind, task_id, task_type, attempt, task_version, priority, headers)
+		SELECT 'task.run', gen_random_uuid(), $2, 0, 1, 5,
 			'{"traceparent": "00-0dba3b847a67f67a629808001b5e6847-bbc96f631e9baf07-01"}'
 		FROM generate_series(1, $1)`, n, routingKey)
 	return err
@@ -297,8 +328,8 @@ func (s *system) fillTasks(ctx context.Context, n int) error {
 				INSERT INTO tasks (id, type, payload)
 				SELECT gen_random_uuid(), 'demo.noop', jsonb_build_object('i', g)
 				FROM generate_series(1, $1) g RETURNING id, type, priority)
-			INSERT INTO outbox (kind, task_id, routing_key, priority, body)
-			SELECT 'task.run', id, type, priority, jsonb_build_object('task_id', id, 'type', type, 'attempt', 0) FROM t`,
+			INSERT INTO outbox (kind, task_id, task_type, attempt, task_version, priority)
+			SELECT 'task.run', id, type, 0, 1, priority FROM t`,
 			min(100_000, n-done))
 		if err != nil {
 			return err

@@ -1,4 +1,5 @@
-// Package chaos_test proves the guarantees of SPEC 6 under faults: it runs
+// Package chaos_test proves the guarantees of docs/design.md ("What Conveyor
+// promises") under faults: it runs
 // an api, two relays and three workers as real processes on a private
 // PostgreSQL and a private RabbitMQ, reached through TCP proxies, submits a
 // steady stream of tasks, and meanwhile kills, stops, restarts, purges and
@@ -424,7 +425,7 @@ type summary struct {
 	ExecutionsPerTaskHist map[int]int       `json:"executions_per_task"`
 }
 
-// check reads the database and the execution log and checks SPEC 6.
+// check reads the database and the execution log and checks every promise.
 func (h *harness) check(l *ledger) summary {
 	t, ctx := h.t, context.Background()
 	q := func(sql string, args ...any) int {

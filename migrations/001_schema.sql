@@ -1,4 +1,4 @@
--- Conveyor's data model (SPEC 3). Every later change is a new numbered file.
+-- Conveyor's data model (docs/design.md). Every later change is a new numbered file.
 
 CREATE TABLE tasks (
     id                  uuid PRIMARY KEY,

@@ -11,6 +11,13 @@ stop() {
   exit 0
 }
 trap stop INT TERM
+# The binaries never create a database on their own (a mistyped DATABASE_URL
+# must fail): `api migrate` creates it if it is missing and migrates it.
+for bin in "$@"; do
+  if [ "$(basename "$bin")" = api ]; then
+    "$bin" migrate 2>&1 | sed -u "s/^/[migrate] /" || { echo "api migrate failed" >&2; exit 1; }
+  fi
+done
 for bin in "$@"; do
   [ -x "$bin" ] || continue
   name=$(basename "$bin")

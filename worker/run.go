@@ -7,17 +7,16 @@ import (
 	"os"
 	"time"
 
-	"github.com/exaring/otelpgx"
 	"github.com/google/uuid"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"go.opentelemetry.io/otel/propagation"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/conveyorhq/conveyor"
 	"github.com/conveyorhq/conveyor/internal/admin"
 	"github.com/conveyorhq/conveyor/internal/config"
 	"github.com/conveyorhq/conveyor/internal/postgres"
+	"github.com/conveyorhq/conveyor/internal/rabbitmq"
+	"github.com/conveyorhq/conveyor/internal/registry"
+	"github.com/conveyorhq/conveyor/internal/service"
 	"github.com/conveyorhq/conveyor/internal/telemetry"
 	runner "github.com/conveyorhq/conveyor/internal/worker"
 )
@@ -28,45 +27,30 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 	if cfg.ID == "" {
 		cfg.ID = fmt.Sprintf("%s-%d-%s", hostname, os.Getpid(), uuid.NewString()[:6])
 	}
-	log := telemetry.NewLogger(stdout, cfg.LogLevel, cfg.LogFormat).With("service", "conveyor-worker", "worker_id", cfg.ID)
-	tp, shutdownTracing, err := telemetry.SetupTracing(ctx, telemetry.TraceConfig{
-		ServiceName: "conveyor-worker", Export: cfg.ExportTraces(),
-	})
-	if err != nil {
-		return err
-	}
-	defer func() { _ = shutdownTracing(context.WithoutCancel(ctx)) }()
-
-	maxConns := cfg.DatabaseMaxConns
-	if maxConns == 0 {
+	rt, err := service.Start(ctx, cfg.Common, stdout, service.Options{
+		Name: "conveyor-worker", LogAttrs: []any{"worker_id", cfg.ID},
 		// Writes are short, but every running task makes them.
-		maxConns = int32(min(cfg.Concurrency/2+4, 64))
-	}
-	pool, err := postgres.Open(ctx, postgres.PoolConfig{
-		URL: cfg.DatabaseURL, MaxConns: maxConns,
-		Tracer: otelpgx.NewTracer(otelpgx.WithTracerProvider(tp)),
+		MaxConns:     int32(min(cfg.Concurrency/2+4, 64)),
+		GenericPlans: true,
+		WarmUp:       postgres.WorkerHotStatements,
+		// A worker may start before any api: it brings the schema up too
+		// (the runner is safe to run from many processes).
+		Migrate: true,
 	})
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	// A worker may start before any api: it brings the schema up too (the
-	// runner is safe to run from many processes).
-	if _, err := postgres.Migrate(ctx, pool, log); err != nil {
-		return err
-	}
+	defer rt.Close(ctx)
+	log := rt.Log
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := runner.NewMetrics(reg)
-	notifier := postgres.NewNotifier(pool, 2*time.Millisecond, log)
-	store := postgres.NewWorkStore(pool, notifier.Poke)
+	metrics := runner.NewMetrics(rt.Registry)
+	notifier := postgres.NewNotifier(rt.Pool, 2*time.Millisecond, log)
+	name := "conveyor-worker " + cfg.ID
 	w, err := runner.New(runner.Config{
-		Info: postgres.WorkerInfo{
+		Info: registry.Worker{
 			ID: cfg.ID, Hostname: hostname, PID: os.Getpid(), Concurrency: cfg.Concurrency,
 			Version: telemetry.Version,
 		},
-		AMQPURL:             cfg.AMQPURL,
 		Concurrency:         cfg.Concurrency,
 		Lease:               cfg.LeaseDuration,
 		Heartbeat:           cfg.HeartbeatInterval,
@@ -74,24 +58,36 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 		BackoffBase:         cfg.RetryBackoffBase,
 		BackoffMax:          cfg.RetryBackoffMax,
 		ShutdownTimeout:     cfg.ShutdownTimeout,
+		MaxRunTime:          cfg.MaxRunTime,
+		ReadAhead:           readAhead(cfg),
+		LongAfter:           time.Second,
 		ReconnectBackoffMax: cfg.ReconnectBackoffMax,
-	}, store, handlers, log, tp,
-		propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}), metrics)
+	}, runner.Deps{
+		Store: postgres.NewWorkerStore(rt.Pool, notifier.Poke),
+		Broker: runner.BrokerFunc(func(_ context.Context, types []string, prefetch int) (runner.Source, error) {
+			c, err := rabbitmq.DialConsumer(cfg.AMQPURL, name, types, prefetch)
+			if err != nil {
+				return nil, err
+			}
+			return c, nil
+		}),
+		Log:            log,
+		TracerProvider: rt.TracerProvider,
+		Propagator:     rt.Propagator,
+		Metrics:        metrics,
+	}, handlers)
 	if err != nil {
 		return err
 	}
+	inspector := rabbitmq.NewInspector(cfg.AMQPURL, name+" maintenance")
+	defer func() { _ = inspector.Close() }()
 	maintainer := runner.NewMaintainer(runner.MaintenanceConfig{
 		WorkerID: cfg.ID, Interval: cfg.MaintenanceInterval, LeaderTTL: cfg.LeaderTTL,
 		RepublishAfter: cfg.RepublishAfter, Retention: cfg.Retention, DeadAfter: cfg.WorkerDeadAfter,
-	}, store, log, metrics)
+	}, postgres.NewMaintenanceStore(rt.Pool, notifier.Poke), runner.QueuesFunc(inspector.QueueReady), log, metrics)
 
-	adm, err := admin.Listen(ctx, cfg.AdminAddr, reg, func(ctx context.Context) (bool, map[string]any) {
-		ready, err := w.Ready(ctx)
-		details := map[string]any{}
-		if err != nil {
-			details["error"] = err.Error()
-		}
-		return ready, details
+	adm, err := admin.Listen(ctx, cfg.AdminAddr, rt.Registry, func(context.Context) (bool, map[string]any) {
+		return w.Ready(), map[string]any{}
 	}, log)
 	if err != nil {
 		return err
@@ -114,4 +110,13 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 	err = g.Wait()
 	log.InfoContext(ctx, "worker stopped")
 	return err
+}
+
+// readAhead resolves WORKER_READ_AHEAD's default: as many as the
+// concurrency, at most 256.
+func readAhead(cfg config.Worker) int {
+	if cfg.ReadAhead >= 0 {
+		return cfg.ReadAhead
+	}
+	return min(cfg.Concurrency, 256)
 }

@@ -1,6 +1,7 @@
 // Command api serves Conveyor's HTTP API. It stores every submission with its
 // first event and its outbox row in one transaction and never talks to
-// RabbitMQ. `api migrate` applies the database migrations and exits.
+// RabbitMQ. `api migrate` creates the database if it is missing, applies the
+// migrations and exits: the only command that creates a database.
 package main
 
 import (

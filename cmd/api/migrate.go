@@ -6,22 +6,20 @@ import (
 
 	"github.com/conveyorhq/conveyor/internal/config"
 	"github.com/conveyorhq/conveyor/internal/postgres"
-	"github.com/conveyorhq/conveyor/internal/telemetry"
+	"github.com/conveyorhq/conveyor/internal/service"
 )
 
-// migrate creates the database if needed, applies the pending migrations
-// and returns; the API does the same at start-up.
+// migrate creates the database if it is missing — the one place that does —
+// applies the pending migrations and returns.
 func migrate(ctx context.Context, cfg config.Common, stdout io.Writer) error {
-	log := telemetry.NewLogger(stdout, cfg.LogLevel, cfg.LogFormat).With("service", "conveyor-migrate")
-	pool, err := postgres.Open(ctx, postgres.PoolConfig{URL: cfg.DatabaseURL, MaxConns: 2})
+	if err := postgres.EnsureDatabaseURL(ctx, cfg.DatabaseURL); err != nil {
+		return err
+	}
+	rt, err := service.Start(ctx, cfg, stdout, service.Options{Name: "conveyor-migrate", MaxConns: 2, Migrate: true})
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	applied, err := postgres.Migrate(ctx, pool, log)
-	if err != nil {
-		return err
-	}
-	log.InfoContext(ctx, "migrations done", "applied", len(applied))
+	defer rt.Close(ctx)
+	rt.Log.InfoContext(ctx, "migrations done")
 	return nil
 }

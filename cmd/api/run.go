@@ -8,55 +8,39 @@ import (
 	"net"
 	"net/http"
 
-	"github.com/exaring/otelpgx"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"go.opentelemetry.io/otel/propagation"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/conveyorhq/conveyor/internal/config"
 	"github.com/conveyorhq/conveyor/internal/httpapi"
 	"github.com/conveyorhq/conveyor/internal/postgres"
+	"github.com/conveyorhq/conveyor/internal/service"
 	"github.com/conveyorhq/conveyor/internal/task"
-	"github.com/conveyorhq/conveyor/internal/telemetry"
 )
 
 // run serves the API until ctx is done, then shuts down within the timeout.
 func run(ctx context.Context, cfg config.API, stdout io.Writer) error {
-	log := telemetry.NewLogger(stdout, cfg.LogLevel, cfg.LogFormat).With("service", "conveyor-api")
-	tp, shutdownTracing, err := telemetry.SetupTracing(ctx, telemetry.TraceConfig{
-		ServiceName: "conveyor-api", Export: cfg.ExportTraces(),
+	rt, err := service.Start(ctx, cfg.Common, stdout, service.Options{
+		Name: "conveyor-api", StatementTimeout: cfg.RequestTimeout, Migrate: true,
 	})
 	if err != nil {
 		return err
 	}
-	defer func() { _ = shutdownTracing(context.WithoutCancel(ctx)) }()
+	defer rt.Close(ctx)
+	log := rt.Log
 
-	pool, err := postgres.Open(ctx, postgres.PoolConfig{
-		URL: cfg.DatabaseURL, MaxConns: cfg.DatabaseMaxConns,
-		Tracer: otelpgx.NewTracer(otelpgx.WithTracerProvider(tp)),
-	})
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	if _, err := postgres.Migrate(ctx, pool, log); err != nil {
-		return err
-	}
-
-	notifier := postgres.NewNotifier(pool, cfg.NotifyDebounce, log)
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	notifier := postgres.NewNotifier(rt.Pool, cfg.NotifyDebounce, log)
 	handler := httpapi.NewHandler(httpapi.Config{
-		MaxBodyBytes: cfg.MaxBodyBytes,
-		Defaults:     task.Defaults{MaxAttempts: cfg.DefaultMaxAttempts},
-		JaegerUIURL:  cfg.JaegerUIURL,
+		MaxBodyBytes:      cfg.MaxBodyBytes,
+		Defaults:          task.Defaults{MaxAttempts: cfg.DefaultMaxAttempts},
+		JaegerUIURL:       cfg.JaegerUIURL,
+		RequestTimeout:    cfg.RequestTimeout,
+		TrustTraceContext: cfg.TrustTraceContext,
 	}, httpapi.Deps{
-		Store:          postgres.NewTaskStore(pool, notifier.Poke),
+		Store:          postgres.NewAPIStore(rt.Pool, notifier.Poke),
 		Log:            log,
-		TracerProvider: tp,
-		Propagator:     propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
-		Registry:       reg,
+		TracerProvider: rt.TracerProvider,
+		Propagator:     rt.Propagator,
+		Registry:       rt.Registry,
 	})
 
 	ln, err := new(net.ListenConfig).Listen(ctx, "tcp", cfg.Addr)

@@ -38,7 +38,7 @@ func setup(t *testing.T, opts ...func(*config.API)) *testBundle {
 		},
 		Addr: addr, JaegerUIURL: "http://jaeger.example:16686", MaxBodyBytes: 1 << 20, DefaultMaxAttempts: 3,
 		ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second,
-		IdleTimeout: time.Minute, NotifyDebounce: time.Millisecond,
+		IdleTimeout: time.Minute, NotifyDebounce: time.Millisecond, RequestTimeout: 5 * time.Second,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -140,13 +140,16 @@ func TestSubmitStoresTaskEventAndOutboxRow(t *testing.T) {
 	require.Equal(t, "http://jaeger.example:16686/trace/"+created["trace_id"].(string), created["trace_url"])
 	require.Equal(t, [3]int{1, 1, 1}, b.counts(t))
 
-	var kind, routingKey, traceparent string
-	var body map[string]any
+	var kind, taskID, taskType, traceparent string
+	var attempt, version int
 	require.NoError(t, b.db.Pool.QueryRow(context.Background(),
-		`SELECT kind, routing_key, body, headers->>'traceparent' FROM outbox`).Scan(&kind, &routingKey, &body, &traceparent))
+		`SELECT kind, task_id::text, task_type, attempt, task_version, headers->>'traceparent' FROM outbox`).
+		Scan(&kind, &taskID, &taskType, &attempt, &version, &traceparent))
 	require.Equal(t, "task.run", kind)
-	require.Equal(t, "demo.sleep", routingKey)
-	require.Equal(t, map[string]any{"task_id": id, "type": "demo.sleep", "attempt": float64(0)}, body)
+	require.Equal(t, id, taskID)
+	require.Equal(t, "demo.sleep", taskType)
+	require.Zero(t, attempt)
+	require.EqualValues(t, created["version"], version)
 	require.Contains(t, traceparent, created["trace_id"])
 
 	var actor, status string
@@ -477,10 +480,17 @@ func TestOpsEndpoints(t *testing.T) {
 	b := setup(t)
 	require.Equal(t, http.StatusOK, b.get(t, "/healthz").status)
 	require.Equal(t, http.StatusOK, b.get(t, "/readyz").status)
+	// demo.noop has a worker (it declared its queue); unheard.of has none,
+	// and client input alone never makes a metric label.
+	_, err := b.db.Pool.Exec(context.Background(), `INSERT INTO task_types (name) VALUES ('demo.noop')`)
+	require.NoError(t, err)
 	b.post(t, "/v1/tasks", `{"type":"demo.noop"}`)
+	b.post(t, "/v1/tasks", `{"type":"unheard.of"}`)
 	metrics := b.get(t, "/metrics")
 	require.Equal(t, http.StatusOK, metrics.status)
 	require.Contains(t, string(metrics.body), `conveyor_tasks_submitted_total{result="created",type="demo.noop"} 1`)
+	require.Contains(t, string(metrics.body), `conveyor_tasks_submitted_total{result="created",type="other"} 1`)
+	require.NotContains(t, string(metrics.body), `unheard.of`)
 	spec := b.get(t, "/openapi.yaml")
 	require.Equal(t, http.StatusOK, spec.status)
 	require.True(t, bytes.HasPrefix(spec.body, []byte("openapi: 3.1")))

@@ -28,6 +28,8 @@ type faultBundle struct {
 	pool    *pgxpool.Pool
 	amqpURL string
 	admin   string
+	// declared: the demo.noop queue exists.
+	declared bool
 }
 
 func (b *faultBundle) startRelay(t *testing.T, name string) *testenv.Process {
@@ -40,11 +42,16 @@ func (b *faultBundle) startRelay(t *testing.T, name string) *testenv.Process {
 	return p
 }
 
-// fill adds n task.run rows and returns their ids.
+// fill adds n task.run rows and returns their ids. Their queue exists, as
+// it does once a worker of the type has started.
 func (b *faultBundle) fill(t *testing.T, n int) map[string]bool {
 	t.Helper()
-	rows, err := b.pool.Query(context.Background(), `INSERT INTO outbox (kind, task_id, routing_key, priority, body)
-		SELECT 'task.run', gen_random_uuid(), 'demo.noop', 5, jsonb_build_object('i', g)
+	if !b.declared {
+		testenv.DeclareTaskQueue(t, b.amqpURL, "demo.noop")
+		b.declared = true
+	}
+	rows, err := b.pool.Query(context.Background(), `INSERT INTO outbox (kind, task_id, task_type, attempt, task_version, priority)
+		SELECT 'task.run', gen_random_uuid(), 'demo.noop', 0, 1, 5
 		FROM generate_series(1, $1) g RETURNING id`, n)
 	require.NoError(t, err)
 	ids := map[string]bool{}

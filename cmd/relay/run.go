@@ -6,55 +6,55 @@ import (
 	"io"
 	"os"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"go.opentelemetry.io/otel/propagation"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/conveyorhq/conveyor/internal/admin"
 	"github.com/conveyorhq/conveyor/internal/config"
 	"github.com/conveyorhq/conveyor/internal/postgres"
+	"github.com/conveyorhq/conveyor/internal/rabbitmq"
 	"github.com/conveyorhq/conveyor/internal/relay"
-	"github.com/conveyorhq/conveyor/internal/telemetry"
+	"github.com/conveyorhq/conveyor/internal/service"
 )
 
 // run relays outbox rows until ctx is done, then finishes its in-flight
 // batch and returns.
 func run(ctx context.Context, cfg config.Relay, stdout io.Writer) error {
-	log := telemetry.NewLogger(stdout, cfg.LogLevel, cfg.LogFormat).With("service", "conveyor-relay")
-	tp, shutdownTracing, err := telemetry.SetupTracing(ctx, telemetry.TraceConfig{
-		ServiceName: "conveyor-relay", Export: cfg.ExportTraces(),
+	rt, err := service.Start(ctx, cfg.Common, stdout, service.Options{
+		Name: "conveyor-relay", GenericPlans: true, WarmUp: postgres.RelayHotStatements,
 	})
 	if err != nil {
 		return err
 	}
-	defer func() { _ = shutdownTracing(context.WithoutCancel(ctx)) }()
+	defer rt.Close(ctx)
+	log := rt.Log
 
-	pool, err := postgres.Open(ctx, postgres.PoolConfig{URL: cfg.DatabaseURL, MaxConns: cfg.DatabaseMaxConns})
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	hostname, _ := os.Hostname()
+	name := fmt.Sprintf("conveyor-relay %s/%d", hostname, os.Getpid())
 	r := relay.New(relay.Config{
-		AMQPURL:             cfg.AMQPURL,
-		Name:                fmt.Sprintf("conveyor-relay %s/%d", hostname, os.Getpid()),
 		BatchSize:           cfg.BatchSize,
 		PollInterval:        cfg.PollInterval,
 		ConfirmTimeout:      cfg.ConfirmTimeout,
 		ReconnectBackoffMax: cfg.ReconnectBackoffMax,
 		StatsInterval:       cfg.StatsInterval,
-	}, postgres.NewOutboxStore(pool, cfg.RetryBackoffBase, cfg.RetryBackoffMax), log, tp,
-		propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
-		relay.NewMetrics(reg))
+	}, relay.Deps{
+		Store: postgres.NewRelayStore(rt.Pool, cfg.RetryBackoffBase, cfg.RetryBackoffMax),
+		Broker: relay.BrokerFunc(func(_ context.Context, batchSize int) (relay.Publisher, error) {
+			p, err := rabbitmq.DialPublisher(cfg.AMQPURL, batchSize, name)
+			if err != nil {
+				return nil, err
+			}
+			return p, nil
+		}),
+		Log:            log,
+		TracerProvider: rt.TracerProvider,
+		Propagator:     rt.Propagator,
+		Metrics:        relay.NewMetrics(rt.Registry),
+	})
 
 	listener := postgres.NewListener(cfg.DatabaseURL, postgres.OutboxChannel, r.Wake, log)
 	listener.MaxBackoff = cfg.ReconnectBackoffMax
 
-	adm, err := admin.Listen(ctx, cfg.AdminAddr, reg, func(ctx context.Context) (bool, map[string]any) {
+	adm, err := admin.Listen(ctx, cfg.AdminAddr, rt.Registry, func(ctx context.Context) (bool, map[string]any) {
 		ready, blocked, err := r.Ready(ctx)
 		details := map[string]any{"broker_blocked": blocked}
 		if err != nil {

@@ -6,8 +6,10 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/conveyorhq/conveyor/internal/rabbitmq"
 	"github.com/conveyorhq/conveyor/internal/testdb"
 	"github.com/conveyorhq/conveyor/internal/testenv"
 )
@@ -23,8 +25,9 @@ func TestWorkerSurvivesBrokerRestart(t *testing.T) {
 	b := setupWith(t, db.URL, db.Pool, node.URL())
 	admin := testenv.FreeAddr(t)
 	w := b.startWorker(t, "w1", "WORKER_ADMIN_ADDR="+admin)
-	running := b.sleepTask(t, 40, 100)
-	b.waitUntil(t, running, "running", func(r taskRow) bool { return r.Progress >= 5 })
+	// Long enough to outlast a slow broker stop on a loaded machine.
+	running := b.sleepTask(t, 300, 100)
+	b.waitUntil(t, running, "running", func(r taskRow) bool { return r.Progress >= 1 })
 
 	node.Stop(t)
 	testenv.Eventually(t, 10*time.Second, func() error { return testenv.WantStatus("http://"+admin+"/readyz", http.StatusServiceUnavailable) })
@@ -64,4 +67,31 @@ func TestWorkerSurvivesPostgresRestart(t *testing.T) {
 	after := b.sleepTask(t, 1, 10)
 	b.waitStatus(t, after, "COMPLETED", 30*time.Second)
 	require.False(t, w.Exited(), w.Output())
+}
+
+// The broker cancels a consumer whose queue is deleted (as it does on a
+// consumer timeout or a node going down): the worker notices, connects
+// again, declares its queue again and goes on — it never stops consuming
+// while looking healthy.
+func TestWorkerRecoversWhenItsQueueIsDeleted(t *testing.T) {
+	b := setup(t)
+	admin := testenv.FreeAddr(t)
+	w := b.startWorker(t, "w1", "WORKER_ADMIN_ADDR="+admin)
+	testenv.WaitHTTP(t, "http://"+admin+"/readyz", 30*time.Second)
+	first := b.sleepTask(t, 1, 10)
+	b.waitStatus(t, first, "COMPLETED", 30*time.Second)
+
+	conn, err := amqp.Dial(b.amqpURL)
+	require.NoError(t, err)
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDelete(rabbitmq.QueueName("demo.sleep"), false, false, false)
+	require.NoError(t, err)
+
+	second := b.sleepTask(t, 1, 10)
+	b.waitStatus(t, second, "COMPLETED", 30*time.Second)
+	b.requireOneTerminal(t, second)
+	require.Contains(t, w.Output(), "consumer stopped; reconnecting")
+	testenv.WaitHTTP(t, "http://"+admin+"/readyz", 10*time.Second)
 }

@@ -31,7 +31,12 @@ func TestOneTracePerTaskAcrossProcesses(t *testing.T) {
 	}
 	db := testdb.New(t)
 	b := setupWith(t, db.URL, db.Pool, testenv.NewVhost(t), otel...)
-	b.startWorker(t, "w1", otel...)
+	// The worker's queue exists before the task is submitted, so its message
+	// is published once (a message for a type without a queue is parked,
+	// then published again: a second producer span).
+	admin := testenv.FreeAddr(t)
+	b.startWorker(t, "w1", append(otel, "WORKER_ADMIN_ADDR="+admin)...)
+	testenv.WaitHTTP(t, "http://"+admin+"/readyz", 30*time.Second)
 
 	id := b.sleepTask(t, 3, 20)
 	b.waitStatus(t, id, "COMPLETED", 30*time.Second)
@@ -65,14 +70,15 @@ func TestOneTracePerTaskAcrossProcesses(t *testing.T) {
 	}
 	require.Equal(t, producer.Attributes["messaging.message.id"], consumer.Attributes["messaging.message.id"])
 	require.Contains(t, consumer.Events, "progress")
-	var dbUnderConsumer int
+	dbUnderConsumer := map[string]int{}
 	for _, s := range spans {
 		if s.Service == "conveyor-worker" && s.ParentSpanID == consumer.SpanID &&
 			s.Kind == tracepb.Span_SPAN_KIND_CLIENT && s.Name != "pool.acquire" {
-			dbUnderConsumer++
+			dbUnderConsumer[s.Name]++
 		}
 	}
-	require.NotZero(t, dbUnderConsumer, "the worker's database spans hang under its consumer span: %s", describe(spans))
+	require.NotZero(t, dbUnderConsumer["tasks.claim"], "the claim's database span, named after its statement, hangs under the consumer span: %s", describe(spans))
+	require.NotZero(t, dbUnderConsumer["tasks.apply"], "so do the outcome's: %s", describe(spans))
 
 	// A retried task: its second attempt is a new trace linked to the first.
 	retried := b.submit(t, "demo.sleep", map[string]any{"steps": 1, "step_ms": 1, "fail_times": 1}, 3)

@@ -13,8 +13,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/conveyorhq/conveyor/internal/postgres"
 	"github.com/conveyorhq/conveyor/internal/rabbitmq"
 	"github.com/conveyorhq/conveyor/internal/testdb"
 	"github.com/conveyorhq/conveyor/internal/testenv"
@@ -75,6 +77,22 @@ func (b *bundle) startWorker(t *testing.T, id string, env ...string) *testenv.Pr
 		"SHUTDOWN_TIMEOUT=5s", "WORKER_RECONNECT_BACKOFF_MAX=300ms", "LOG_FORMAT=text",
 	}
 	return testenv.Start(t, id, testenv.Binary(t, "./cmd/worker"), append(base, env...)...)
+}
+
+// declare does what a starting worker does: it declares the queues of its
+// types and releases the messages parked while they had none.
+func (b *bundle) declare(t *testing.T, types ...string) {
+	t.Helper()
+	conn, err := amqp.Dial(b.amqpURL)
+	require.NoError(t, err)
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	require.NoError(t, rabbitmq.DeclareExchanges(ch))
+	for _, typ := range types {
+		require.NoError(t, rabbitmq.DeclareTaskQueue(ch, typ))
+	}
+	require.NoError(t, postgres.NewWorkerStore(b.pool, nil).TypesReady(context.Background(), types))
 }
 
 // submit posts a task through the API and returns its id.
@@ -282,6 +300,7 @@ func TestWorkerCancelWithoutBroadcastCaughtByLeaseRenewal(t *testing.T) {
 
 func TestWorkerCancelledWhilePendingNeverRuns(t *testing.T) {
 	b := setup(t)
+	b.declare(t, "demo.sleep") // a worker of the type ran before
 	id := b.sleepTask(t, 1, 10)
 	testenv.WaitForDepth(t, b.amqpURL, rabbitmq.QueueName("demo.sleep"), 1, 30*time.Second)
 	require.Equal(t, http.StatusOK, b.cancel(t, id))
@@ -353,12 +372,12 @@ func TestWorkerFailsAfterMaxAttempts(t *testing.T) {
 
 func TestWorkerRunsDuplicateDeliveryOnce(t *testing.T) {
 	b := setup(t)
+	b.declare(t, "demo.sleep") // a worker of the type ran before
 	id := b.sleepTask(t, 5, 50)
 	// A second message for the same task, as a relay killed between
 	// confirm and delete would publish.
-	_, err := b.pool.Exec(context.Background(), `INSERT INTO outbox (kind, task_id, routing_key, priority, body)
-		SELECT 'task.run', id, type, priority, jsonb_build_object('task_id', id, 'type', type, 'attempt', 0)
-		FROM tasks WHERE id = $1`, id)
+	_, err := b.pool.Exec(context.Background(), `INSERT INTO outbox (kind, task_id, task_type, attempt, task_version, priority)
+		SELECT 'task.run', id, type, 0, version, priority FROM tasks WHERE id = $1`, id)
 	require.NoError(t, err)
 	testenv.WaitForDepth(t, b.amqpURL, rabbitmq.QueueName("demo.sleep"), 2, 30*time.Second)
 
@@ -373,6 +392,7 @@ func TestWorkerRunsDuplicateDeliveryOnce(t *testing.T) {
 
 func TestWorkerRecoversTasksOfPurgedQueue(t *testing.T) {
 	b := setup(t)
+	b.declare(t, "demo.sleep") // a worker of the type ran before
 	var ids []uuid.UUID
 	for range 5 {
 		ids = append(ids, b.sleepTask(t, 1, 10))
@@ -477,4 +497,24 @@ func TestWorkerSIGTERMFinishesOrHandsBack(t *testing.T) {
 		ev := b.requireOneTerminal(t, id)
 		require.Equal(t, 2, count(ev, "IN_PROGRESS", "Running"))
 	}
+}
+
+// A message never waits behind a long handler while another worker is
+// free: two workers of one slot each, one busy with a long task; a short
+// task submitted meanwhile completes on the other while the long one runs.
+func TestWorkerShortTaskDoesNotWaitBehindALongOne(t *testing.T) {
+	b := setup(t)
+	admins := []string{testenv.FreeAddr(t), testenv.FreeAddr(t)}
+	for i, admin := range admins {
+		b.startWorker(t, fmt.Sprintf("w%d", i+1), "WORKER_CONCURRENCY=1", "WORKER_ADMIN_ADDR="+admin)
+		testenv.WaitHTTP(t, "http://"+admin+"/readyz", 30*time.Second)
+	}
+	long := b.sleepTask(t, 40, 250)
+	b.waitUntil(t, long, "running", func(r taskRow) bool { return r.Progress >= 5 })
+	for i := range 4 {
+		short := b.sleepTask(t, 1, 10+i)
+		b.waitStatus(t, short, "COMPLETED", 30*time.Second)
+		require.NotEqual(t, b.task(t, long).WorkerID, b.task(t, short).WorkerID)
+	}
+	require.Equal(t, "IN_PROGRESS", b.task(t, long).Status, "the short tasks did not wait for the long one")
 }

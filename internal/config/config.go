@@ -62,6 +62,12 @@ type API struct {
 	IdleTimeout        time.Duration `envconfig:"API_IDLE_TIMEOUT" default:"120s"`
 	// NotifyDebounce bounds how often the API wakes the relays with NOTIFY.
 	NotifyDebounce time.Duration `envconfig:"OUTBOX_NOTIFY_DEBOUNCE" default:"2ms"`
+	// RequestTimeout bounds a request's work (and each of its statements,
+	// on the server): past it the request answers 503.
+	RequestTimeout time.Duration `envconfig:"API_REQUEST_TIMEOUT" default:"10s"`
+	// TrustTraceContext continues the trace of a caller's traceparent;
+	// off, every request starts its own trace, linked to the caller's.
+	TrustTraceContext bool `envconfig:"API_TRUST_TRACE_CONTEXT" default:"false"`
 }
 
 // Validate checks the API's configuration.
@@ -81,10 +87,14 @@ func (c API) Validate() error {
 	for name, d := range map[string]time.Duration{
 		"API_READ_HEADER_TIMEOUT": c.ReadHeaderTimeout, "API_READ_TIMEOUT": c.ReadTimeout,
 		"API_WRITE_TIMEOUT": c.WriteTimeout, "API_IDLE_TIMEOUT": c.IdleTimeout,
+		"API_REQUEST_TIMEOUT": c.RequestTimeout,
 	} {
 		if err := positive(name, d); err != nil {
 			return err
 		}
+	}
+	if c.RequestTimeout >= c.WriteTimeout {
+		return fmt.Errorf("API_REQUEST_TIMEOUT: must be shorter than API_WRITE_TIMEOUT (%s), got %s", c.WriteTimeout, c.RequestTimeout)
 	}
 	if c.NotifyDebounce < 0 {
 		return fmt.Errorf("OUTBOX_NOTIFY_DEBOUNCE: must not be negative, got %s", c.NotifyDebounce)

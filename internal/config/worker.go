@@ -40,6 +40,14 @@ type Worker struct {
 	WorkerDeadAfter time.Duration `envconfig:"WORKER_DEAD_AFTER" default:"1m"`
 	// ReconnectBackoffMax caps the wait between reconnects to the broker.
 	ReconnectBackoffMax time.Duration `envconfig:"WORKER_RECONNECT_BACKOFF_MAX" default:"5s"`
+	// MaxRunTime bounds one attempt: past it the handler's context is
+	// cancelled and the attempt fails as timed out.
+	MaxRunTime time.Duration `envconfig:"TASK_MAX_RUN_TIME" default:"1h"`
+	// ReadAhead is how many deliveries beyond its free slots a worker lets
+	// the broker send it ahead, while no handler runs long: a freed slot
+	// then finds its next task at once. -1 means as many as
+	// WORKER_CONCURRENCY (at most 256); 0 turns read-ahead off.
+	ReadAhead int `envconfig:"WORKER_READ_AHEAD" default:"-1"`
 }
 
 // Validate checks the worker's configuration.
@@ -59,10 +67,14 @@ func (c Worker) Validate() error {
 		"RETRY_BACKOFF_MAX": c.RetryBackoffMax, "MAINTENANCE_INTERVAL": c.MaintenanceInterval,
 		"LEADER_TTL": c.LeaderTTL, "REPUBLISH_AFTER": c.RepublishAfter, "RETENTION": c.Retention,
 		"WORKER_DEAD_AFTER": c.WorkerDeadAfter, "WORKER_RECONNECT_BACKOFF_MAX": c.ReconnectBackoffMax,
+		"TASK_MAX_RUN_TIME": c.MaxRunTime,
 	} {
 		if err := positive(name, d); err != nil {
 			return err
 		}
+	}
+	if c.ReadAhead < -1 || c.ReadAhead > 10000 {
+		return fmt.Errorf("WORKER_READ_AHEAD: must be -1 (as many as the concurrency), 0 (off) or up to 10000, got %d", c.ReadAhead)
 	}
 	if c.HeartbeatInterval*2 > c.LeaseDuration {
 		return fmt.Errorf("HEARTBEAT_INTERVAL: must be at most half of LEASE_DURATION (%s), got %s", c.LeaseDuration, c.HeartbeatInterval)

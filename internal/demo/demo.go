@@ -1,4 +1,4 @@
-// Package demo holds the built-in task types of SPEC 8: demo.sleep for
+// Package demo holds the built-in task types: demo.sleep for
 // demos and tests, demo.noop for benchmarks.
 package demo
 

@@ -41,10 +41,12 @@ func (s recordingStore) SubmitBatch(_ context.Context, subs []task.Submission, _
 	return out, nil
 }
 
+func (recordingStore) KnownTypes(context.Context) ([]string, error) { return []string{"a"}, nil }
+
 func (s recordingStore) check(sub task.Submission) {
 	if task.ValidateType(sub.Type) != nil || sub.Priority < 0 || sub.Priority > task.MaxPriority ||
 		sub.MaxAttempts < 1 || !json.Valid(sub.Payload) || !json.Valid(sub.Metadata) ||
-		sub.Payload[0] != '{' || len(sub.InputHash) != 64 {
+		sub.Payload[0] != '{' || len(sub.InputHash) != 64 || len(sub.RequestHash) != 64 {
 		s.t.Fatalf("an invalid submission reached the store: %+v", sub)
 	}
 }

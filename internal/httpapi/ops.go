@@ -1,13 +1,15 @@
 package httpapi
 
 import (
+	"context"
 	_ "embed"
+	"log/slog"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
 	"go.opentelemetry.io/otel/trace"
 
@@ -40,9 +42,6 @@ func (s *server) handleReadyz() http.HandlerFunc {
 		s.respond(w, r, http.StatusOK, map[string]string{"status": "ready"})
 	}
 }
-
-// propagationCarrier adapts a task.Carrier to OpenTelemetry's propagators.
-type propagationCarrier = propagation.MapCarrier
 
 type metrics struct {
 	submittedTotal *prometheus.CounterVec
@@ -87,6 +86,79 @@ func (s *server) instrument(next http.Handler) http.Handler {
 		span.SetAttributes(semconv.HTTPRoute(route))
 		s.metrics.requests.WithLabelValues(route, r.Method, strconv.Itoa(sw.status)).Observe(time.Since(start).Seconds())
 	})
+}
+
+// timeout bounds every request's work: a request stuck on a lock or a
+// slow database answers 503 instead of holding its connection.
+func (s *server) timeout(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.cfg.RequestTimeout <= 0 {
+			next.ServeHTTP(w, r)
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
+		defer cancel()
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// typeLabels maps a task type to its metric label: the type itself once a
+// worker has declared its queue, "other" before. Client input alone never
+// creates a label. The known types are read again at most every
+// typeLabelsTTL, in the background.
+type typeLabels struct {
+	load     func(context.Context) ([]string, error)
+	log      *slog.Logger
+	mu       sync.Mutex
+	known    map[string]bool
+	loadedAt time.Time
+	loading  bool
+}
+
+const typeLabelsTTL = 10 * time.Second
+
+// otherType is the label of every type no worker has declared yet.
+const otherType = "other"
+
+func (l *typeLabels) label(typ string) string {
+	l.mu.Lock()
+	if l.loadedAt.IsZero() {
+		// The first use waits for the list, so that known types are
+		// labelled right from the start.
+		l.mu.Unlock()
+		l.refresh()
+		l.mu.Lock()
+	}
+	stale := !l.loading && time.Since(l.loadedAt) > typeLabelsTTL
+	if stale {
+		l.loading = true
+	}
+	known := l.known[typ]
+	l.mu.Unlock()
+	if stale {
+		go l.refresh()
+	}
+	if known {
+		return typ
+	}
+	return otherType
+}
+
+func (l *typeLabels) refresh() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	names, err := l.load(ctx)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.loading, l.loadedAt = false, time.Now()
+	if err != nil {
+		l.log.WarnContext(ctx, "read known task types", "error", err)
+		return
+	}
+	l.known = make(map[string]bool, len(names))
+	for _, n := range names {
+		l.known[n] = true
+	}
 }
 
 type statusWriter struct {

@@ -24,6 +24,9 @@ func (s *server) routes() http.Handler {
 			}
 			return true
 		}),
+		// A caller's traceparent is continued only when trusted; otherwise
+		// the request's span is a new root with a link to it.
+		otelhttp.WithPublicEndpointFn(func(*http.Request) bool { return !s.cfg.TrustTraceContext }),
 	)
 }
 
@@ -32,6 +35,7 @@ func (s *server) router() chi.Router {
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer)
 	r.Use(s.instrument)
+	r.Use(s.timeout)
 	r.NotFound(s.handleNotFound())
 	r.MethodNotAllowed(s.handleMethodNotAllowed())
 

@@ -1,11 +1,13 @@
-// Package httpapi is Conveyor's HTTP adapter: the routes of SPEC 4, the JSON
-// shapes of the task and the one table that maps domain errors to statuses.
+// Package httpapi is Conveyor's HTTP adapter: the routes (routes.go, and
+// openapi.yaml, which a test keeps true to them), the JSON shapes of the
+// task, and the one table that maps domain errors to statuses.
 package httpapi
 
 import (
 	"context"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,15 +17,20 @@ import (
 	"github.com/conveyorhq/conveyor/internal/task"
 )
 
-// Store is what the API needs from the database.
+// Store is what the API needs from the database. trace is the W3C context
+// of the request's span, which becomes the task's trace where the lifecycle
+// says so and travels with the outbox message.
 type Store interface {
-	Submit(ctx context.Context, sub task.Submission, headers task.Carrier) (task.Submitted, error)
-	SubmitBatch(ctx context.Context, subs []task.Submission, headers task.Carrier) ([]task.Submitted, error)
+	Submit(ctx context.Context, sub task.Submission, trace task.Carrier) (task.Submitted, error)
+	SubmitBatch(ctx context.Context, subs []task.Submission, trace task.Carrier) ([]task.Submitted, error)
 	Get(ctx context.Context, id uuid.UUID) (task.Task, error)
+	// List returns summaries: no payload, metadata or result.
 	List(ctx context.Context, f task.ListFilter) ([]task.Task, error)
 	Events(ctx context.Context, id uuid.UUID, limit int) ([]task.Event, error)
-	Cancel(ctx context.Context, id uuid.UUID, headers task.Carrier) (task.Task, task.CancelOutcome, error)
-	Retry(ctx context.Context, id uuid.UUID, traceparent string, headers task.Carrier) (task.Task, error)
+	Cancel(ctx context.Context, id uuid.UUID, trace task.Carrier) (task.Task, task.CancelOutcome, error)
+	Retry(ctx context.Context, id uuid.UUID, trace task.Carrier) (task.Task, error)
+	// KnownTypes lists the types some worker has declared a queue for.
+	KnownTypes(ctx context.Context) ([]string, error)
 	Ping(ctx context.Context) error
 }
 
@@ -33,6 +40,13 @@ type Config struct {
 	Defaults     task.Defaults
 	// JaegerUIURL is the base of the trace links in task JSON.
 	JaegerUIURL string
+	// RequestTimeout bounds the work of one request; past it the request
+	// answers 503.
+	RequestTimeout time.Duration
+	// TrustTraceContext continues a caller's trace (its traceparent). Off,
+	// each request starts a trace of its own, linked to the caller's.
+	// Baggage from callers is never taken.
+	TrustTraceContext bool
 }
 
 // Deps are the collaborators of the HTTP handler.
@@ -44,9 +58,10 @@ type Deps struct {
 	Registry       *prometheus.Registry
 }
 
-// NewHandler returns the API's HTTP handler with every route of SPEC 4.
+// NewHandler returns the API's HTTP handler with every route of routes.go.
 func NewHandler(cfg Config, deps Deps) http.Handler {
 	s := &server{cfg: cfg, Deps: deps, metrics: newMetrics(deps.Registry)}
+	s.types = &typeLabels{load: deps.Store.KnownTypes, log: deps.Log}
 	return s.routes()
 }
 
@@ -54,4 +69,5 @@ type server struct {
 	Deps
 	cfg     Config
 	metrics *metrics
+	types   *typeLabels
 }

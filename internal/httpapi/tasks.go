@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/conveyorhq/conveyor/internal/task"
 )
@@ -53,14 +54,12 @@ func (s *server) handleSubmit() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
-		carrier := s.carrier(r)
-		sub.Traceparent = carrier["traceparent"]
-		res, err := s.Store.Submit(r.Context(), sub, carrier)
+		res, err := s.Store.Submit(r.Context(), sub, s.carrier(r))
 		if err != nil {
 			s.writeError(w, r, err)
 			return
 		}
-		s.metrics.submitted(sub.Type, res.Created)
+		s.metrics.submitted(s.types.label(sub.Type), res.Created)
 		w.Header().Set("Location", "/v1/tasks/"+res.Task.ID.String())
 		status := http.StatusOK
 		if res.Created {
@@ -91,7 +90,6 @@ func (s *server) handleSubmitBatch() http.HandlerFunc {
 			s.writeError(w, r, task.Invalid("tasks", "must hold 1 to %d tasks, got %d", task.MaxBatchSize, len(req.Tasks)))
 			return
 		}
-		carrier := s.carrier(r)
 		subs := make([]task.Submission, len(req.Tasks))
 		for i, item := range req.Tasks {
 			sub, err := task.NewSubmission(toSubmitInput(item.submitRequest, item.IdempotencyKey), s.cfg.Defaults, fmt.Sprintf("tasks[%d].", i))
@@ -99,10 +97,9 @@ func (s *server) handleSubmitBatch() http.HandlerFunc {
 				s.writeError(w, r, err)
 				return
 			}
-			sub.Traceparent = carrier["traceparent"]
 			subs[i] = sub
 		}
-		results, err := s.Store.SubmitBatch(r.Context(), subs, carrier)
+		results, err := s.Store.SubmitBatch(r.Context(), subs, s.carrier(r))
 		if err != nil {
 			s.writeError(w, r, err)
 			return
@@ -113,7 +110,7 @@ func (s *server) handleSubmitBatch() http.HandlerFunc {
 			if res.Created {
 				resp.Results[i].Result = "created"
 			}
-			s.metrics.submitted(subs[i].Type, res.Created)
+			s.metrics.submitted(s.types.label(subs[i].Type), res.Created)
 		}
 		s.respond(w, r, http.StatusOK, resp)
 	}
@@ -144,8 +141,8 @@ const (
 
 func (s *server) handleList() http.HandlerFunc {
 	type response struct {
-		Tasks      []taskView `json:"tasks"`
-		NextCursor string     `json:"next_cursor,omitempty"`
+		Tasks      []taskSummary `json:"tasks"`
+		NextCursor string        `json:"next_cursor,omitempty"`
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
@@ -180,7 +177,7 @@ func (s *server) handleList() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
-		resp := response{Tasks: s.toTaskViews(tasks)}
+		resp := response{Tasks: toTaskSummaries(tasks)}
 		if len(tasks) == f.Limit {
 			resp.NextCursor = encodeCursor(tasks[len(tasks)-1].ID)
 		}
@@ -244,8 +241,7 @@ func (s *server) handleRetry() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
-		carrier := s.carrier(r)
-		t, err := s.Store.Retry(r.Context(), id, carrier["traceparent"], carrier)
+		t, err := s.Store.Retry(r.Context(), id, s.carrier(r))
 		if err != nil {
 			s.writeError(w, r, err)
 			return
@@ -254,10 +250,11 @@ func (s *server) handleRetry() http.HandlerFunc {
 	}
 }
 
-// carrier captures the request's trace context for the outbox row.
+// carrier captures the trace context of the request's own span (never the
+// caller's baggage) for the task and its outbox message.
 func (s *server) carrier(r *http.Request) task.Carrier {
 	c := task.Carrier{}
-	s.Propagator.Inject(r.Context(), propagationCarrier(c))
+	propagation.TraceContext{}.Inject(r.Context(), propagation.MapCarrier(c))
 	return c
 }
 

@@ -55,10 +55,43 @@ func (s *server) toTaskView(t task.Task) taskView {
 	return v
 }
 
-func (s *server) toTaskViews(ts []task.Task) []taskView {
-	out := make([]taskView, len(ts))
+// taskSummary is the JSON shape of a task in a listing: the task without
+// the client's documents (payload, metadata) and the result, which its own
+// GET returns.
+type taskSummary struct {
+	ID                string      `json:"id"`
+	TenantID          string      `json:"tenant_id"`
+	Type              string      `json:"type"`
+	Status            task.Status `json:"status"`
+	State             string      `json:"state"`
+	Progress          int         `json:"progress"`
+	Priority          int         `json:"priority"`
+	Attempt           int         `json:"attempt"`
+	MaxAttempts       int         `json:"max_attempts"`
+	Error             string      `json:"error,omitempty"`
+	IdempotencyKey    string      `json:"idempotency_key,omitempty"`
+	Version           int         `json:"version"`
+	WorkerID          string      `json:"worker_id,omitempty"`
+	NextRunAt         time.Time   `json:"next_run_at"`
+	CancelRequestedAt *time.Time  `json:"cancel_requested_at,omitempty"`
+	CreatedAt         time.Time   `json:"created_at"`
+	UpdatedAt         time.Time   `json:"updated_at"`
+	StartedAt         *time.Time  `json:"started_at,omitempty"`
+	CompletedAt       *time.Time  `json:"completed_at,omitempty"`
+	TraceID           string      `json:"trace_id,omitempty"`
+}
+
+func toTaskSummaries(ts []task.Task) []taskSummary {
+	out := make([]taskSummary, len(ts))
 	for i, t := range ts {
-		out[i] = s.toTaskView(t)
+		out[i] = taskSummary{
+			ID: t.ID.String(), TenantID: t.TenantID, Type: t.Type, Status: t.Status, State: t.State,
+			Progress: t.Progress, Priority: t.Priority, Attempt: t.Attempt, MaxAttempts: t.MaxAttempts,
+			Error: t.Error, IdempotencyKey: t.IdempotencyKey, Version: t.Version, WorkerID: t.WorkerID,
+			NextRunAt: t.NextRunAt, CancelRequestedAt: t.CancelRequestedAt, CreatedAt: t.CreatedAt,
+			UpdatedAt: t.UpdatedAt, StartedAt: t.StartedAt, CompletedAt: t.CompletedAt,
+			TraceID: traceID(t.Traceparent),
+		}
 	}
 	return out
 }

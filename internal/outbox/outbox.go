@@ -1,6 +1,7 @@
-// Package outbox defines the messages that wait in PostgreSQL's outbox table
-// until a relay has published them, shared by the database and broker
-// adapters.
+// Package outbox defines the messages Conveyor sends through the broker: how
+// they wait in PostgreSQL's outbox table until a relay has published them,
+// what their body says, and how a consumer receives them. The database and
+// broker adapters share these types; neither owns them.
 package outbox
 
 import (
@@ -13,7 +14,7 @@ import (
 // Kind says what a message asks of the workers.
 type Kind string
 
-// The kinds of SPEC 3.
+// The kinds of message.
 const (
 	// KindRun asks a worker to run the task.
 	KindRun Kind = "task.run"
@@ -24,16 +25,31 @@ const (
 // Message is one outbox row on its way to the broker.
 type Message struct {
 	// ID is the outbox row id, published as the AMQP message_id.
-	ID         int64
-	Kind       Kind
-	TaskID     uuid.UUID
-	RoutingKey string
-	Priority   uint8
-	Body       json.RawMessage
+	ID       int64
+	Kind     Kind
+	TaskID   uuid.UUID
+	TaskType string
+	// Attempt is the task's attempt count when the message was written.
+	Attempt int
+	// TaskVersion is the task's version when the message was written: a
+	// cancel message names the run it cancels by it.
+	TaskVersion int
+	Priority    uint8
 	// Headers carry the W3C trace context (traceparent, tracestate).
 	Headers   map[string]string
 	Attempts  int
 	CreatedAt time.Time
+}
+
+// Body is what the message says, as the consumer reads it.
+func (m Message) Body() Body {
+	return Body{TaskID: m.TaskID, Type: m.TaskType, Attempt: m.Attempt, Version: m.TaskVersion}
+}
+
+// EncodeBody is the JSON body of the message: the one place it is built.
+func (m Message) EncodeBody() []byte {
+	b, _ := json.Marshal(m.Body()) // a struct of plain fields always encodes
+	return b
 }
 
 // Body is the JSON body of every task message.
@@ -41,14 +57,17 @@ type Body struct {
 	TaskID  uuid.UUID `json:"task_id"`
 	Type    string    `json:"type"`
 	Attempt int       `json:"attempt"`
+	Version int       `json:"version"`
 }
 
 // Outcome is what became of a batch: the ids the broker confirmed (their
-// rows are deleted) and the ids that failed, with why (their rows wait for a
-// later try).
+// rows are deleted), the ids no queue took (their rows are parked until a
+// worker for the type declares its queue) and the ids that failed otherwise,
+// with why (their rows wait for a later try).
 type Outcome struct {
-	Published []int64
-	Failed    map[int64]string
+	Published  []int64
+	Unroutable map[int64]string
+	Failed     map[int64]string
 }
 
 // Fail records a failed message.
@@ -59,10 +78,55 @@ func (o *Outcome) Fail(id int64, reason string) {
 	o.Failed[id] = reason
 }
 
+// Unroute records a message the broker returned because no queue is bound
+// for its routing key.
+func (o *Outcome) Unroute(id int64, reason string) {
+	if o.Unroutable == nil {
+		o.Unroutable = map[int64]string{}
+	}
+	o.Unroutable[id] = reason
+}
+
 // Stats describes the backlog.
 type Stats struct {
 	// Due is the number of rows ready to publish.
 	Due int64
 	// OldestDueAge is how long the oldest due row has waited.
 	OldestDueAge time.Duration
+	// Parked is the number of rows waiting for a worker of their type.
+	Parked int64
+}
+
+// Acknowledger settles a delivery with the broker.
+type Acknowledger interface {
+	// Ack tells the broker the message was handled.
+	Ack() error
+	// Requeue hands the message back for another consumer.
+	Requeue() error
+	// Reject drops a message that can never be handled.
+	Reject() error
+}
+
+// Delivery is a task.run message as a consumer received it.
+type Delivery struct {
+	Body      Body
+	MessageID string
+	// Exchange and Queue name where the message came from.
+	Exchange string
+	Queue    string
+	// Headers carry the W3C trace context the relay wrote.
+	Headers     map[string]string
+	Redelivered bool
+	// Err is set when the body could not be read; such a delivery can only
+	// be rejected.
+	Err error
+	Acknowledger
+}
+
+// Cancel is a task.cancel broadcast as a worker received it: the task, and
+// the version at which its cancellation was requested, so that a late
+// broadcast never stops a later run of the same task.
+type Cancel struct {
+	TaskID  uuid.UUID
+	Version int
 }

@@ -13,8 +13,8 @@ import (
 	"github.com/conveyorhq/conveyor/internal/testdb"
 )
 
-// Several processes starting at once against a database that does not exist
-// yet: it is created once and every migration is applied once.
+// Several processes migrating at once a database that does not exist yet:
+// it is created once and every migration is applied once.
 func TestOpenAndMigrateConcurrently(t *testing.T) {
 	t.Parallel()
 	url := testdb.NewEmpty(t)
@@ -26,6 +26,9 @@ func TestOpenAndMigrateConcurrently(t *testing.T) {
 	var g errgroup.Group
 	for i := range runners {
 		g.Go(func() error {
+			if err := postgres.EnsureDatabaseURL(ctx, url); err != nil {
+				return err
+			}
 			pool, err := postgres.Open(ctx, postgres.PoolConfig{URL: url, MaxConns: 2})
 			if err != nil {
 				return err
@@ -68,7 +71,19 @@ func TestOpenAndMigrateConcurrently(t *testing.T) {
 	require.Empty(t, again)
 }
 
-// The schema enforces the rules of SPEC 3 even against a buggy writer.
+// A mistyped DATABASE_URL fails at start-up; only EnsureDatabase (the
+// migrate command) creates a database.
+func TestOpenRefusesAMissingDatabase(t *testing.T) {
+	t.Parallel()
+	url := testdb.NewEmpty(t)
+	_, err := postgres.Open(context.Background(), postgres.PoolConfig{URL: url})
+	require.ErrorContains(t, err, "does not exist")
+	require.ErrorContains(t, err, "api migrate")
+	_, err = postgres.Open(context.Background(), postgres.PoolConfig{URL: url})
+	require.Error(t, err, "still missing: nothing created it")
+}
+
+// The schema enforces the data model's rules even against a buggy writer.
 func TestSchemaConstraints(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t)

@@ -1,31 +1,55 @@
 // Package postgres is Conveyor's PostgreSQL adapter: the pool, the embedded
-// migrations and every SQL statement the system runs. pgx types do not leave
-// this package.
+// migrations, and every SQL statement the system runs, in stores named for
+// the role that uses them — api_store.go (the HTTP API), relay_store.go (the
+// outbox relay), worker_store.go (a worker's claims, writes and registry),
+// maintenance_store.go (the elected maintenance leader) — and the one
+// statement that applies a lifecycle transition (lifecycle.go). Stores
+// return domain types; pgx stays inside, except for the *pgxpool.Pool that
+// Open hands to the binaries to build the stores with.
 package postgres
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
+	"github.com/exaring/otelpgx"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/conveyorhq/conveyor/internal/task"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // PoolConfig sizes and tunes a connection pool.
 type PoolConfig struct {
 	URL      string
 	MaxConns int32
-	// Tracer, when set, traces every query (OpenTelemetry).
-	Tracer pgx.QueryTracer
+	// StatementTimeout, when set, bounds every statement on the server.
+	StatementTimeout time.Duration
+	// GenericPlans has the server plan each prepared statement once per
+	// connection instead of five times first: for pools whose statements
+	// are all keyed by ids (the worker's, the relay's), where the one
+	// transition statement costs more to plan than to run.
+	GenericPlans bool
+	// WarmUp names statements (WorkerHotStatements, RelayHotStatements)
+	// to plan on every new connection before it serves, and MinConns
+	// connections are opened at once: the first tasks after a start do
+	// not wait for connections and planning.
+	WarmUp   []string
+	MinConns int32
+	// TracerProvider, when set, traces every query, each span named after
+	// its statement.
+	TracerProvider trace.TracerProvider
 }
 
-// Open creates the database named in cfg.URL if it is missing, then returns a
-// pool connected to it. The pool is checked with a ping.
+// Open returns a pool connected to the database cfg.URL names, checked with
+// a ping. It never creates the database: a mistyped DATABASE_URL must fail,
+// not start an empty system (EnsureDatabase, used by `api migrate`, creates
+// it on purpose).
 func Open(ctx context.Context, cfg PoolConfig) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(cfg.URL)
 	if err != nil {
@@ -34,9 +58,25 @@ func Open(ctx context.Context, cfg PoolConfig) (*pgxpool.Pool, error) {
 	if cfg.MaxConns > 0 {
 		pc.MaxConns = cfg.MaxConns
 	}
-	pc.ConnConfig.Tracer = cfg.Tracer
-	if err := EnsureDatabase(ctx, pc.ConnConfig); err != nil {
-		return nil, err
+	// A cancelled context cancels the statement on the server too (pgx's
+	// default only drops the socket, and the server would finish the
+	// statement — and commit it — after the caller gave up).
+	pc.ConnConfig.BuildContextWatcherHandler = func(conn *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: conn, DeadlineDelay: 5 * time.Second}
+	}
+	if cfg.GenericPlans {
+		pc.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
+	}
+	if cfg.StatementTimeout > 0 {
+		pc.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(cfg.StatementTimeout.Milliseconds(), 10)
+	}
+	if cfg.TracerProvider != nil {
+		pc.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(cfg.TracerProvider),
+			otelpgx.WithSpanNameFunc(spanName))
+	}
+	if len(cfg.WarmUp) > 0 {
+		pc.MinConns = min(cfg.MinConns, pc.MaxConns)
+		pc.AfterConnect = warmUp(cfg.WarmUp)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
@@ -44,9 +84,63 @@ func Open(ctx context.Context, cfg PoolConfig) (*pgxpool.Pool, error) {
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
+		if pgCode(err) == codeNoDatabase {
+			return nil, fmt.Errorf("database %q does not exist: check DATABASE_URL, or create it with `api migrate`: %w", pc.ConnConfig.Database, err)
+		}
 		return nil, fmt.Errorf("ping database: %w", err)
 	}
 	return pool, nil
+}
+
+// warmUps are the hot statements of the worker and the relay, each with an
+// input that makes it change nothing (empty arrays, a zero limit).
+var warmUps = map[string][]any{
+	"tasks.claim": {[]uuid.UUID{}, "", 0, "", "", ""},
+	"tasks.apply": {[]uuid.UUID{}, []int{}, []string{}, []int{}, []string{}, []string{}, []string{},
+		[]int64{}, []int64{}, []string{}, []string{}},
+	"outbox.claim":          {0},
+	"outbox.delete":         {[]int64{}},
+	"tasks.stamp_published": {[]uuid.UUID{}},
+}
+
+// WorkerHotStatements and RelayHotStatements name what PoolConfig.WarmUp
+// plans for each.
+var (
+	WorkerHotStatements = []string{"tasks.claim", "tasks.apply"}
+	RelayHotStatements  = []string{"outbox.claim", "outbox.delete", "tasks.stamp_published"}
+)
+
+// warmUp runs the named statements once on a new connection, with an input
+// that changes nothing, inside a transaction it rolls back: the server has
+// then parsed and planned them before the first task needs them.
+func warmUp(names []string) func(context.Context, *pgx.Conn) error {
+	byName := map[string]string{}
+	for _, st := range statements {
+		byName[st.Name] = st.SQL
+	}
+	return func(ctx context.Context, conn *pgx.Conn) error {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		for _, name := range names {
+			if _, err := tx.Exec(ctx, byName[name], warmUps[name]...); err != nil {
+				return fmt.Errorf("warm up %s: %w", name, err)
+			}
+		}
+		return nil
+	}
+}
+
+// spanName names a database span after its statement, or after the SQL's
+// first word for SQL of other origin (the migration runner's).
+func spanName(sql string) string {
+	if name := StatementName(sql); name != "" {
+		return name
+	}
+	word, _, _ := strings.Cut(strings.TrimSpace(sql), " ")
+	return strings.ToUpper(word)
 }
 
 // EnsureDatabase creates the database cc names when it does not exist. It is
@@ -56,7 +150,7 @@ func EnsureDatabase(ctx context.Context, cc *pgx.ConnConfig) error {
 	if err == nil {
 		return conn.Close(ctx)
 	}
-	if pgCode(err) != "3D000" { // invalid_catalog_name
+	if pgCode(err) != codeNoDatabase {
 		return fmt.Errorf("connect to database %q: %w", cc.Database, err)
 	}
 	admin := cc.Copy()
@@ -75,37 +169,13 @@ func EnsureDatabase(ctx context.Context, cc *pgx.ConnConfig) error {
 	}
 }
 
-// pgCode returns the SQLSTATE of a PostgreSQL error, or "".
-func pgCode(err error) string {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Code
+// EnsureDatabaseURL is EnsureDatabase for a connection URL.
+func EnsureDatabaseURL(ctx context.Context, url string) error {
+	cc, err := pgx.ParseConfig(url)
+	if err != nil {
+		return fmt.Errorf("parse DATABASE_URL: %w", err)
 	}
-	return ""
-}
-
-// translate turns driver errors into domain errors at the boundary.
-func translate(err error) error {
-	if err == nil {
-		return nil
-	}
-	if errors.Is(err, pgx.ErrNoRows) {
-		return task.ErrNotFound
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case "22P05", "22021", "22P02":
-			// unsupported unicode escape (\u0000), bad encoding, bad text
-			return &task.Error{Code: task.ErrCodeInvalid, Message: "input rejected by the database: " + pgErr.Message}
-		case "23514": // check_violation
-			return &task.Error{Code: task.ErrCodeInvalid, Message: "input breaks a rule: " + pgErr.ConstraintName}
-		}
-	}
-	if pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
-		return &task.Error{Code: task.ErrCodeUnavailable, Message: "database unavailable, try again"}
-	}
-	return err
+	return EnsureDatabase(ctx, cc)
 }
 
 // Now is the database clock's idea of the time, for tests and diagnostics.
@@ -113,4 +183,12 @@ func Now(ctx context.Context, pool *pgxpool.Pool) (time.Time, error) {
 	var now time.Time
 	err := pool.QueryRow(ctx, "SELECT now()").Scan(&now)
 	return now, err
+}
+
+// querier is what a pool, a connection and a transaction all offer.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }

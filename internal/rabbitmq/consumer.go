@@ -2,8 +2,10 @@ package rabbitmq
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/google/uuid"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -11,58 +13,63 @@ import (
 	"github.com/conveyorhq/conveyor/internal/outbox"
 )
 
-// Delivery is one task.run message for the worker. Ack it once the claim is
-// committed (or the message is dropped); a delivery never acked is
-// redelivered when the connection closes.
-type Delivery struct {
-	Body      outbox.Body
-	MessageID string
-	Queue     string
-	// Headers carry the W3C trace context the relay wrote.
-	Headers     map[string]string
-	Redelivered bool
-	// Err is set when the body could not be read; such a delivery can only
-	// be rejected.
-	Err error
-	d   amqp.Delivery
-}
+// ErrClosed is the Err of a consumer its owner closed.
+var ErrClosed = errors.New("rabbitmq: consumer closed")
 
-// Ack acknowledges the delivery.
-func (d Delivery) Ack() error { return d.d.Ack(false) }
-
-// Requeue hands the delivery back to the broker for another consumer.
-func (d Delivery) Requeue() error { return d.d.Nack(false, true) }
-
-// Reject drops a delivery that can never be processed.
-func (d Delivery) Reject() error { return d.d.Reject(false) }
-
-// Consumer consumes the task queues of the worker's types on one channel
-// (prefetch shared by all of them) and the control broadcasts on another.
+// Consumer consumes the task queues of a worker's types on one channel,
+// whose prefetch is shared by all of them, and the control broadcasts on
+// another channel, from an exclusive queue of its own.
+//
+// A consumer does not recover: once anything it depends on is lost (the
+// connection, either channel, a consumer the broker cancelled because its
+// queue was deleted or a node went down, a deliveries stream that ended) Done
+// is closed, Err says what happened, and the consumer stops forwarding: a
+// delivery or cancel already on its way may still be yielded, then none. The
+// owner then closes it and dials a new one. Close must be called in every
+// case: it ends the consumer's goroutines.
 type Consumer struct {
-	conn       *amqp.Connection
-	tasks      *amqp.Channel
-	control    *amqp.Channel
-	deliveries chan Delivery
-	cancels    chan uuid.UUID
-	closed     chan struct{}
-	done       chan struct{}
-	doneOnce   sync.Once
-	tags       []string
-	stopOnce   sync.Once
-	err        error
+	conn    *amqp.Connection
+	tasks   *amqp.Channel
+	control *amqp.Channel
+	// queues maps the consumer tag of each task queue to the queue.
+	queues map[string]string
+
+	deliveries chan outbox.Delivery
+	cancels    chan outbox.Cancel
+	// lost receives the queue whose deliveries stream ended while the
+	// consumer was not stopping; the watcher finds out why.
+	lost chan string
+
+	done     chan struct{} // closed once, by fail
+	failOnce sync.Once
+	errMu    sync.Mutex
+	err      error
+
+	quit      chan struct{} // closed by Close: the watcher returns
+	closeOnce sync.Once
+	wg        sync.WaitGroup
+
+	stopOnce sync.Once
+	stopping atomic.Bool
 }
 
 // DialConsumer connects, declares the topology the worker needs (the
 // exchanges, a durable queue per type, its own exclusive control queue) and
-// starts consuming with at most prefetch unacknowledged task messages.
+// starts consuming with at most prefetch unacknowledged task messages over
+// all the types. name is the connection name the broker shows.
 func DialConsumer(url, name string, types []string, prefetch int) (*Consumer, error) {
 	conn, err := dial(url, name)
 	if err != nil {
 		return nil, err
 	}
 	c := &Consumer{
-		conn: conn, deliveries: make(chan Delivery), cancels: make(chan uuid.UUID, 64),
-		closed: make(chan struct{}), done: make(chan struct{}),
+		conn:       conn,
+		queues:     make(map[string]string, len(types)),
+		deliveries: make(chan outbox.Delivery),
+		cancels:    make(chan outbox.Cancel, 64),
+		lost:       make(chan string, len(types)+1),
+		done:       make(chan struct{}),
+		quit:       make(chan struct{}),
 	}
 	if err := c.open(types, prefetch); err != nil {
 		_ = conn.Close()
@@ -71,11 +78,19 @@ func DialConsumer(url, name string, types []string, prefetch int) (*Consumer, er
 	return c, nil
 }
 
+// open sets everything up, then starts the goroutines: a failure before
+// that leaves none behind once the connection is closed.
 func (c *Consumer) open(types []string, prefetch int) error {
+	w := &watcher{c: c, conn: c.conn.NotifyClose(make(chan *amqp.Error, 1))}
 	var err error
 	if c.tasks, err = c.conn.Channel(); err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
+	// Listen before consuming, so that no close or cancel goes unheard.
+	// The cancel buffers hold one tag per consumer: amqp091 waits a while
+	// for a full listener, holding up the connection's reader meanwhile.
+	w.tasks = c.tasks.NotifyClose(make(chan *amqp.Error, 1))
+	w.tasksCancel = c.tasks.NotifyCancel(make(chan string, len(types)+1))
 	if err := DeclareExchanges(c.tasks); err != nil {
 		return err
 	}
@@ -84,6 +99,7 @@ func (c *Consumer) open(types []string, prefetch int) error {
 	if err := c.tasks.Qos(prefetch, 0, true); err != nil {
 		return fmt.Errorf("set prefetch: %w", err)
 	}
+	streams := make(map[string]<-chan amqp.Delivery, len(types))
 	for _, typ := range types {
 		if err := DeclareTaskQueue(c.tasks, typ); err != nil {
 			return err
@@ -94,20 +110,15 @@ func (c *Consumer) open(types []string, prefetch int) error {
 		if err != nil {
 			return fmt.Errorf("consume %s: %w", q, err)
 		}
-		c.tags = append(c.tags, tag)
-		go func() {
-			for m := range msgs {
-				select {
-				case c.deliveries <- toDelivery(q, m):
-				case <-c.done:
-					return
-				}
-			}
-		}()
+		c.queues[tag] = q
+		streams[tag] = msgs
 	}
+
 	if c.control, err = c.conn.Channel(); err != nil {
 		return fmt.Errorf("open control channel: %w", err)
 	}
+	w.control = c.control.NotifyClose(make(chan *amqp.Error, 1))
+	w.controlCancel = c.control.NotifyCancel(make(chan string, 1))
 	q, err := c.control.QueueDeclare("", false, true, true, false, nil)
 	if err != nil {
 		return fmt.Errorf("declare control queue: %w", err)
@@ -115,36 +126,82 @@ func (c *Consumer) open(types []string, prefetch int) error {
 	if err := c.control.QueueBind(q.Name, "", ControlExchange, false, nil); err != nil {
 		return fmt.Errorf("bind control queue: %w", err)
 	}
+	w.controlQueue = q.Name
 	ctl, err := c.control.Consume(q.Name, "", true, true, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("consume control queue: %w", err)
 	}
-	go func() {
-		for m := range ctl {
+
+	c.wg.Add(len(streams) + 2)
+	for tag, msgs := range streams {
+		go c.forward(c.queues[tag], msgs)
+	}
+	go c.forwardCancels(q.Name, ctl)
+	go w.run()
+	return nil
+}
+
+// forward passes the deliveries of one task queue to Deliveries, one at a
+// time: the channel is unbuffered so the caller decides when it takes the
+// next one.
+func (c *Consumer) forward(queue string, msgs <-chan amqp.Delivery) {
+	defer c.wg.Done()
+	for {
+		select {
+		case <-c.done:
+			// Not taken, not acked: the broker requeues the message
+			// when the connection closes.
+			return
+		case m, open := <-msgs:
+			if !open {
+				if !c.stopping.Load() {
+					c.lost <- queue
+				}
+				return
+			}
+			select {
+			case c.deliveries <- toDelivery(queue, m):
+			case <-c.done:
+				return
+			}
+		}
+	}
+}
+
+// forwardCancels passes the readable cancel broadcasts to Cancels.
+func (c *Consumer) forwardCancels(queue string, msgs <-chan amqp.Delivery) {
+	defer c.wg.Done()
+	for {
+		select {
+		case <-c.done:
+			return
+		case m, open := <-msgs:
+			if !open {
+				c.lost <- queue
+				return
+			}
 			var b outbox.Body
 			if json.Unmarshal(m.Body, &b) != nil || b.TaskID == uuid.Nil {
 				continue
 			}
 			select {
-			case c.cancels <- b.TaskID:
+			case c.cancels <- outbox.Cancel{TaskID: b.TaskID, Version: b.Version}:
 			case <-c.done:
 				return
 			}
 		}
-	}()
-	connClosed := c.conn.NotifyClose(make(chan *amqp.Error, 1))
-	go func() {
-		if e := <-connClosed; e != nil {
-			c.err = e
-		}
-		close(c.closed)
-	}()
-	return nil
+	}
 }
 
-func toDelivery(queue string, m amqp.Delivery) Delivery {
-	d := Delivery{MessageID: m.MessageId, Queue: queue, Redelivered: m.Redelivered, d: m,
-		Headers: make(map[string]string, len(m.Headers))}
+func toDelivery(queue string, m amqp.Delivery) outbox.Delivery {
+	d := outbox.Delivery{
+		MessageID:    m.MessageId,
+		Exchange:     m.Exchange,
+		Queue:        queue,
+		Redelivered:  m.Redelivered,
+		Headers:      make(map[string]string, len(m.Headers)),
+		Acknowledger: acker{ch: m.Acknowledger, tag: m.DeliveryTag},
+	}
 	for k, v := range m.Headers {
 		if s, ok := v.(string); ok {
 			d.Headers[k] = s
@@ -153,37 +210,223 @@ func toDelivery(queue string, m amqp.Delivery) Delivery {
 	if err := json.Unmarshal(m.Body, &d.Body); err != nil {
 		d.Err = fmt.Errorf("read message body: %w", err)
 	} else if d.Body.TaskID == uuid.Nil {
-		d.Err = fmt.Errorf("message body has no task_id")
+		d.Err = errors.New("message body has no task_id")
 	}
 	return d
 }
 
-// Deliveries yields the task messages.
-func (c *Consumer) Deliveries() <-chan Delivery { return c.deliveries }
+// acker settles one delivery on the channel it came from: it keeps the
+// delivery's acknowledger and tag, not the whole amqp.Delivery and its body.
+type acker struct {
+	ch  amqp.Acknowledger
+	tag uint64
+}
 
-// Cancels yields the ids of tasks whose cancellation was broadcast.
-func (c *Consumer) Cancels() <-chan uuid.UUID { return c.cancels }
+func (a acker) Ack() error     { return a.ch.Ack(a.tag, false) }
+func (a acker) Requeue() error { return a.ch.Nack(a.tag, false, true) }
+func (a acker) Reject() error  { return a.ch.Reject(a.tag, false) }
 
-// Closed is closed once the connection is gone; Err then says why.
-func (c *Consumer) Closed() <-chan struct{} { return c.closed }
+// Deliveries yields the task messages. A delivery must be settled (Ack,
+// Requeue or Reject) on this consumer while it is open; one never settled
+// is redelivered once the connection closes.
+func (c *Consumer) Deliveries() <-chan outbox.Delivery { return c.deliveries }
 
-// Err is why the connection closed, once Closed is.
-func (c *Consumer) Err() error { return c.err }
+// Cancels yields the cancel broadcasts; unreadable ones are skipped.
+func (c *Consumer) Cancels() <-chan outbox.Cancel { return c.cancels }
 
-// StopConsuming asks the broker to send no more task messages. Messages
-// already delivered and not acked go back to the queue when the connection
-// closes.
+// Done is closed once the consumer has stopped for good: the connection or
+// a channel closed, the broker cancelled a consumer, or Close was called.
+// Err then says why.
+func (c *Consumer) Done() <-chan struct{} { return c.done }
+
+// Err is why Done was closed, or nil while it is not. Errors from the broker
+// wrap its *amqp.Error.
+func (c *Consumer) Err() error {
+	c.errMu.Lock()
+	defer c.errMu.Unlock()
+	return c.err
+}
+
+// fail records the first cause and closes Done.
+func (c *Consumer) fail(err error) {
+	c.failOnce.Do(func() {
+		c.errMu.Lock()
+		c.err = err
+		c.errMu.Unlock()
+		close(c.done)
+	})
+}
+
+// SetPrefetch changes how many task messages may be unacknowledged at once
+// on this consumer's channel (a channel-wide limit, shared by the queues of
+// every type); the broker applies it to its next deliveries.
+func (c *Consumer) SetPrefetch(n int) error {
+	if err := c.tasks.Qos(n, 0, true); err != nil {
+		return fmt.Errorf("set prefetch %d: %w", n, err)
+	}
+	return nil
+}
+
+// StopConsuming asks the broker to send no more task messages; the control
+// consumer keeps running, so cancel broadcasts are still heard while the
+// handlers finish. Task messages delivered before the broker stopped are
+// still yielded (hand them back with Requeue); messages not settled go back
+// to their queue when the connection closes. Stopping does not close Done.
 func (c *Consumer) StopConsuming() {
 	c.stopOnce.Do(func() {
-		for _, tag := range c.tags {
+		c.stopping.Store(true)
+		for tag := range c.queues {
 			_ = c.tasks.Cancel(tag, false)
 		}
 	})
 }
 
-// Close closes the connection; unacknowledged deliveries are requeued by
-// the broker.
+// Close closes Done (Err is then ErrClosed unless the consumer had already
+// stopped), closes the connection, whose unsettled deliveries the broker
+// requeues, and returns once every goroutine of the consumer has ended.
+// Close is safe to call more than once and concurrently.
 func (c *Consumer) Close() error {
-	c.doneOnce.Do(func() { close(c.done) })
-	return c.conn.Close()
+	var err error
+	c.closeOnce.Do(func() {
+		c.fail(ErrClosed)
+		close(c.quit)
+		// A connection the broker or the network already closed is
+		// not an error of Close.
+		if e := c.conn.Close(); e != nil && !errors.Is(e, amqp.ErrClosed) {
+			err = fmt.Errorf("rabbitmq: close consumer connection: %w", e)
+		}
+		c.wg.Wait()
+	})
+	return err
+}
+
+// watcher turns whatever ends the consumer into Err.
+type watcher struct {
+	c *Consumer
+	// The sources, by rank: when several report together, as when a
+	// connection dies and takes its channels and consumers with it, the
+	// lowest rank names the cause.
+	conn, tasks, control       <-chan *amqp.Error
+	tasksCancel, controlCancel <-chan string
+	controlQueue               string
+}
+
+const (
+	rankConn = iota
+	rankTasks
+	rankControl
+	rankTasksCancel
+	rankControlCancel
+	rankLost
+)
+
+func (w *watcher) run() {
+	defer w.c.wg.Done()
+	for {
+		var (
+			rank  int
+			cause error
+		)
+		select {
+		case <-w.c.quit:
+			return
+		case e, open := <-w.conn:
+			rank, cause = rankConn, w.closed(rankConn, e, open)
+		case e, open := <-w.tasks:
+			rank, cause = rankTasks, w.closed(rankTasks, e, open)
+		case e, open := <-w.control:
+			rank, cause = rankControl, w.closed(rankControl, e, open)
+		case tag, open := <-w.tasksCancel:
+			rank, cause = rankTasksCancel, w.cancelled(rankTasksCancel, tag, open)
+		case tag, open := <-w.controlCancel:
+			rank, cause = rankControlCancel, w.cancelled(rankControlCancel, tag, open)
+		case q := <-w.c.lost:
+			rank, cause = rankLost, fmt.Errorf("rabbitmq: deliveries of %s ended unexpectedly", q)
+		}
+		if cause == nil {
+			continue
+		}
+		// amqp091 notifies a connection's listeners before its channels'
+		// and a cancel's listeners before it ends the deliveries: what
+		// explains this event better is already waiting, if anything.
+		for r := rankConn; r < rank; r++ {
+			if better := w.poll(r); better != nil {
+				cause = better
+				break
+			}
+		}
+		w.c.fail(cause)
+	}
+}
+
+// poll takes the pending event of the source of rank r, if any.
+func (w *watcher) poll(r int) error {
+	var (
+		closes  <-chan *amqp.Error
+		cancels <-chan string
+	)
+	switch r {
+	case rankConn:
+		closes = w.conn
+	case rankTasks:
+		closes = w.tasks
+	case rankControl:
+		closes = w.control
+	case rankTasksCancel:
+		cancels = w.tasksCancel
+	case rankControlCancel:
+		cancels = w.controlCancel
+	}
+	select {
+	case e, open := <-closes:
+		return w.closed(r, e, open)
+	case tag, open := <-cancels:
+		return w.cancelled(r, tag, open)
+	default:
+		return nil
+	}
+}
+
+var sourceNames = [...]string{rankConn: "connection", rankTasks: "task channel", rankControl: "control channel"}
+
+// closed explains a close notification. amqp091 sends the error of an
+// abnormal close, then closes the listener; a listener closed without an
+// error means a close this consumer asked for.
+func (w *watcher) closed(r int, e *amqp.Error, open bool) error {
+	if !open {
+		switch r {
+		case rankConn:
+			w.conn = nil
+		case rankTasks:
+			w.tasks = nil
+		case rankControl:
+			w.control = nil
+		}
+		return fmt.Errorf("rabbitmq: %s closed", sourceNames[r])
+	}
+	if e == nil {
+		return fmt.Errorf("rabbitmq: %s closed", sourceNames[r])
+	}
+	return fmt.Errorf("rabbitmq: %s closed: %w", sourceNames[r], e)
+}
+
+// cancelled explains a basic.cancel from the broker. A cancel listener is
+// closed along with its channel, whose close explains itself.
+func (w *watcher) cancelled(r int, tag string, open bool) error {
+	if !open {
+		if r == rankTasksCancel {
+			w.tasksCancel = nil
+		} else {
+			w.controlCancel = nil
+		}
+		return nil
+	}
+	if r == rankControlCancel {
+		return fmt.Errorf("rabbitmq: consumer of the control queue %s cancelled by the broker", w.controlQueue)
+	}
+	q, ok := w.c.queues[tag]
+	if !ok {
+		q = "consumer tag " + tag
+	}
+	return fmt.Errorf("rabbitmq: consumer of %s cancelled by the broker", q)
 }

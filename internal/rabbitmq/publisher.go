@@ -11,7 +11,8 @@ import (
 	"github.com/conveyorhq/conveyor/internal/outbox"
 )
 
-// Publisher publishes outbox messages on one confirming channel.
+// Publisher publishes outbox messages on one confirming channel. It declares
+// the exchanges but never a task queue: the queues are the workers'.
 type Publisher struct {
 	conn    *amqp.Connection
 	ch      *amqp.Channel
@@ -19,20 +20,20 @@ type Publisher struct {
 	closed  chan struct{}
 	err     atomic.Pointer[amqp.Error]
 	blocked atomic.Bool
-	// declared remembers the task queues declared on this connection.
-	declared map[string]bool
 }
 
 // DialPublisher connects, declares the exchanges and puts a channel in
-// confirm mode. returnBuffer must be at least the largest batch published at
-// once.
+// confirm mode. returnBuffer sizes the buffer of returned messages; Publish
+// reads returns while it waits for confirms, so any size of at least 1 is
+// correct, and the largest batch published at once avoids every wait.
+// name is the connection name the broker shows.
 func DialPublisher(url string, returnBuffer int, name string) (*Publisher, error) {
 	conn, err := dial(url, name)
 	if err != nil {
 		return nil, err
 	}
-	p := &Publisher{conn: conn, closed: make(chan struct{}), declared: map[string]bool{}}
-	if err := p.open(returnBuffer); err != nil {
+	p := &Publisher{conn: conn, closed: make(chan struct{})}
+	if err := p.open(max(returnBuffer, 1)); err != nil {
 		_ = conn.Close()
 		return nil, err
 	}
@@ -75,10 +76,23 @@ func (p *Publisher) open(returnBuffer int) error {
 	return nil
 }
 
-// Closed is closed when the connection or channel is gone; Err says why.
-func (p *Publisher) Closed() <-chan struct{} { return p.closed }
+// Done is closed when the connection or channel is gone; Err says why.
+func (p *Publisher) Done() <-chan struct{} { return p.closed }
 
-// Err is why the publisher closed, or nil while it is open.
+// Route names where a message goes: task.run messages to the tasks exchange
+// under their type, task.cancel broadcasts to the control exchange.
+func (p *Publisher) Route(m outbox.Message) (exchange, routingKey string) { return Route(m) }
+
+// Route names where a message goes (see Publisher.Route).
+func Route(m outbox.Message) (exchange, routingKey string) {
+	if m.Kind == outbox.KindCancel {
+		return ControlExchange, ""
+	}
+	return TasksExchange, m.TaskType
+}
+
+// Err is why the publisher closed, or nil while it is open. It is an
+// *amqp.Error.
 func (p *Publisher) Err() error {
 	if e := p.err.Load(); e != nil {
 		return e
@@ -94,86 +108,147 @@ func (p *Publisher) Blocked() bool { return p.blocked.Load() }
 func (p *Publisher) Close() error { return p.conn.Close() }
 
 // Publish sends every message persistent, waits for the broker's confirms
-// (at most until ctx ends) and says which were confirmed. A message the
-// broker nacked, returned as unroutable, or did not confirm in time is
-// failed. task.run messages are mandatory and go to the tasks exchange, whose
-// queue for the type is declared first; task.cancel messages are broadcast on
-// the control exchange and not mandatory: with no worker alive there is
-// nobody to tell, and the lease reaper ends such a task.
+// (at most until ctx ends) and says what became of each message, which is
+// in exactly one of the Outcome's sets:
+//
+//   - Published: the broker confirmed it and routed it somewhere.
+//   - Unroutable: a task.run message the broker returned with 312 NO_ROUTE,
+//     because no queue is bound for its type: no worker of the type has
+//     declared its queue yet.
+//   - Failed: any other return, a nack, no confirm before ctx ended, or an
+//     error sending it.
+//
+// task.run messages go to the tasks exchange with the task's type as
+// routing key, mandatory; task.cancel messages are broadcast on the control
+// exchange, not mandatory: with no worker alive there is nobody to tell, and
+// the lease reaper ends such a task.
+//
+// Messages of a batch are independent: a message returned, nacked or
+// unconfirmed does not affect the others. What still fails the rest of a
+// batch is what closes the channel or the connection: a channel exception
+// (an exchange deleted under the publisher, a message larger than the
+// broker's max_message_size), a lost connection, a socket write that timed
+// out. Every message not confirmed by then is Failed, and Done is closed.
 func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) outbox.Outcome {
 	var out outbox.Outcome
 	pending := make([]*amqp.DeferredConfirmation, len(msgs))
+	index := make(map[string]int, len(msgs)) // message id → position
 	for i, m := range msgs {
-		exchange, mandatory := TasksExchange, true
-		if m.Kind == outbox.KindCancel {
-			exchange, mandatory = ControlExchange, false
-		} else if !p.declared[m.RoutingKey] {
-			if err := DeclareTaskQueue(p.ch, m.RoutingKey); err != nil {
-				out.Fail(m.ID, err.Error())
-				continue
-			}
-			p.declared[m.RoutingKey] = true
-		}
+		exchange, key := Route(m)
+		mandatory := m.Kind != outbox.KindCancel
 		headers := make(amqp.Table, len(m.Headers))
 		for k, v := range m.Headers {
 			headers[k] = v
 		}
-		dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, m.RoutingKey, mandatory, false, amqp.Publishing{
-			MessageId:    strconv.FormatInt(m.ID, 10),
+		id := strconv.FormatInt(m.ID, 10)
+		dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, mandatory, false, amqp.Publishing{
+			MessageId:    id,
 			ContentType:  "application/json",
 			DeliveryMode: amqp.Persistent,
 			Priority:     m.Priority,
 			Timestamp:    m.CreatedAt,
 			Type:         string(m.Kind),
 			Headers:      headers,
-			Body:         m.Body,
+			Body:         m.EncodeBody(),
 		})
 		if err != nil {
 			out.Fail(m.ID, "publish: "+err.Error())
 			continue
 		}
 		pending[i] = dc
+		index[id] = i
 	}
+
+	// The broker sends a message's basic.return before its basic.ack, and
+	// amqp091 hands the return to the returns channel before it resolves
+	// the confirm. Returns are read while waiting: a full returns channel
+	// would hold up the connection's reader and, after a few seconds,
+	// amqp091 would drop the return and the message would pass for
+	// published.
+	returned := make(map[int]amqp.Return)
+	returns := p.returns
+	take := func(r amqp.Return, open bool) {
+		if !open {
+			// The channel is gone: its closed returns channel would
+			// yield zero values forever.
+			returns = nil
+			return
+		}
+		// A return of an earlier batch, whose confirm came too late,
+		// names no message of this one.
+		if i, ok := index[r.MessageId]; ok {
+			returned[i] = r
+		}
+	}
+	confirmed := make([]bool, len(msgs))
 	for i, dc := range pending {
 		if dc == nil {
 			continue
 		}
-		acked, err := dc.WaitContext(ctx)
+	wait:
+		for {
+			select {
+			case <-dc.Done():
+				break wait
+			case r, open := <-returns:
+				take(r, open)
+			case <-ctx.Done():
+				break wait
+			}
+		}
 		switch {
-		case err != nil:
-			out.Fail(msgs[i].ID, "confirm: "+err.Error())
-		case !acked:
+		case !isDone(dc):
+			out.Fail(msgs[i].ID, "confirm: "+ctx.Err().Error())
+		case dc.Acked():
+			confirmed[i] = true
+		case p.ch.IsClosed():
+			// amqp091 resolves the pending confirms of a closed channel
+			// as nacks.
+			out.Fail(msgs[i].ID, "not confirmed: channel closed: "+p.closeReason())
+		default:
 			out.Fail(msgs[i].ID, "nacked by the broker")
 		}
 	}
-	// The broker sends basic.return before the ack of the same message, so
-	// every return of this batch is already buffered. The returns channel
-	// is closed when the connection dies: stop there, or the loop would
-	// spin on its zero values.
-drain:
-	for {
+	for drained := false; !drained && returns != nil; {
 		select {
-		case r, open := <-p.returns:
-			if !open {
-				break drain
-			}
-			id, err := strconv.ParseInt(r.MessageId, 10, 64)
-			if err != nil {
-				continue
-			}
-			delete(p.declared, r.RoutingKey) // its queue is gone: declare it again
-			out.Fail(id, fmt.Sprintf("returned: %d %s", r.ReplyCode, r.ReplyText))
+		case r, open := <-returns:
+			take(r, open)
 		default:
-			break drain
+			drained = true
 		}
 	}
-	for i, dc := range pending {
-		if dc == nil {
+
+	for i := range msgs {
+		if !confirmed[i] {
 			continue
 		}
-		if _, failed := out.Failed[msgs[i].ID]; !failed {
-			out.Published = append(out.Published, msgs[i].ID)
+		id := msgs[i].ID
+		r, wasReturned := returned[i]
+		switch {
+		case !wasReturned:
+			out.Published = append(out.Published, id)
+		case r.ReplyCode == amqp.NoRoute:
+			out.Unroute(id, fmt.Sprintf("returned: %d %s: no queue for type %q", r.ReplyCode, r.ReplyText, msgs[i].TaskType))
+		default:
+			out.Fail(id, fmt.Sprintf("returned: %d %s", r.ReplyCode, r.ReplyText))
 		}
 	}
 	return out
+}
+
+func isDone(dc *amqp.DeferredConfirmation) bool {
+	select {
+	case <-dc.Done():
+		return true
+	default:
+		return false
+	}
+}
+
+// closeReason is why the channel or connection closed, as far as known yet.
+func (p *Publisher) closeReason() string {
+	if e := p.err.Load(); e != nil {
+		return e.Error()
+	}
+	return "closed"
 }

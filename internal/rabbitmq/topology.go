@@ -1,22 +1,36 @@
-// Package rabbitmq is Conveyor's RabbitMQ adapter: the topology of SPEC 5,
-// the relay's confirming publisher and the worker's consumers. amqp091 types
-// do not leave this package.
+// Package rabbitmq is Conveyor's RabbitMQ adapter: the broker topology, the
+// relay's confirming publisher, the worker's consumer and the queue
+// inspection of the maintenance leader.
+//
+// PostgreSQL holds every task; RabbitMQ only delivers. A task.run message
+// goes to the direct exchange conveyor.tasks with the task's type as routing
+// key and lands in the durable priority queue conveyor.task.<type>. Only
+// workers declare those queues, for the types they run: a message for a
+// type no worker has declared yet is returned to the relay, which parks it
+// in PostgreSQL. task.cancel messages are broadcast on the fanout exchange
+// conveyor.control to an exclusive queue per worker.
+//
+// Publisher, Consumer and Inspector speak in the types of package outbox.
+// Two things of amqp091-go are visible to callers: DeclareExchanges and
+// DeclareTaskQueue take an *amqp.Channel, for code that holds its own
+// channel (tests, tools), and the errors returned by Err may wrap an
+// *amqp.Error, which errors.As finds.
 package rabbitmq
 
 import (
 	"fmt"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/conveyorhq/conveyor/internal/task"
 )
 
-// The names of SPEC 5.
+// The names of the topology.
 const (
 	// TasksExchange routes task.run messages to their type's queue.
 	TasksExchange = "conveyor.tasks"
 	// ControlExchange broadcasts task.cancel messages to every worker.
 	ControlExchange = "conveyor.control"
-	// MaxPriority is the x-max-priority of every task queue.
-	MaxPriority = 9
 )
 
 // QueueName is the durable queue that holds the task.run messages of a type.
@@ -33,13 +47,15 @@ func DeclareExchanges(ch *amqp.Channel) error {
 	return nil
 }
 
-// DeclareTaskQueue declares a type's durable priority queue and binds it to
-// the tasks exchange with the type as routing key. Whoever first needs the
-// queue declares it (relay before publishing, worker before consuming), so a
-// task submitted before any worker exists waits in its queue.
+// DeclareTaskQueue declares a type's durable queue, whose x-max-priority is
+// task.MaxPriority so that every priority a task may have is honoured, and
+// binds it to the tasks exchange with the type as routing key. Workers
+// declare the queues of their types before consuming; the relay never
+// declares one, so the set of queues is the set of types some worker runs.
+// Declaring is idempotent.
 func DeclareTaskQueue(ch *amqp.Channel, taskType string) error {
 	q := QueueName(taskType)
-	if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-max-priority": int32(MaxPriority)}); err != nil {
+	if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-max-priority": int32(task.MaxPriority)}); err != nil {
 		return fmt.Errorf("declare queue %s: %w", q, err)
 	}
 	if err := ch.QueueBind(q, taskType, TasksExchange, false, nil); err != nil {

@@ -4,14 +4,16 @@ import "github.com/prometheus/client_golang/prometheus"
 
 // Metrics are the relay's Prometheus instruments.
 type Metrics struct {
-	published *prometheus.CounterVec
-	failures  prometheus.Counter
-	batchSize prometheus.Histogram
-	latency   prometheus.Histogram
-	depth     prometheus.Gauge
-	oldestAge prometheus.Gauge
-	blocked   prometheus.Gauge
-	connected prometheus.Gauge
+	published   *prometheus.CounterVec
+	failures    prometheus.Counter
+	batchSize   prometheus.Histogram
+	latency     prometheus.Histogram
+	depth       prometheus.Gauge
+	oldestAge   prometheus.Gauge
+	blocked     prometheus.Gauge
+	connected   prometheus.Gauge
+	parked      prometheus.Counter
+	parkedDepth prometheus.Gauge
 }
 
 // NewMetrics registers the relay's metrics on reg.
@@ -43,7 +45,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		connected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "conveyor_relay_broker_connected", Help: "1 while the relay holds a broker connection.",
 		}),
+		parked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "conveyor_relay_parked_total", Help: "Messages no queue took (no worker for their type yet), parked in the outbox.",
+		}),
+		parkedDepth: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "conveyor_outbox_parked", Help: "Outbox rows parked until a worker for their type declares its queue.",
+		}),
 	}
-	reg.MustRegister(m.published, m.failures, m.batchSize, m.latency, m.depth, m.oldestAge, m.blocked, m.connected)
+	reg.MustRegister(m.published, m.failures, m.batchSize, m.latency, m.depth, m.oldestAge, m.blocked, m.connected,
+		m.parked, m.parkedDepth)
 	return m
 }

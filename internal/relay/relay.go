@@ -1,6 +1,8 @@
-// Package relay publishes committed outbox rows to RabbitMQ: woken by
+// Package relay publishes committed outbox rows to the broker: woken by
 // NOTIFY, backed by a poll, with publisher confirms, reconnecting to a lost
-// broker or database. Any number of relays may run at once.
+// broker or database. Any number of relays may run at once. A message no
+// queue takes (its type has no worker yet) is parked in the outbox until
+// a worker for the type declares its queue.
 package relay
 
 import (
@@ -9,12 +11,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/conveyorhq/conveyor/internal/outbox"
-	"github.com/conveyorhq/conveyor/internal/rabbitmq"
+	"github.com/conveyorhq/conveyor/internal/wait"
 )
 
 // Store is the outbox as the relay needs it.
@@ -24,10 +25,38 @@ type Store interface {
 	Ping(ctx context.Context) error
 }
 
+// Broker connects publishers.
+type Broker interface {
+	// Publisher opens a confirming publisher that can take batches of up
+	// to batchSize messages.
+	Publisher(ctx context.Context, batchSize int) (Publisher, error)
+}
+
+// BrokerFunc adapts a function to Broker.
+type BrokerFunc func(ctx context.Context, batchSize int) (Publisher, error)
+
+// Publisher calls f.
+func (f BrokerFunc) Publisher(ctx context.Context, batchSize int) (Publisher, error) {
+	return f(ctx, batchSize)
+}
+
+// Publisher publishes batches on one broker connection.
+type Publisher interface {
+	// Publish sends msgs and says which the broker confirmed, which no
+	// queue took, and which failed.
+	Publish(ctx context.Context, msgs []outbox.Message) outbox.Outcome
+	// Route names where a message goes: the exchange and routing key.
+	Route(m outbox.Message) (exchange, routingKey string)
+	// Blocked reports a resource alarm: the broker holds publishers back.
+	Blocked() bool
+	// Done is closed when the connection is gone; Err says why.
+	Done() <-chan struct{}
+	Err() error
+	Close() error
+}
+
 // Config tunes a relay.
 type Config struct {
-	AMQPURL             string
-	Name                string
 	BatchSize           int
 	PollInterval        time.Duration
 	ConfirmTimeout      time.Duration
@@ -43,16 +72,28 @@ type Relay struct {
 	tracer     trace.Tracer
 	propagator propagation.TextMapPropagator
 	metrics    *Metrics
+	broker     Broker
 	wake       chan struct{}
-	pub        atomic.Pointer[rabbitmq.Publisher]
+	pub        atomic.Pointer[Publisher]
+}
+
+// Deps are a relay's collaborators.
+type Deps struct {
+	Store          Store
+	Broker         Broker
+	Log            *slog.Logger
+	TracerProvider trace.TracerProvider
+	Propagator     propagation.TextMapPropagator
+	Metrics        *Metrics
 }
 
 // New returns a relay.
-func New(cfg Config, store Store, log *slog.Logger, tp trace.TracerProvider, prop propagation.TextMapPropagator, m *Metrics) *Relay {
+func New(cfg Config, deps Deps) *Relay {
 	return &Relay{
-		cfg: cfg, store: store, log: log, metrics: m, propagator: prop,
-		tracer: tp.Tracer("github.com/conveyorhq/conveyor/internal/relay"),
-		wake:   make(chan struct{}, 1),
+		cfg: cfg, store: deps.Store, broker: deps.Broker, log: deps.Log, metrics: deps.Metrics,
+		propagator: deps.Propagator,
+		tracer:     deps.TracerProvider.Tracer("github.com/conveyorhq/conveyor/internal/relay"),
+		wake:       make(chan struct{}, 1),
 	}
 }
 
@@ -68,12 +109,13 @@ func (r *Relay) Wake() {
 // database reachable. blocked says whether the broker is holding publishers
 // back with a resource alarm (the relay is healthy; rows wait).
 func (r *Relay) Ready(ctx context.Context) (ready, blocked bool, err error) {
-	pub := r.pub.Load()
-	if pub == nil {
+	p := r.pub.Load()
+	if p == nil {
 		return false, false, nil
 	}
+	pub := *p
 	select {
-	case <-pub.Closed():
+	case <-pub.Done():
 		return false, false, nil
 	default:
 	}
@@ -87,18 +129,17 @@ func (r *Relay) Ready(ctx context.Context) (ready, blocked bool, err error) {
 // (published and its rows deleted) before Run returns.
 func (r *Relay) Run(ctx context.Context) error {
 	go r.measure(ctx)
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval, b.MaxInterval = 100*time.Millisecond, r.cfg.ReconnectBackoffMax
+	b := wait.Backoff(100*time.Millisecond, r.cfg.ReconnectBackoffMax)
 	for ctx.Err() == nil {
-		pub, err := rabbitmq.DialPublisher(r.cfg.AMQPURL, r.cfg.BatchSize, r.cfg.Name)
+		pub, err := r.broker.Publisher(ctx, r.cfg.BatchSize)
 		if err != nil {
-			wait := b.NextBackOff()
-			r.log.WarnContext(ctx, "broker unreachable; retrying", "error", err, "retry_in", wait)
-			sleep(ctx, wait)
+			retry := b.NextBackOff()
+			r.log.WarnContext(ctx, "broker unreachable; retrying", "error", err, "retry_in", retry)
+			wait.Sleep(ctx, retry)
 			continue
 		}
 		b.Reset()
-		r.pub.Store(pub)
+		r.pub.Store(&pub)
 		r.metrics.connected.Set(1)
 		r.log.InfoContext(ctx, "connected to broker")
 		r.serve(ctx, pub)
@@ -109,17 +150,16 @@ func (r *Relay) Run(ctx context.Context) error {
 }
 
 // serve relays on one broker connection until it closes or ctx ends.
-func (r *Relay) serve(ctx context.Context, pub *rabbitmq.Publisher) {
+func (r *Relay) serve(ctx context.Context, pub Publisher) {
 	ticker := time.NewTicker(r.cfg.PollInterval)
 	defer ticker.Stop()
 	r.Wake() // catch up on what was committed while disconnected
-	dbBackoff := backoff.NewExponentialBackOff()
-	dbBackoff.InitialInterval, dbBackoff.MaxInterval = 100*time.Millisecond, r.cfg.ReconnectBackoffMax
+	dbBackoff := wait.Backoff(100*time.Millisecond, r.cfg.ReconnectBackoffMax)
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-pub.Closed():
+		case <-pub.Done():
 			r.log.WarnContext(ctx, "broker connection lost; reconnecting", "error", pub.Err())
 			return
 		case <-r.wake:
@@ -133,9 +173,9 @@ func (r *Relay) serve(ctx context.Context, pub *rabbitmq.Publisher) {
 			}
 			n, err := r.relayBatch(ctx, pub)
 			if err != nil {
-				wait := dbBackoff.NextBackOff()
-				r.log.WarnContext(ctx, "relay batch failed; retrying", "error", err, "retry_in", wait)
-				sleep(ctx, wait)
+				retry := dbBackoff.NextBackOff()
+				r.log.WarnContext(ctx, "relay batch failed; retrying", "error", err, "retry_in", retry)
+				wait.Sleep(ctx, retry)
 				break
 			}
 			dbBackoff.Reset()
@@ -148,7 +188,7 @@ func (r *Relay) serve(ctx context.Context, pub *rabbitmq.Publisher) {
 
 // relayBatch publishes one batch. It is not cut short by ctx: a stopping
 // relay finishes the batch it started, within the confirm timeout.
-func (r *Relay) relayBatch(ctx context.Context, pub *rabbitmq.Publisher) (int, error) {
+func (r *Relay) relayBatch(ctx context.Context, pub Publisher) (int, error) {
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ConfirmTimeout+5*time.Second)
 	defer cancel()
 	n, err := r.store.Relay(bctx, r.cfg.BatchSize, func(ctx context.Context, msgs []outbox.Message) outbox.Outcome {
@@ -162,10 +202,10 @@ func (r *Relay) relayBatch(ctx context.Context, pub *rabbitmq.Publisher) (int, e
 
 // publish sends a batch, each message under a PRODUCER span that continues
 // the trace of the request that wrote it.
-func (r *Relay) publish(ctx context.Context, pub *rabbitmq.Publisher, msgs []outbox.Message) outbox.Outcome {
+func (r *Relay) publish(ctx context.Context, pub Publisher, msgs []outbox.Message) outbox.Outcome {
 	spans := make([]trace.Span, len(msgs))
 	for i := range msgs {
-		msgs[i].Headers, spans[i] = r.startProducerSpan(ctx, msgs[i])
+		msgs[i].Headers, spans[i] = r.startProducerSpan(ctx, pub, msgs[i])
 	}
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.ConfirmTimeout)
 	out := pub.Publish(cctx, msgs)
@@ -176,6 +216,13 @@ func (r *Relay) publish(ctx context.Context, pub *rabbitmq.Publisher, msgs []out
 			endFailed(spans[i], reason)
 			r.metrics.failures.Inc()
 			r.log.WarnContext(ctx, "publish failed; will retry", "outbox_id", m.ID, "task_id", m.TaskID, "kind", m.Kind, "error", reason)
+			continue
+		}
+		if reason, unroutable := out.Unroutable[m.ID]; unroutable {
+			endFailed(spans[i], reason)
+			r.metrics.parked.Inc()
+			r.log.InfoContext(ctx, "no queue for the task's type yet: parked until a worker for it starts",
+				"outbox_id", m.ID, "task_id", m.TaskID, "type", m.TaskType)
 			continue
 		}
 		spans[i].End()
@@ -193,19 +240,13 @@ func (r *Relay) measure(ctx context.Context) {
 		if st, err := r.store.Stats(ctx); err == nil {
 			r.metrics.depth.Set(float64(st.Due))
 			r.metrics.oldestAge.Set(st.OldestDueAge.Seconds())
+			r.metrics.parkedDepth.Set(float64(st.Parked))
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	select {
-	case <-ctx.Done():
-	case <-time.After(d):
 	}
 }
 

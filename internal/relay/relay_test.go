@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"github.com/conveyorhq/conveyor/internal/outbox"
 	"github.com/conveyorhq/conveyor/internal/postgres"
 	"github.com/conveyorhq/conveyor/internal/rabbitmq"
 	"github.com/conveyorhq/conveyor/internal/relay"
@@ -28,13 +29,29 @@ import (
 type testBundle struct {
 	db      *testdb.DB
 	amqpURL string
-	tasks   *postgres.TaskStore
+	tasks   *postgres.APIStore
 }
 
 func setup(t *testing.T) *testBundle {
 	t.Helper()
 	db := testdb.New(t)
-	return &testBundle{db: db, amqpURL: testenv.NewVhost(t), tasks: postgres.NewTaskStore(db.Pool, nil)}
+	return &testBundle{db: db, amqpURL: testenv.NewVhost(t), tasks: postgres.NewAPIStore(db.Pool, nil)}
+}
+
+// declare does what a starting worker does for its types: it declares their
+// queues and releases the messages parked for want of them.
+func (b *testBundle) declare(t *testing.T, types ...string) {
+	t.Helper()
+	conn, err := amqp.Dial(b.amqpURL)
+	require.NoError(t, err)
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	require.NoError(t, rabbitmq.DeclareExchanges(ch))
+	for _, typ := range types {
+		require.NoError(t, rabbitmq.DeclareTaskQueue(ch, typ))
+	}
+	require.NoError(t, postgres.NewWorkerStore(b.db.Pool, nil).TypesReady(context.Background(), types))
 }
 
 type relayOpts struct {
@@ -54,10 +71,20 @@ func (b *testBundle) startRelay(t *testing.T, o relayOpts) {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	r := relay.New(relay.Config{
-		AMQPURL: b.amqpURL, Name: t.Name(), BatchSize: o.batchSize, PollInterval: o.pollInterval,
+		BatchSize: o.batchSize, PollInterval: o.pollInterval,
 		ConfirmTimeout: 5 * time.Second, ReconnectBackoffMax: 200 * time.Millisecond, StatsInterval: time.Second,
-	}, postgres.NewOutboxStore(b.db.Pool, 50*time.Millisecond, time.Second), log,
-		sdktrace.NewTracerProvider(), propagation.TraceContext{}, relay.NewMetrics(prometheus.NewRegistry()))
+	}, relay.Deps{
+		Store: postgres.NewRelayStore(b.db.Pool, 50*time.Millisecond, time.Second),
+		Broker: relay.BrokerFunc(func(_ context.Context, n int) (relay.Publisher, error) {
+			p, err := rabbitmq.DialPublisher(b.amqpURL, n, t.Name())
+			if err != nil {
+				return nil, err
+			}
+			return p, nil
+		}),
+		Log: log, TracerProvider: sdktrace.NewTracerProvider(), Propagator: propagation.TraceContext{},
+		Metrics: relay.NewMetrics(prometheus.NewRegistry()),
+	})
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -75,8 +102,7 @@ func (b *testBundle) submit(t *testing.T, typ, payload string, priority int) tas
 	sub, err := task.NewSubmission(task.SubmitInput{Type: typ, Payload: json.RawMessage(payload), Priority: &priority},
 		task.Defaults{MaxAttempts: 3}, "")
 	require.NoError(t, err)
-	sub.Traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-	res, err := b.tasks.Submit(context.Background(), sub, task.Carrier{"traceparent": sub.Traceparent})
+	res, err := b.tasks.Submit(context.Background(), sub, task.Carrier{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})
 	require.NoError(t, err)
 	return res.Task
 }
@@ -88,11 +114,23 @@ func (b *testBundle) outboxCount(t *testing.T) int {
 	return n
 }
 
+// waitOutboxEmpty waits for the relay to commit its last deletes (a message
+// reaches its queue a moment before its row is gone).
+func (b *testBundle) waitOutboxEmpty(t *testing.T) {
+	t.Helper()
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if n := b.outboxCount(t); n != 0 {
+			return fmtErr("outbox still holds %d rows", n)
+		}
+		return nil
+	})
+}
+
 // fillOutbox adds n task.run rows straight into the outbox.
 func (b *testBundle) fillOutbox(t *testing.T, n int, typ string) {
 	t.Helper()
-	_, err := b.db.Pool.Exec(context.Background(), `INSERT INTO outbox (kind, task_id, routing_key, priority, body)
-		SELECT 'task.run', gen_random_uuid(), $2, 5, jsonb_build_object('i', g) FROM generate_series(1, $1) g`, n, typ)
+	_, err := b.db.Pool.Exec(context.Background(), `INSERT INTO outbox (kind, task_id, task_type, attempt, task_version, priority)
+		SELECT 'task.run', gen_random_uuid(), $2, 0, 1, 5 FROM generate_series(1, $1) g`, n, typ)
 	require.NoError(t, err)
 }
 
@@ -111,6 +149,7 @@ func TestRelayPublishesTaskAndCancelMessages(t *testing.T) {
 	q, err := ch.QueueDeclare("control-"+t.Name(), false, false, false, false, nil)
 	require.NoError(t, err)
 	require.NoError(t, ch.QueueBind(q.Name, "", rabbitmq.ControlExchange, false, nil))
+	b.declare(t, "demo.sleep", "demo.noop")
 
 	urgent := b.submit(t, "demo.sleep", `{"n":1}`, 9)
 	b.submit(t, "demo.sleep", `{"n":2}`, 1)
@@ -140,6 +179,8 @@ func TestRelayPublishesTaskAndCancelMessages(t *testing.T) {
 	require.NoError(t, json.Unmarshal(first.Body, &body))
 	require.Equal(t, urgent.ID.String(), body["task_id"])
 	require.Equal(t, "demo.sleep", body["type"])
+	require.EqualValues(t, 0, body["attempt"])
+	require.EqualValues(t, urgent.Version, body["version"])
 	traceparent, _ := first.Headers["traceparent"].(string)
 	require.True(t, strings.HasPrefix(traceparent, "00-0af7651916cd43dd8448eb211c80319c-"), "the message continues the request's trace: %q", traceparent)
 	require.NotEqual(t, urgent.Traceparent, traceparent, "under the relay's own producer span")
@@ -148,21 +189,31 @@ func TestRelayPublishesTaskAndCancelMessages(t *testing.T) {
 	cancels := testenv.Drain(t, b.amqpURL, q.Name)
 	require.Len(t, cancels, 1)
 	require.Equal(t, "task.cancel", cancels[0].Type)
-	require.Contains(t, string(cancels[0].Body), running.ID.String())
+	require.NoError(t, json.Unmarshal(cancels[0].Body, &body))
+	require.Equal(t, running.ID.String(), body["task_id"])
+	cancelled, err := b.tasks.Get(ctx, running.ID)
+	require.NoError(t, err)
+	require.EqualValues(t, cancelled.Version, body["version"], "the broadcast names the version of the request")
+
+	// The broker confirmed each task.run message: the tasks say when.
+	var stamped int
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE published_at IS NOT NULL AND status = 'PENDING'`).Scan(&stamped))
+	require.Equal(t, 2, stamped)
 }
 
 func TestRelayWakesOnNotify(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	b.declare(t, "demo.sleep")
 	// The poll is an hour away: only a NOTIFY can move this message.
 	b.startRelay(t, relayOpts{pollInterval: time.Hour, listen: true})
 	// The relay catches up once after connecting; let that pass first.
+	b.submit(t, "demo.sleep", `{"warmup":true}`, 5)
 	testenv.Eventually(t, 10*time.Second, func() error {
-		if testenv.QueueDepth(t, b.amqpURL, rabbitmq.QueueName("demo.sleep")) < 0 {
-			b.submit(t, "demo.sleep", `{"warmup":true}`, 5)
+		if testenv.QueueDepth(t, b.amqpURL, rabbitmq.QueueName("demo.sleep")) < 1 {
 			_, err := b.db.Pool.Exec(context.Background(), "SELECT pg_notify($1, '')", postgres.OutboxChannel)
 			require.NoError(t, err)
-			return fmtErr("queue not declared yet")
+			return fmtErr("warm-up message not published yet")
 		}
 		return nil
 	})
@@ -172,7 +223,7 @@ func TestRelayWakesOnNotify(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { _ = notifier.Run(ctx) }()
-	store := postgres.NewTaskStore(b.db.Pool, notifier.Poke)
+	store := postgres.NewAPIStore(b.db.Pool, notifier.Poke)
 	sub, err := task.NewSubmission(task.SubmitInput{Type: "demo.sleep", Payload: json.RawMessage(`{"n":42}`)}, task.Defaults{MaxAttempts: 1}, "")
 	require.NoError(t, err)
 	_, err = store.Submit(ctx, sub, nil)
@@ -184,12 +235,13 @@ func TestRelaysAtOnceNeverPublishTwice(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const n = 3000
+	b.declare(t, "demo.noop")
 	b.fillOutbox(t, n, "demo.noop")
 	for range 3 {
 		b.startRelay(t, relayOpts{batchSize: 50})
 	}
 	testenv.WaitForDepth(t, b.amqpURL, rabbitmq.QueueName("demo.noop"), n, 60*time.Second)
-	require.Zero(t, b.outboxCount(t))
+	b.waitOutboxEmpty(t)
 	seen := map[string]bool{}
 	for _, m := range testenv.Drain(t, b.amqpURL, rabbitmq.QueueName("demo.noop")) {
 		require.False(t, seen[m.ID], "message %s published twice", m.ID)
@@ -198,31 +250,108 @@ func TestRelaysAtOnceNeverPublishTwice(t *testing.T) {
 	require.Len(t, seen, n)
 }
 
-func TestReturnedMessageStaysAndIsRetried(t *testing.T) {
+// A message for a type no worker has declared a queue for is returned by
+// the broker and parked in the outbox — not published again and again, and
+// no queue is created for it — until a worker for the type starts.
+func TestUnroutableMessagesWaitForAWorker(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.submit(t, "demo.sleep", `{"n":1}`, 5)
+	b.declare(t, "demo.sleep")
+	orphan := b.submit(t, "no.worker.yet", `{"n":1}`, 5)
 	b.startRelay(t, relayOpts{})
-	queue := rabbitmq.QueueName("demo.sleep")
-	testenv.WaitForDepth(t, b.amqpURL, queue, 1, 10*time.Second)
+	parked := func() (attempts int, lastError string) {
+		err := b.db.Pool.QueryRow(context.Background(), `SELECT attempts, coalesce(last_error, '') FROM outbox
+			WHERE task_id = $1 AND available_at = 'infinity'`, orphan.ID).Scan(&attempts, &lastError)
+		if err != nil {
+			return -1, err.Error()
+		}
+		return attempts, lastError
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if n, _ := parked(); n != 1 {
+			return fmtErr("not parked yet")
+		}
+		return nil
+	})
+	// Many relay passes later (these two messages went through), it was
+	// published once, and no queue was made for its type.
+	for i := range 2 {
+		b.submit(t, "demo.sleep", fmt.Sprintf(`{"pass":%d}`, i), 5)
+		testenv.WaitForDepth(t, b.amqpURL, rabbitmq.QueueName("demo.sleep"), i+1, 10*time.Second)
+	}
+	attempts, lastError := parked()
+	require.Equal(t, 1, attempts)
+	require.Contains(t, lastError, "NO_ROUTE")
+	require.Equal(t, -1, testenv.QueueDepth(t, b.amqpURL, rabbitmq.QueueName("no.worker.yet")))
 
-	// Someone deletes the queue: the relay's next publish is unroutable and
-	// comes back. The row must stay, with the failure recorded.
-	conn, err := amqp.Dial(b.amqpURL)
+	// A worker for the type starts: the message is released and delivered.
+	b.declare(t, "no.worker.yet")
+	_, err := b.db.Pool.Exec(context.Background(), "SELECT pg_notify($1, '')", postgres.OutboxChannel)
 	require.NoError(t, err)
-	defer func() { _ = conn.Close() }()
-	ch, err := conn.Channel()
-	require.NoError(t, err)
-	_, err = ch.QueueDelete(queue, false, false, false)
-	require.NoError(t, err)
+	testenv.WaitForDepth(t, b.amqpURL, rabbitmq.QueueName("no.worker.yet"), 1, 10*time.Second)
+	b.waitOutboxEmpty(t)
+}
 
-	second := b.submit(t, "demo.sleep", `{"n":2}`, 5)
-	// The relay re-declares the queue on its next try, so the message
-	// arrives after one failure.
-	testenv.WaitForDepth(t, b.amqpURL, queue, 1, 15*time.Second)
-	msgs := testenv.Drain(t, b.amqpURL, queue)
-	require.Contains(t, string(msgs[0].Body), second.ID.String())
-	require.Zero(t, b.outboxCount(t))
+// A client submitting a thousand new types creates no queue and no churn:
+// every message is parked once.
+func TestManyNewTypesCreateNoQueues(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var entries []string
+	for i := range 1000 {
+		entries = append(entries, fmt.Sprintf("client.type-%d", i))
+	}
+	_, err := b.db.Pool.Exec(context.Background(), `INSERT INTO outbox (kind, task_id, task_type, attempt, task_version)
+		SELECT 'task.run', gen_random_uuid(), t, 0, 1 FROM unnest($1::text[]) t`, entries)
+	require.NoError(t, err)
+	b.startRelay(t, relayOpts{batchSize: 200})
+	testenv.Eventually(t, 30*time.Second, func() error {
+		var parked int
+		require.NoError(t, b.db.Pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM outbox WHERE available_at = 'infinity' AND attempts = 1`).Scan(&parked))
+		if parked != 1000 {
+			return fmtErr("%d of 1000 parked", parked)
+		}
+		return nil
+	})
+	for _, typ := range []string{entries[0], entries[500], entries[999]} {
+		require.Equal(t, -1, testenv.QueueDepth(t, b.amqpURL, rabbitmq.QueueName(typ)), "no queue for %s", typ)
+	}
+}
+
+// Rows that fail a thousand times do not overflow the backoff and poison
+// the relay's transaction (undoing the deletes of the confirmed rows beside
+// them).
+func TestAFailedRowNeverPoisonsItsBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.declare(t, "demo.noop")
+	b.fillOutbox(t, 20, "demo.noop")
+	// Twenty cancels that fail again, each with two thousand failures
+	// behind it already.
+	_, err := b.db.Pool.Exec(context.Background(), `INSERT INTO outbox (kind, task_id, task_type, attempt, task_version, attempts)
+		SELECT 'task.cancel', gen_random_uuid(), 'demo.noop', 1, 2, 2000 FROM generate_series(1, 20)`)
+	require.NoError(t, err)
+	ctx := context.Background()
+	store := postgres.NewRelayStore(b.db.Pool, 50*time.Millisecond, time.Second)
+	n, err := store.Relay(ctx, 100, func(_ context.Context, msgs []outbox.Message) outbox.Outcome {
+		var out outbox.Outcome
+		for _, m := range msgs {
+			if m.Kind == outbox.KindCancel {
+				out.Fail(m.ID, "no control exchange")
+			} else {
+				out.Published = append(out.Published, m.ID)
+			}
+		}
+		return out
+	})
+	require.NoError(t, err)
+	require.Equal(t, 40, n)
+	var left, backedOff int
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE available_at > now() AND attempts = 2001)
+		FROM outbox`).Scan(&left, &backedOff))
+	require.Equal(t, 20, left, "the confirmed rows were deleted")
+	require.Equal(t, 20, backedOff)
 }
 
 func fmtErr(format string, args ...any) error { return fmt.Errorf(format, args...) }

@@ -11,27 +11,22 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/conveyorhq/conveyor/internal/outbox"
-	"github.com/conveyorhq/conveyor/internal/rabbitmq"
 )
 
 // startProducerSpan continues the trace carried by the outbox row with a
 // PRODUCER span and returns the headers to publish, which now carry that
 // span's context to the consumer.
-func (r *Relay) startProducerSpan(ctx context.Context, m outbox.Message) (map[string]string, trace.Span) {
+func (r *Relay) startProducerSpan(ctx context.Context, pub Publisher, m outbox.Message) (map[string]string, trace.Span) {
 	parent := r.propagator.Extract(ctx, propagation.MapCarrier(m.Headers))
-	exchange := rabbitmq.TasksExchange
-	if m.Kind == outbox.KindCancel {
-		exchange = rabbitmq.ControlExchange
-	}
+	exchange, routingKey := pub.Route(m)
 	_, span := r.tracer.Start(parent, "publish "+exchange,
 		trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(
 			semconv.MessagingSystemRabbitmq,
 			semconv.MessagingOperationTypePublish,
 			semconv.MessagingDestinationName(exchange),
-			semconv.MessagingRabbitmqDestinationRoutingKey(m.RoutingKey),
+			semconv.MessagingRabbitmqDestinationRoutingKey(routingKey),
 			semconv.MessagingMessageID(strconv.FormatInt(m.ID, 10)),
-			semconv.MessagingMessageBodySize(len(m.Body)),
 			attribute.String("conveyor.task_id", m.TaskID.String()),
 			attribute.String("conveyor.message_kind", string(m.Kind)),
 			attribute.Int("conveyor.outbox_attempts", m.Attempts),

@@ -7,9 +7,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
-	"unicode/utf8"
-
-	"github.com/gowebpki/jcs"
+	"strconv"
+	"strings"
 )
 
 // Limits of a submission.
@@ -22,7 +21,11 @@ const (
 	MaxTypeLen           = 128
 )
 
-var typePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,127}$`)
+// TypePattern is what a task type must match: it names the type's queue
+// (conveyor.task.<type>), so it is short, lowercase and safe everywhere.
+const TypePattern = `^[a-z0-9][a-z0-9._-]{0,127}$`
+
+var typePattern = regexp.MustCompile(TypePattern)
 
 // Submission is a validated request to create a task.
 type Submission struct {
@@ -35,9 +38,12 @@ type Submission struct {
 	IdempotencyKey string
 	// InputHash identifies the input (type + canonical payload). It is
 	// always computed; Dedupe decides whether it is stored and enforced.
-	InputHash   string
-	Dedupe      bool
-	Traceparent string
+	InputHash string
+	Dedupe    bool
+	// RequestHash identifies the whole submission (type, payload,
+	// metadata, priority, max_attempts, dedupe, after defaults): an
+	// idempotency key answers the same only for the same request.
+	RequestHash string
 }
 
 // SubmitInput is a submission as a client sent it, before defaults and rules.
@@ -76,9 +82,15 @@ func NewSubmission(in SubmitInput, d Defaults, field string) (Submission, error)
 	if err != nil {
 		return Submission{}, err
 	}
+	if err := numbersFit(payload); err != nil {
+		return Submission{}, Invalid(field+"payload", "%v", err)
+	}
 	s.Payload = payload
 	if s.Metadata, err = jsonObject(in.Metadata, field+"metadata"); err != nil {
 		return Submission{}, err
+	}
+	if err := numbersFit(s.Metadata); err != nil {
+		return Submission{}, Invalid(field+"metadata", "%v", err)
 	}
 	if in.Priority != nil {
 		if *in.Priority < 0 || *in.Priority > MaxPriority {
@@ -103,7 +115,22 @@ func NewSubmission(in SubmitInput, d Defaults, field string) (Submission, error)
 	if s.InputHash, err = InputHash(s.Type, s.Payload); err != nil {
 		return Submission{}, Invalid(field+"payload", "%v", err)
 	}
+	if s.RequestHash, err = requestHash(s); err != nil {
+		return Submission{}, Invalid(field+"metadata", "%v", err)
+	}
 	return s, nil
+}
+
+// requestHash is the hex sha256 of everything the client asked for, each
+// JSON document in its canonical form.
+func requestHash(s Submission) (string, error) {
+	metadata, err := Canonical(s.Metadata)
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00%s\x00%d\x00%d\x00%t\x00", s.InputHash, metadata, s.Priority, s.MaxAttempts, s.Dedupe)
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // ValidateType checks a task type against ^[a-z0-9][a-z0-9._-]{0,127}$.
@@ -112,23 +139,9 @@ func ValidateType(typ string) *Error {
 		return Invalid("type", "is required")
 	}
 	if !typePattern.MatchString(typ) {
-		return Invalid("type", "must match ^[a-z0-9][a-z0-9._-]{0,127}$")
+		return Invalid("type", "must match %s", TypePattern)
 	}
 	return nil
-}
-
-// InputHash is the hex sha256 of the task type and the RFC 8785 canonical
-// form of the payload, so key order and white space never change it.
-func InputHash(typ string, payload json.RawMessage) (string, error) {
-	canonical, err := jcs.Transform(payload)
-	if err != nil {
-		return "", fmt.Errorf("canonicalize payload: %w", err)
-	}
-	h := sha256.New()
-	h.Write([]byte(typ))
-	h.Write([]byte{0})
-	h.Write(canonical)
-	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // jsonObject returns raw when it is a JSON object, {} when it is absent, and
@@ -141,8 +154,8 @@ func jsonObject(raw json.RawMessage, field string) (json.RawMessage, error) {
 	if trimmed[0] != '{' || !json.Valid(trimmed) {
 		return nil, Invalid(field, "must be a JSON object")
 	}
-	if !utf8.Valid(trimmed) {
-		return nil, Invalid(field, "must be valid UTF-8")
+	if err := StorableJSON(trimmed); err != nil {
+		return nil, Invalid(field, "%v", err)
 	}
 	if d := depth(trimmed); d > MaxJSONDepth {
 		return nil, Invalid(field, "nests %d levels deep; at most %d are allowed", d, MaxJSONDepth)
@@ -175,6 +188,38 @@ func depth(doc []byte) int {
 		}
 	}
 	return deepest
+}
+
+// numbersFit refuses numbers beyond a float64's range (about ±1.8e308):
+// most workers cannot hold them, and PostgreSQL writes each out in full
+// (1e400 as 401 digits) or overflows.
+func numbersFit(doc []byte) error {
+	inString, escaped := false, false
+	for i := 0; i < len(doc); i++ {
+		c := doc[i]
+		switch {
+		case escaped:
+			escaped = false
+		case inString && c == '\\':
+			escaped = true
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == '-' || '0' <= c && c <= '9':
+			end, exponent := i, false
+			for end < len(doc) && strings.IndexByte("0123456789+-.eE", doc[end]) >= 0 {
+				exponent = exponent || doc[end] == 'e' || doc[end] == 'E'
+				end++
+			}
+			if exponent || end-i > 300 { // shorter plain numbers always fit
+				if _, err := strconv.ParseFloat(string(doc[i:end]), 64); err != nil {
+					return fmt.Errorf("number %.40s is beyond the range of a float64", doc[i:end])
+				}
+			}
+			i = end - 1
+		}
+	}
+	return nil
 }
 
 func printableASCII(s string) bool {

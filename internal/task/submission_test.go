@@ -64,6 +64,11 @@ func TestNewSubmission(t *testing.T) {
 		{name: "longest type", in: task.SubmitInput{Type: strings.Repeat("a", 128)}},
 		{name: "payload array", in: task.SubmitInput{Type: "a", Payload: json.RawMessage(`[1]`)}, wantField: "payload"},
 		{name: "payload string", in: task.SubmitInput{Type: "a", Payload: json.RawMessage(`"x"`)}, wantField: "payload"},
+		{name: "payload number too large", in: task.SubmitInput{Type: "a", Payload: json.RawMessage(`{"a":[1,{"n":1e400}]}`)}, wantField: "payload"},
+		{name: "payload number too small", in: task.SubmitInput{Type: "a", Payload: json.RawMessage(`{"n":-18e307}`)}, wantField: "payload"},
+		{name: "payload number too long", in: task.SubmitInput{Type: "a", Payload: json.RawMessage(`{"n":1` + strings.Repeat("0", 309) + `}`)}, wantField: "payload"},
+		{name: "payload numbers in range", in: task.SubmitInput{Type: "a", Payload: json.RawMessage(
+			`{"max":1.7976931348623157e308,"tiny":1e-400,"exact":9007199254740993,"long":1` + strings.Repeat("0", 308) + `,"s":"1e400","e\"":-1E+308}`)}},
 		{name: "metadata number", in: task.SubmitInput{Type: "a", Metadata: json.RawMessage(`1`)}, wantField: "metadata"},
 		{name: "priority too high", in: task.SubmitInput{Type: "a", Priority: intp(10)}, wantField: "priority"},
 		{name: "priority negative", in: task.SubmitInput{Type: "a", Priority: intp(-1)}, wantField: "priority"},

@@ -13,7 +13,8 @@ import (
 // Status is where a task stands in its lifecycle.
 type Status string
 
-// The statuses of SPEC 6.
+// The statuses. The lifecycle (lifecycle.go) says how a task moves between
+// them; the schema's CHECK constraint holds the same list.
 const (
 	StatusPending    Status = "PENDING"
 	StatusInProgress Status = "IN_PROGRESS"
@@ -32,13 +33,27 @@ func (s Status) Terminal() bool {
 }
 
 // Valid reports whether s is one of the known statuses.
-func (s Status) Valid() bool {
-	for _, v := range Statuses {
+func (s Status) Valid() bool { return s.In(Statuses) }
+
+// In reports whether s is one of set.
+func (s Status) In(set []Status) bool {
+	for _, v := range set {
 		if s == v {
 			return true
 		}
 	}
 	return false
+}
+
+// TerminalStatuses lists the statuses a task ends in.
+func TerminalStatuses() []Status {
+	var out []Status
+	for _, s := range Statuses {
+		if s.Terminal() {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // Actor says who wrote an event.
@@ -50,17 +65,6 @@ const (
 	ActorRelay  Actor = "RELAY"
 	ActorWorker Actor = "WORKER"
 	ActorSystem Actor = "SYSTEM"
-)
-
-// Human labels of the steps every task goes through.
-const (
-	StateQueued          = "Queued"
-	StateRunning         = "Running"
-	StateCancelled       = "Cancelled"
-	StateCancelRequested = "Cancel requested"
-	StateRetryScheduled  = "Retry scheduled"
-	StateCompleted       = "Completed"
-	StateFailed          = "Failed"
 )
 
 // DefaultTenant is the tenant of tasks submitted without one.
@@ -88,10 +92,13 @@ type Task struct {
 	NextRunAt         time.Time
 	CancelRequestedAt *time.Time
 	Traceparent       string
-	CreatedAt         time.Time
-	UpdatedAt         time.Time
-	StartedAt         *time.Time
-	CompletedAt       *time.Time
+	// PublishedAt is when the broker last confirmed a task.run message
+	// of the task.
+	PublishedAt *time.Time
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	StartedAt   *time.Time
+	CompletedAt *time.Time
 	// Result is set once the task is COMPLETED and the reader asked for it.
 	Result json.RawMessage
 }
@@ -138,35 +145,3 @@ const (
 // Carrier holds W3C trace context headers (traceparent, tracestate) on their
 // way from a request to an outbox row and on to a message.
 type Carrier map[string]string
-
-// Lease is a worker's hold on a running task. Every write the worker makes
-// while it holds the task is fenced by Version (and status IN_PROGRESS); a
-// write that matches nothing means the hold is gone.
-type Lease struct {
-	TaskID   uuid.UUID
-	WorkerID string
-	Attempt  int
-	Version  int
-}
-
-// Completion is a finished attempt's result, to be stored under its lease.
-type Completion struct {
-	Lease  Lease
-	Result []byte
-}
-
-// Hold is what a worker reads back when a fenced write missed: whether the
-// task is still its own (with a new version because a cancel was requested)
-// or was lost.
-type Hold struct {
-	Status          Status
-	Version         int
-	WorkerID        string
-	Attempt         int
-	CancelRequested bool
-}
-
-// Owns reports whether the hold still belongs to lease's worker and attempt.
-func (h Hold) Owns(l Lease) bool {
-	return h.Status == StatusInProgress && h.WorkerID == l.WorkerID && h.Attempt == l.Attempt
-}

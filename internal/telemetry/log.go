@@ -12,11 +12,14 @@ import (
 )
 
 // NewLogger returns a slog logger writing JSON (or text) at level, which adds
-// trace_id and span_id to every record logged with a traced context.
+// trace_id and span_id to every record logged with a traced context. Every
+// time.Duration attribute, nested in groups or not, is written in Go's
+// duration syntax ("retry_in":"1.5s") instead of slog's JSON default of
+// integer nanoseconds.
 func NewLogger(w io.Writer, level, format string) *slog.Logger {
 	var lv slog.Level
 	_ = lv.UnmarshalText([]byte(strings.ToUpper(level)))
-	opts := &slog.HandlerOptions{Level: lv}
+	opts := &slog.HandlerOptions{Level: lv, ReplaceAttr: readableDuration}
 	var h slog.Handler
 	if strings.EqualFold(format, "text") {
 		h = slog.NewTextHandler(w, opts)
@@ -24,6 +27,16 @@ func NewLogger(w io.Writer, level, format string) *slog.Logger {
 		h = slog.NewJSONHandler(w, opts)
 	}
 	return slog.New(traceHandler{h})
+}
+
+// readableDuration is a slog.HandlerOptions.ReplaceAttr that writes a
+// duration as its String form. Handlers call it with values already
+// resolved, so a LogValuer that yields a duration is covered as well.
+func readableDuration(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	}
+	return a
 }
 
 // traceHandler adds the span context of a record's context.

@@ -60,6 +60,8 @@ func SetupTracing(ctx context.Context, cfg TraceConfig) (trace.TracerProvider, f
 	}
 	tp := sdktrace.NewTracerProvider(opts...)
 	otel.SetTracerProvider(tp)
-	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
+	// W3C trace context only: baggage is not carried between processes
+	// (a caller's baggage would otherwise ride every message and log).
+	otel.SetTextMapPropagator(propagation.TraceContext{})
 	return tp, tp.Shutdown, nil
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/conveyorhq/conveyor/internal/rabbitmq"
 )
 
 // channel opens a connection and a channel to url, closed when the caller
@@ -32,6 +34,20 @@ type Message struct {
 	Type     string
 	Headers  map[string]any
 	Body     []byte
+}
+
+// DeclareTaskQueue declares the exchanges and the queue of a task type, as a
+// worker of the type does when it starts.
+func DeclareTaskQueue(t testing.TB, url, taskType string) {
+	t.Helper()
+	ch, closeConn := channel(t, url)
+	defer closeConn()
+	if err := rabbitmq.DeclareExchanges(ch); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	if err := rabbitmq.DeclareTaskQueue(ch, taskType); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
 }
 
 // QueueDepth returns the number of ready messages in queue, or -1 when the

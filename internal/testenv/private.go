@@ -231,6 +231,9 @@ func (s *PGServer) Migrated(t testing.TB, database string) (string, *pgxpool.Poo
 	t.Helper()
 	ctx := context.Background()
 	url := s.URL(database)
+	if err := postgres.EnsureDatabaseURL(ctx, url); err != nil {
+		t.Fatalf("testenv: create %s: %v", url, err)
+	}
 	pool, err := postgres.Open(ctx, postgres.PoolConfig{URL: url, MaxConns: 4})
 	if err != nil {
 		t.Fatalf("testenv: open %s: %v", url, err)

@@ -3,6 +3,8 @@ package worker
 import (
 	"context"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // batcher turns calls made at about the same time into one database
@@ -18,6 +20,7 @@ type batcher[Req, Res any] struct {
 
 type batchCall[Req, Res any] struct {
 	req  Req
+	span trace.Span
 	done chan batchResult[Res]
 }
 
@@ -36,7 +39,7 @@ func newBatcher[Req, Res any](max int, timeout time.Duration, flush func(context
 // do queues req and waits for its result. The batch is written whatever
 // happens to ctx; ctx only bounds the wait to get into one.
 func (b *batcher[Req, Res]) do(ctx context.Context, req Req) (Res, error) {
-	c := batchCall[Req, Res]{req: req, done: make(chan batchResult[Res], 1)}
+	c := batchCall[Req, Res]{req: req, span: trace.SpanFromContext(ctx), done: make(chan batchResult[Res], 1)}
 	select {
 	case b.in <- c:
 	case <-ctx.Done():
@@ -71,7 +74,9 @@ func (b *batcher[Req, Res]) run(ctx context.Context) {
 		for _, c := range calls {
 			reqs = append(reqs, c.req)
 		}
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.timeout)
+		// The statement's spans hang under the first caller's span: a lone
+		// call (the common case at low load) is traced where it was made.
+		fctx, cancel := context.WithTimeout(trace.ContextWithSpan(context.WithoutCancel(ctx), calls[0].span), b.timeout)
 		res, errs := b.flush(fctx, reqs)
 		cancel()
 		for i, c := range calls {

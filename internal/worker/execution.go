@@ -10,46 +10,53 @@ import (
 	"runtime/debug"
 	"sync"
 	"time"
-	"unicode/utf8"
 
-	"github.com/cenkalti/backoff/v5"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/conveyorhq/conveyor"
+	"github.com/conveyorhq/conveyor/internal/outbox"
 	"github.com/conveyorhq/conveyor/internal/task"
+	"github.com/conveyorhq/conveyor/internal/wait"
 )
-
-// maxStateLen bounds the state label a handler reports, in bytes.
-const maxStateLen = 200
 
 // execution is one attempt of one task on this worker. Its run loop is the
 // only writer of the task while it runs, so the lease's version moves in one
 // place.
 type execution struct {
-	w       *Worker
-	task    task.Task
-	lease   task.Lease
-	handler conveyor.HandlerFunc
-	log     *slog.Logger
-	span    trace.Span
-	started time.Time
+	w        *Worker
+	task     task.Task
+	lease    task.Lease
+	handler  conveyor.HandlerFunc
+	log      *slog.Logger
+	span     trace.Span
+	delivery outbox.Delivery
+	started  time.Time
+	// claimVersion is the version the claim left: a cancel broadcast that
+	// names an earlier version was for an earlier run.
+	claimVersion int
 
 	// stop cancels the handler's context with a cause.
 	stop   context.CancelCauseFunc
 	hctx   context.Context
-	cancel chan struct{} // a cancel broadcast arrived
+	cancel chan int      // a cancel broadcast arrived, with its version
 	report chan struct{} // a progress report is waiting
 
 	mu     sync.Mutex
 	latest *progress
 
 	// cancelled: cancellation was requested and the task is still ours;
-	// lost: the task is no longer ours and nothing more may be written.
+	// lost: the task is no longer ours and nothing more may be written;
+	// timedOut: the attempt ran past the maximum run time.
 	cancelled   bool
 	cancelledAt time.Time
 	lost        bool
+	timedOut    bool
+	acked       bool
+	// orphan: the source this task's delivery came through is gone (under
+	// w.mu).
+	orphan bool
 }
 
 type progress struct {
@@ -62,19 +69,20 @@ type outcome struct {
 	err    error
 }
 
-func (w *Worker) newExecution(t task.Task, h conveyor.HandlerFunc, log *slog.Logger, span trace.Span) *execution {
+func (w *Worker) newExecution(t task.Task, h conveyor.HandlerFunc, log *slog.Logger, span trace.Span, d outbox.Delivery) *execution {
 	return &execution{
-		w: w, task: t, handler: h, log: log, span: span, started: time.Now(),
-		lease:  task.Lease{TaskID: t.ID, WorkerID: w.cfg.Info.ID, Attempt: t.Attempt, Version: t.Version},
-		cancel: make(chan struct{}, 1),
-		report: make(chan struct{}, 1),
+		w: w, task: t, handler: h, log: log, span: span, delivery: d, started: time.Now(),
+		lease:        task.Lease{TaskID: t.ID, WorkerID: w.cfg.Info.ID, Attempt: t.Attempt, Version: t.Version},
+		claimVersion: t.Version,
+		cancel:       make(chan int, 1),
+		report:       make(chan struct{}, 1),
 	}
 }
 
 // requestCancel is called when a cancel broadcast names this task.
-func (e *execution) requestCancel() {
+func (e *execution) requestCancel(version int) {
 	select {
-	case e.cancel <- struct{}{}:
+	case e.cancel <- version:
 	default:
 	}
 }
@@ -88,12 +96,7 @@ func (e *execution) Progress(_ context.Context, percent int, state string) error
 	if e.hctx.Err() != nil {
 		return context.Cause(e.hctx)
 	}
-	if len(state) > maxStateLen {
-		state = state[:maxStateLen]
-		for !utf8.ValidString(state) {
-			state = state[:len(state)-1]
-		}
-	}
+	state = task.CleanText(state, task.MaxStateLen)
 	e.mu.Lock()
 	e.latest = &progress{percent: percent, state: state}
 	e.mu.Unlock()
@@ -106,8 +109,9 @@ func (e *execution) Progress(_ context.Context, percent int, state string) error
 	return nil
 }
 
-// run calls the handler and, meanwhile, renews the lease, stores progress
-// and listens for cancellation; then it stores the outcome.
+// run calls the handler and, meanwhile, renews the lease, stores progress,
+// listens for cancellation and watches the run time; then it stores the
+// outcome and settles the delivery.
 func (e *execution) run(ctx context.Context) {
 	e.w.metrics.started.WithLabelValues(e.task.Type).Inc()
 	e.w.metrics.running.Inc()
@@ -116,6 +120,7 @@ func (e *execution) run(ctx context.Context) {
 		e.w.metrics.queueWait.WithLabelValues(e.task.Type).Observe(e.task.StartedAt.Sub(e.task.NextRunAt).Seconds())
 	}
 	e.log.InfoContext(ctx, "task started")
+	e.w.signals.started.send(e.task.ID)
 
 	e.hctx, e.stop = context.WithCancelCause(ctx)
 	defer e.stop(nil)
@@ -124,9 +129,22 @@ func (e *execution) run(ctx context.Context) {
 	ctx = context.WithoutCancel(ctx)
 	done := make(chan outcome, 1)
 	go func() { done <- e.call() }()
+	defer e.ack()
 
 	heartbeat := time.NewTicker(e.w.cfg.Heartbeat)
 	defer heartbeat.Stop()
+	deadline := time.NewTimer(e.w.cfg.MaxRunTime)
+	defer deadline.Stop()
+	long := time.NewTimer(e.w.cfg.LongAfter)
+	defer long.Stop()
+	isLong := false
+	defer func() {
+		if isLong {
+			e.w.long.Add(-1)
+			e.w.pokeCredit()
+		}
+	}()
+	var giveUp <-chan time.Time // after the deadline, how long the handler may take to stop
 	var lastWrite time.Time
 	var timer *time.Timer
 	var timerC <-chan time.Time
@@ -140,10 +158,14 @@ func (e *execution) run(ctx context.Context) {
 			return
 		case <-heartbeat.C:
 			if !e.lost {
-				e.check(ctx, e.bounded(ctx, func(ctx context.Context) error { return e.w.store.RenewLease(ctx, &e.lease, e.w.cfg.Lease) }))
+				e.check(ctx, e.write(ctx, task.Change{Transition: task.Renew}))
 			}
-		case <-e.cancel:
-			e.markCancelled(ctx)
+		case v := <-e.cancel:
+			if v > e.claimVersion {
+				e.markCancelled(ctx)
+			} else {
+				e.log.DebugContext(ctx, "ignoring a cancel broadcast of an earlier run", "version", v)
+			}
 		case <-e.report:
 			if wait := e.w.cfg.ProgressInterval - time.Since(lastWrite); wait > 0 {
 				if timerC == nil {
@@ -158,7 +180,39 @@ func (e *execution) run(ctx context.Context) {
 			timerC = nil
 			e.flushProgress(ctx)
 			lastWrite = time.Now()
+		case <-long.C:
+			// From now on the broker sends this worker nothing it could
+			// not start at once (Worker.prefetch).
+			isLong = true
+			e.w.long.Add(1)
+			e.w.pokeCredit()
+		case <-deadline.C:
+			if !e.cancelled && !e.lost {
+				e.timedOut = true
+				e.log.WarnContext(ctx, "attempt ran past the maximum run time: stopping the handler", "max_run_time", e.w.cfg.MaxRunTime)
+				e.span.AddEvent("timed out")
+				e.stop(conveyor.ErrTimeout)
+			}
+			giveUp = time.After(e.w.cfg.Lease)
+		case <-giveUp:
+			// The handler ignores its context: stop renewing the lease and
+			// store the timeout without it; whatever it returns is dropped.
+			e.log.ErrorContext(ctx, "handler ignored its context past the maximum run time; its outcome will be ignored")
+			e.w.metrics.dropped.WithLabelValues("handler_ignored_timeout").Inc()
+			e.finish(ctx, outcome{err: conveyor.ErrTimeout})
+			e.ack()
+			<-done // the slot stays taken while the handler still runs
+			return
 		}
+	}
+}
+
+// ack settles the delivery, once, after the outcome is stored: until then
+// the broker counts it against the worker's prefetch.
+func (e *execution) ack() {
+	if !e.acked {
+		e.acked = true
+		_ = e.delivery.Ack()
 	}
 }
 
@@ -176,6 +230,28 @@ func (e *execution) call() (out outcome) {
 	return outcome{result: result, err: err}
 }
 
+// write applies a change of the held task at the lease's version, through
+// the worker's batch of changes, bounded by one lease (a connection that
+// hangs must not freeze the run loop; the lease would expire anyway). On
+// success the lease takes the new version.
+func (e *execution) write(ctx context.Context, c task.Change) error {
+	c.TaskID, c.Version = e.lease.TaskID, e.lease.Version
+	if c.Lease == 0 {
+		c.Lease = e.w.cfg.Lease
+	}
+	ctx, cancel := context.WithTimeout(ctx, e.w.cfg.Lease)
+	defer cancel()
+	applied, err := e.w.changes.do(ctx, c)
+	if err != nil {
+		return err
+	}
+	if applied.Fenced {
+		return task.ErrFenced
+	}
+	e.lease.Version = applied.Version
+	return nil
+}
+
 // flushProgress stores the latest report, if any.
 func (e *execution) flushProgress(ctx context.Context) {
 	e.mu.Lock()
@@ -185,9 +261,7 @@ func (e *execution) flushProgress(ctx context.Context) {
 	if p == nil || e.lost || e.cancelled {
 		return
 	}
-	err := e.bounded(ctx, func(ctx context.Context) error {
-		return e.w.store.Progress(ctx, &e.lease, p.percent, p.state, e.w.cfg.Lease)
-	})
+	err := e.write(ctx, task.Change{Transition: task.Progress, Progress: p.percent, State: p.state})
 	if err != nil && !errors.Is(err, task.ErrFenced) {
 		// Keep it for the next try unless a newer report replaced it.
 		e.mu.Lock()
@@ -222,11 +296,9 @@ func (e *execution) check(ctx context.Context, err error) {
 // handler and reports owned; otherwise the task is lost and the handler
 // stopped. err is a failed read: nothing is decided.
 func (e *execution) reclaim(ctx context.Context) (owned bool, err error) {
-	var hold task.Hold
-	err = e.bounded(ctx, func(ctx context.Context) (err error) {
-		hold, err = e.w.store.Inspect(ctx, e.lease.TaskID)
-		return err
-	})
+	rctx, cancel := context.WithTimeout(ctx, e.w.cfg.Lease)
+	hold, err := e.w.store.Inspect(rctx, e.lease.TaskID)
+	cancel()
 	if err != nil && !errors.Is(err, task.ErrNotFound) {
 		return false, err
 	}
@@ -254,7 +326,7 @@ func (e *execution) markCancelled(ctx context.Context) {
 	e.stop(conveyor.ErrCancelled)
 }
 
-// finish stores the attempt's outcome.
+// finish stores the attempt's outcome as the lifecycle's transition for it.
 func (e *execution) finish(ctx context.Context, out outcome) {
 	cause := context.Cause(e.hctx)
 	if e.hctx.Err() == nil {
@@ -268,58 +340,68 @@ func (e *execution) finish(ctx context.Context, out outcome) {
 	}
 	switch {
 	case e.cancelled || errors.Is(cause, conveyor.ErrCancelled):
-		e.store(ctx, "cancelled", func(ctx context.Context) error { return e.w.store.FinishCancelled(ctx, &e.lease) })
+		e.store(ctx, "cancelled", task.Change{Transition: task.HonourCancel})
 		e.w.metrics.cancelLatency.Observe(time.Since(e.cancelledAt).Seconds())
 	case errors.Is(cause, conveyor.ErrShutdown):
-		headers := e.w.inject(ctx)
-		e.store(ctx, "handed_back", func(ctx context.Context) error {
-			return e.w.store.HandBack(ctx, &e.lease, "worker shutting down", headers)
-		})
+		e.store(ctx, "handed_back", task.Change{Transition: task.HandBack, Trace: e.w.inject(ctx),
+			Detail: map[string]any{"handed_back": "worker shutting down", "attempt": e.task.Attempt}})
+	case e.timedOut:
+		e.fail(ctx, fmt.Errorf("%w after %s", conveyor.ErrTimeout, e.w.cfg.MaxRunTime), false)
 	case out.err == nil:
 		result, err := json.Marshal(out.result)
+		if err == nil {
+			err = task.StorableJSON(result)
+		}
 		if err != nil {
-			e.fail(ctx, conveyor.Permanent(fmt.Errorf("result is not JSON: %w", err)))
+			e.fail(ctx, fmt.Errorf("result cannot be stored: %w", err), true)
 			return
 		}
-		e.store(ctx, "completed", func(ctx context.Context) error { return e.w.complete(ctx, &e.lease, result) })
+		e.store(ctx, "completed", task.Change{Transition: task.Complete, Result: result,
+			Detail: map[string]any{"attempt": e.task.Attempt}})
 	default:
-		e.fail(ctx, out.err)
+		var p *conveyor.PanicError
+		if errors.As(out.err, &p) {
+			e.log.ErrorContext(ctx, "handler panicked", "panic", fmt.Sprint(p.Value), "stack", string(p.Stack))
+		}
+		e.fail(ctx, out.err, conveyor.IsPermanent(out.err))
 	}
 }
 
 // fail ends the attempt in error: FAILED when the error is permanent or no
-// attempts are left, otherwise PENDING again after a backoff.
-func (e *execution) fail(ctx context.Context, err error) {
-	reason := err.Error()
-	var p *conveyor.PanicError
-	if errors.As(err, &p) {
-		e.log.ErrorContext(ctx, "handler panicked", "panic", fmt.Sprint(p.Value), "stack", string(p.Stack))
-	}
+// attempt is left, otherwise PENDING again after a backoff.
+func (e *execution) fail(ctx context.Context, err error, permanent bool) {
+	reason := task.CleanText(err.Error(), task.MaxErrorLen)
 	e.span.RecordError(err)
-	permanent := conveyor.IsPermanent(err)
-	if permanent || e.task.Attempt >= e.task.MaxAttempts {
-		e.store(ctx, "failed", func(ctx context.Context) error { return e.w.store.Fail(ctx, &e.lease, reason, permanent) })
+	detail := map[string]any{"attempt": e.task.Attempt, "error": reason}
+	if task.OnFailure(permanent, e.task.Attempt, e.task.MaxAttempts) == task.Fail {
+		detail["permanent"] = permanent
+		e.store(ctx, "failed", task.Change{Transition: task.Fail, Error: reason, Detail: detail})
 		return
 	}
 	delay := retryDelay(e.task.Attempt, e.w.cfg.BackoffBase, e.w.cfg.BackoffMax)
-	traceparent, headers := e.w.retryTrace(ctx, e.task)
+	detail["retry_in"] = delay.String()
 	e.log.InfoContext(ctx, "attempt failed; retry scheduled", "error", reason, "retry_in", delay)
-	e.store(ctx, "retried", func(ctx context.Context) error {
-		return e.w.store.ScheduleRetry(ctx, &e.lease, reason, delay, traceparent, headers)
-	})
+	e.store(ctx, "retried", task.Change{Transition: task.RetryLater, Error: reason, Delay: delay,
+		Trace: e.w.retryTrace(ctx, e.task), Detail: detail})
 }
 
-// store makes the outcome's write. If its fence misses because a cancel was
-// requested meanwhile, the task ends CANCELLED instead: a task whose
-// cancellation was accepted never completes nor runs again. A database that
-// does not answer is retried for as long as the lease lasts; after that the
-// lease's expiry hands the task on.
-func (e *execution) store(ctx context.Context, outcome string, write func(context.Context) error) {
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval, b.MaxInterval = 100*time.Millisecond, e.w.cfg.ReconnectBackoffMax
+// store makes the outcome's change. If its fence misses because a cancel
+// was requested meanwhile, the task ends CANCELLED instead: a task whose
+// cancellation was accepted never completes nor runs again. A change the
+// database refuses for its data fails the attempt with that reason. A
+// database that does not answer is retried for as long as the lease lasts;
+// after that the lease's expiry hands the task on.
+func (e *execution) store(ctx context.Context, outcome string, c task.Change) {
+	b := wait.Backoff(100*time.Millisecond, e.w.cfg.ReconnectBackoffMax)
 	deadline := time.Now().Add(e.w.cfg.Lease)
 	for {
-		err := e.bounded(ctx, write)
+		if err := c.Storable(); err != nil {
+			// Only a result can be unstorable; fail with why.
+			c = task.Change{Transition: task.Fail, Error: "result cannot be stored: " + err.Error(),
+				Detail: map[string]any{"attempt": e.task.Attempt, "permanent": true}}
+			outcome = "failed"
+		}
+		err := e.write(ctx, c)
 		switch {
 		case err == nil:
 			e.done(ctx, outcome, nil)
@@ -331,19 +413,27 @@ func (e *execution) store(ctx context.Context, outcome string, write func(contex
 				return
 			}
 			if rerr == nil {
-				outcome = "cancelled"
-				write = func(ctx context.Context) error { return e.w.store.FinishCancelled(ctx, &e.lease) }
+				outcome, c = "cancelled", task.Change{Transition: task.HonourCancel}
 				continue
 			}
 			err = rerr
+		case task.ErrorCode(err) == task.ErrCodeInvalid && c.Transition != task.Fail:
+			// PostgreSQL refused this outcome's data: fail the attempt
+			// with its real reason instead of leaving the task to the
+			// lease reaper.
+			e.log.WarnContext(ctx, "outcome refused by the database; failing the attempt", "outcome", outcome, "error", err)
+			c = task.Change{Transition: task.Fail, Error: "outcome could not be stored: " + err.Error(),
+				Detail: map[string]any{"attempt": e.task.Attempt, "permanent": true}}
+			outcome = "failed"
+			continue
 		}
 		if time.Now().After(deadline) {
 			e.done(ctx, "abandoned", err)
 			return
 		}
-		wait := b.NextBackOff()
-		e.log.WarnContext(ctx, "storing outcome failed; retrying", "outcome", outcome, "error", err, "retry_in", wait)
-		time.Sleep(wait)
+		retry := b.NextBackOff()
+		e.log.WarnContext(ctx, "storing outcome failed; retrying", "outcome", outcome, "error", err, "retry_in", retry)
+		time.Sleep(retry)
 	}
 }
 
@@ -352,6 +442,7 @@ func (e *execution) done(ctx context.Context, outcome string, err error) {
 	e.w.metrics.finished.WithLabelValues(e.task.Type, outcome).Inc()
 	e.w.metrics.duration.WithLabelValues(e.task.Type, outcome).Observe(time.Since(e.started).Seconds())
 	e.span.SetAttributes(attribute.String("conveyor.outcome", outcome))
+	e.w.signals.finished.send(finished{taskID: e.task.ID, outcome: outcome})
 	if err != nil {
 		e.span.SetStatus(codes.Error, err.Error())
 		e.log.WarnContext(ctx, "task attempt ended", "outcome", outcome, "error", err)
@@ -361,15 +452,6 @@ func (e *execution) done(ctx context.Context, outcome string, err error) {
 		e.span.SetStatus(codes.Error, "task failed")
 	}
 	e.log.InfoContext(ctx, "task attempt ended", "outcome", outcome, "duration", time.Since(e.started))
-}
-
-// bounded runs a database call under a deadline of one lease: a connection
-// that hangs (a half-open link) must not freeze the task's run loop, whose
-// lease would expire anyway.
-func (e *execution) bounded(ctx context.Context, call func(context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, e.w.cfg.Lease)
-	defer cancel()
-	return call(ctx)
 }
 
 // retryDelay is the wait before attempt+1: base doubled per attempt, capped,

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/conveyorhq/conveyor/internal/registry"
 	"github.com/conveyorhq/conveyor/internal/task"
 )
 
@@ -12,11 +13,28 @@ import (
 type MaintenanceStore interface {
 	Elect(ctx context.Context, name, id string, ttl time.Duration) (bool, error)
 	Resign(ctx context.Context, name, id string) error
-	ReapLeases(ctx context.Context, limit int) (map[task.Status]int, error)
-	RepublishStale(ctx context.Context, after time.Duration, limit int) (int, error)
+	ExpiredLeases(ctx context.Context, limit int) ([]task.Standing, error)
+	StalePending(ctx context.Context, after time.Duration, limit int) ([]task.Standing, error)
+	Apply(ctx context.Context, changes []task.Change) ([]task.Applied, []error, error)
 	DeleteExpired(ctx context.Context, retention time.Duration, limit int) (int, error)
+	ReleaseParked(ctx context.Context, deadAfter time.Duration) (int, error)
 	ReapWorkers(ctx context.Context, deadAfter time.Duration) (int, error)
 	CountWorkers(ctx context.Context) (int, error)
+}
+
+// Queues tells how many messages wait in a type's queue.
+type Queues interface {
+	// Ready returns the number of ready messages in the queue of
+	// taskType; exists is false when the queue is missing.
+	Ready(ctx context.Context, taskType string) (ready int, exists bool, err error)
+}
+
+// QueuesFunc adapts a function to Queues.
+type QueuesFunc func(ctx context.Context, taskType string) (ready int, exists bool, err error)
+
+// Ready calls f.
+func (f QueuesFunc) Ready(ctx context.Context, taskType string) (int, bool, error) {
+	return f(ctx, taskType)
 }
 
 // MaintenanceConfig tunes the maintenance duties.
@@ -32,25 +50,23 @@ type MaintenanceConfig struct {
 	BatchSize int
 }
 
-// leadership is the name of the maintenance duty in the leaders table.
-const leadership = "maintenance"
-
 // Maintainer runs the maintenance duties on whichever worker holds the
 // leadership: every worker runs one, one at a time leads.
 type Maintainer struct {
 	cfg     MaintenanceConfig
 	store   MaintenanceStore
+	queues  Queues
 	log     *slog.Logger
 	metrics *Metrics
 	leader  bool
 }
 
 // NewMaintainer returns a maintainer.
-func NewMaintainer(cfg MaintenanceConfig, store MaintenanceStore, log *slog.Logger, m *Metrics) *Maintainer {
+func NewMaintainer(cfg MaintenanceConfig, store MaintenanceStore, queues Queues, log *slog.Logger, m *Metrics) *Maintainer {
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = 1000
 	}
-	return &Maintainer{cfg: cfg, store: store, log: log, metrics: m}
+	return &Maintainer{cfg: cfg, store: store, queues: queues, log: log, metrics: m}
 }
 
 // Run tries for the leadership every interval and, while it holds it, runs
@@ -66,7 +82,7 @@ func (m *Maintainer) Run(ctx context.Context) error {
 			if m.leader {
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 				defer cancel()
-				if err := m.store.Resign(rctx, leadership, m.cfg.WorkerID); err != nil {
+				if err := m.store.Resign(rctx, registry.Maintenance, m.cfg.WorkerID); err != nil {
 					m.log.WarnContext(ctx, "resign maintenance leadership", "error", err)
 				}
 			}
@@ -80,7 +96,7 @@ func (m *Maintainer) tick(ctx context.Context) {
 	// A hung connection must not hold the duties past the leadership.
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.LeaderTTL)
 	defer cancel()
-	leader, err := m.store.Elect(ctx, leadership, m.cfg.WorkerID, m.cfg.LeaderTTL)
+	leader, err := m.store.Elect(ctx, registry.Maintenance, m.cfg.WorkerID, m.cfg.LeaderTTL)
 	if err != nil {
 		if ctx.Err() == nil {
 			m.log.WarnContext(ctx, "maintenance election", "error", err)
@@ -99,52 +115,119 @@ func (m *Maintainer) tick(ctx context.Context) {
 
 // RunOnce runs every duty once.
 func (m *Maintainer) RunOnce(ctx context.Context) {
-	for {
-		reaped, err := m.store.ReapLeases(ctx, m.cfg.BatchSize)
-		if m.failed(ctx, "reap expired leases", err) {
-			break
-		}
-		n := 0
-		for status, c := range reaped {
-			n += c
-			m.metrics.maintenance.WithLabelValues("lease_expired_to_" + string(status)).Add(float64(c))
-		}
-		if n > 0 {
-			m.log.InfoContext(ctx, "expired leases reaped", "tasks", reaped)
-		}
-		if n < m.cfg.BatchSize {
-			break
-		}
-	}
-	m.repeat(ctx, "republished", func() (int, error) {
-		return m.store.RepublishStale(ctx, m.cfg.RepublishAfter, m.cfg.BatchSize)
+	m.repeat(ctx, "reap expired leases", m.reapLeases)
+	m.repeat(ctx, "republish lost messages", m.republish)
+	m.count(ctx, "parked_released", func() (int, error) { return m.store.ReleaseParked(ctx, m.cfg.DeadAfter) })
+	m.repeat(ctx, "delete expired tasks", func(ctx context.Context) (int, error) {
+		n, err := m.store.DeleteExpired(ctx, m.cfg.Retention, m.cfg.BatchSize)
+		m.record(ctx, "deleted_expired", n)
+		return n, err
 	})
-	m.repeat(ctx, "deleted_expired", func() (int, error) {
-		return m.store.DeleteExpired(ctx, m.cfg.Retention, m.cfg.BatchSize)
-	})
-	if n, err := m.store.ReapWorkers(ctx, m.cfg.DeadAfter); !m.failed(ctx, "remove dead workers", err) && n > 0 {
-		m.metrics.maintenance.WithLabelValues("dead_workers_removed").Add(float64(n))
-		m.log.InfoContext(ctx, "dead workers removed", "workers", n)
-	}
+	m.count(ctx, "dead_workers_removed", func() (int, error) { return m.store.ReapWorkers(ctx, m.cfg.DeadAfter) })
 	if n, err := m.store.CountWorkers(ctx); !m.failed(ctx, "count workers", err) {
 		m.metrics.liveWorkers.Set(float64(n))
 	}
 }
 
+// reapLeases ends the attempts whose worker stopped renewing the lease, as
+// the lifecycle says (task.OnLeaseExpired), and returns how many it found.
+func (m *Maintainer) reapLeases(ctx context.Context) (int, error) {
+	expired, err := m.store.ExpiredLeases(ctx, m.cfg.BatchSize)
+	if err != nil || len(expired) == 0 {
+		return 0, err
+	}
+	changes := make([]task.Change, len(expired))
+	for i, e := range expired {
+		changes[i] = task.Change{TaskID: e.ID, Version: e.Version,
+			Transition: task.OnLeaseExpired(e.CancelPending, e.Attempt, e.MaxAttempts),
+			Error:      "lease expired: worker " + e.WorkerID + " stopped renewing it",
+			Detail:     map[string]any{"reason": "lease expired", "worker_id": e.WorkerID, "attempt": e.Attempt}}
+	}
+	return len(expired), m.apply(ctx, changes)
+}
+
+// republish queues again the PENDING tasks whose message was confirmed long
+// ago but never claimed — but only for types whose queue holds no ready
+// message. A non-empty queue means the workers are still working through
+// it (or none runs): publishing more would only feed the backlog. An empty
+// one means those tasks' messages were lost (a purge, a broker that lost
+// its queues).
+func (m *Maintainer) republish(ctx context.Context) (int, error) {
+	stale, err := m.store.StalePending(ctx, m.cfg.RepublishAfter, m.cfg.BatchSize)
+	if err != nil || len(stale) == 0 {
+		return 0, err
+	}
+	empty := map[string]bool{}
+	var changes []task.Change
+	for _, s := range stale {
+		ok, checked := empty[s.Type]
+		if !checked {
+			ready, _, err := m.queues.Ready(ctx, s.Type)
+			if err != nil {
+				return 0, err
+			}
+			ok = ready == 0
+			empty[s.Type] = ok
+			if !ok {
+				m.log.InfoContext(ctx, "stale tasks wait behind a non-empty queue; not republished", "type", s.Type, "ready", ready)
+			}
+		}
+		if ok {
+			changes = append(changes, task.Change{TaskID: s.ID, Version: s.Version, Transition: task.Republish,
+				Detail: map[string]any{"reason": "message lost: republished"}})
+		}
+	}
+	// A full batch of skipped tasks must not loop: report only what moved.
+	return len(changes), m.apply(ctx, changes)
+}
+
+// apply applies the leader's changes and counts those that landed.
+func (m *Maintainer) apply(ctx context.Context, changes []task.Change) error {
+	if len(changes) == 0 {
+		return nil
+	}
+	out, errs, err := m.store.Apply(ctx, changes)
+	if err != nil {
+		return err
+	}
+	moved := map[task.Transition]int{}
+	for i, o := range out {
+		if errs[i] != nil {
+			m.log.WarnContext(ctx, "maintenance change refused", "task_id", changes[i].TaskID, "transition", changes[i].Transition, "error", errs[i])
+			continue
+		}
+		if !o.Fenced {
+			moved[changes[i].Transition]++
+		}
+	}
+	for tr, n := range moved {
+		m.record(ctx, string(tr), n)
+	}
+	return nil
+}
+
 // repeat runs a batched duty until a batch is not full.
-func (m *Maintainer) repeat(ctx context.Context, action string, batch func() (int, error)) {
+func (m *Maintainer) repeat(ctx context.Context, duty string, batch func(context.Context) (int, error)) {
 	for {
-		n, err := batch()
-		if m.failed(ctx, action, err) {
+		n, err := batch(ctx)
+		if m.failed(ctx, duty, err) || n < m.cfg.BatchSize {
 			return
 		}
-		if n > 0 {
-			m.metrics.maintenance.WithLabelValues(action).Add(float64(n))
-			m.log.InfoContext(ctx, "maintenance", "action", action, "tasks", n)
-		}
-		if n < m.cfg.BatchSize {
-			return
-		}
+	}
+}
+
+// count runs a one-statement duty and records what it changed.
+func (m *Maintainer) count(ctx context.Context, action string, duty func() (int, error)) {
+	n, err := duty()
+	if !m.failed(ctx, action, err) {
+		m.record(ctx, action, n)
+	}
+}
+
+func (m *Maintainer) record(ctx context.Context, action string, n int) {
+	if n > 0 {
+		m.metrics.maintenance.WithLabelValues(action).Add(float64(n))
+		m.log.InfoContext(ctx, "maintenance", "action", action, "tasks", n)
 	}
 }
 

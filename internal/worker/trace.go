@@ -8,21 +8,21 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/conveyorhq/conveyor/internal/rabbitmq"
+	"github.com/conveyorhq/conveyor/internal/outbox"
 	"github.com/conveyorhq/conveyor/internal/task"
 )
 
 // startConsumerSpan continues the trace the relay wrote into the message
 // headers with a CONSUMER span; the claim, the handler's progress (as span
 // events) and the outcome's writes hang under it.
-func (w *Worker) startConsumerSpan(ctx context.Context, d rabbitmq.Delivery) (context.Context, trace.Span) {
+func (w *Worker) startConsumerSpan(ctx context.Context, d outbox.Delivery) (context.Context, trace.Span) {
 	parent := w.propagator.Extract(ctx, propagation.MapCarrier(d.Headers))
 	return w.tracer.Start(parent, "process "+d.Queue,
 		trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(
 			semconv.MessagingSystemRabbitmq,
 			semconv.MessagingOperationTypeDeliver,
-			semconv.MessagingDestinationName(rabbitmq.TasksExchange),
+			semconv.MessagingDestinationName(d.Exchange),
 			semconv.MessagingRabbitmqDestinationRoutingKey(d.Body.Type),
 			semconv.MessagingMessageID(d.MessageID),
 			attribute.String("messaging.rabbitmq.queue", d.Queue),
@@ -40,10 +40,10 @@ func (w *Worker) inject(ctx context.Context) task.Carrier {
 }
 
 // retryTrace starts the trace of a task's next attempt: a new root linked
-// to the failed attempt's span (SPEC 7), so each attempt is its own trace
-// and Jaeger leads from one to the other. It returns the new traceparent
-// for the task row and the headers for the outbox row.
-func (w *Worker) retryTrace(ctx context.Context, t task.Task) (string, task.Carrier) {
+// to the failed attempt's span, so each attempt is its own trace and Jaeger
+// leads from one to the other. It returns the new trace's context, which
+// becomes the task's trace and travels with its message.
+func (w *Worker) retryTrace(ctx context.Context, t task.Task) task.Carrier {
 	rctx, span := w.tracer.Start(ctx, "schedule retry",
 		trace.WithNewRoot(),
 		trace.WithSpanKind(trace.SpanKindInternal),
@@ -54,6 +54,5 @@ func (w *Worker) retryTrace(ctx context.Context, t task.Task) (string, task.Carr
 			attribute.Int("conveyor.next_attempt", t.Attempt+1),
 		))
 	defer span.End()
-	headers := w.inject(rctx)
-	return headers["traceparent"], headers
+	return w.inject(rctx)
 }

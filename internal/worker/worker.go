@@ -1,7 +1,11 @@
 // Package worker runs tasks: it consumes the task queues of its handlers,
 // claims each task in PostgreSQL, runs its handler under a renewed lease,
-// honours cancellation, and stores the outcome with fenced writes. One
-// elected worker at a time also runs maintenance.
+// honours cancellation, and stores the outcome with fenced transitions. One
+// elected worker at a time also runs maintenance (maintenance.go).
+//
+// The worker talks to the database and the broker through the small
+// interfaces below, so its logic is tested with fakes (worker_test.go) as
+// well as end to end with the real binaries (cmd/worker).
 package worker
 
 import (
@@ -14,47 +18,88 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/conveyorhq/conveyor"
-	"github.com/conveyorhq/conveyor/internal/postgres"
-	"github.com/conveyorhq/conveyor/internal/rabbitmq"
+	"github.com/conveyorhq/conveyor/internal/outbox"
+	"github.com/conveyorhq/conveyor/internal/registry"
 	"github.com/conveyorhq/conveyor/internal/task"
+	"github.com/conveyorhq/conveyor/internal/wait"
 )
 
-// Store is the database as the worker needs it.
+// Store is the database as a worker needs it.
 type Store interface {
-	ClaimMany(ctx context.Context, ids []uuid.UUID, workerID string, lease time.Duration) ([]task.Task, error)
-	Progress(ctx context.Context, l *task.Lease, percent int, state string, lease time.Duration) error
-	RenewLease(ctx context.Context, l *task.Lease, lease time.Duration) error
-	CompleteMany(ctx context.Context, cs []task.Completion) (map[uuid.UUID]int, error)
-	Fail(ctx context.Context, l *task.Lease, reason string, permanent bool) error
-	ScheduleRetry(ctx context.Context, l *task.Lease, reason string, delay time.Duration, traceparent string, headers task.Carrier) error
-	FinishCancelled(ctx context.Context, l *task.Lease) error
-	HandBack(ctx context.Context, l *task.Lease, reason string, headers task.Carrier) error
+	// Claim starts an attempt of those of the tasks that are claimable.
+	Claim(ctx context.Context, ids []uuid.UUID, workerID string, lease time.Duration) ([]task.Task, error)
+	// Apply applies transitions of held tasks, each fenced by its version.
+	Apply(ctx context.Context, changes []task.Change) ([]task.Applied, []error, error)
+	// Inspect reads who holds a task, after a fenced change missed.
 	Inspect(ctx context.Context, id uuid.UUID) (task.Hold, error)
-	RegisterWorker(ctx context.Context, w postgres.WorkerInfo) error
-	WorkerHeartbeat(ctx context.Context, id string) (bool, error)
-	RemoveWorker(ctx context.Context, id string) error
-	Ping(ctx context.Context) error
+	Registry
+}
+
+// Registry is the worker's record in the database.
+type Registry interface {
+	Register(ctx context.Context, w registry.Worker) error
+	Heartbeat(ctx context.Context, id string) (registered bool, err error)
+	Leave(ctx context.Context, id string) error
+	// TypesReady says the worker's queues exist, which releases the
+	// messages parked for want of them.
+	TypesReady(ctx context.Context, types []string) error
+}
+
+// Broker connects to the message broker.
+type Broker interface {
+	// Consume declares the queues of types and consumes them with at most
+	// prefetch unsettled deliveries, and the cancel broadcasts.
+	Consume(ctx context.Context, types []string, prefetch int) (Source, error)
+}
+
+// BrokerFunc adapts a function to Broker.
+type BrokerFunc func(ctx context.Context, types []string, prefetch int) (Source, error)
+
+// Consume calls f.
+func (f BrokerFunc) Consume(ctx context.Context, types []string, prefetch int) (Source, error) {
+	return f(ctx, types, prefetch)
+}
+
+// Source is one connection's deliveries.
+type Source interface {
+	Deliveries() <-chan outbox.Delivery
+	Cancels() <-chan outbox.Cancel
+	// Done is closed when the source stops delivering for any reason (the
+	// connection, a channel or a consumer ended); Err says why.
+	Done() <-chan struct{}
+	Err() error
+	// SetPrefetch changes how many deliveries may be unacknowledged at
+	// once.
+	SetPrefetch(n int) error
+	// StopConsuming asks for no more deliveries; cancels still arrive.
+	StopConsuming()
+	Close() error
 }
 
 // Config tunes a worker.
 type Config struct {
 	// Info identifies the worker in the registry; Info.ID also marks the
 	// tasks it runs.
-	Info                postgres.WorkerInfo
-	AMQPURL             string
-	Concurrency         int
-	Lease               time.Duration
-	Heartbeat           time.Duration
-	ProgressInterval    time.Duration
-	BackoffBase         time.Duration
-	BackoffMax          time.Duration
-	ShutdownTimeout     time.Duration
+	Info             registry.Worker
+	Concurrency      int
+	Lease            time.Duration
+	Heartbeat        time.Duration
+	ProgressInterval time.Duration
+	BackoffBase      time.Duration
+	BackoffMax       time.Duration
+	ShutdownTimeout  time.Duration
+	// MaxRunTime bounds an attempt: past it the handler is stopped and the
+	// attempt fails as timed out.
+	MaxRunTime time.Duration
+	// ReadAhead is how many deliveries beyond the free slots the broker may
+	// send ahead while no handler runs longer than LongAfter.
+	ReadAhead           int
+	LongAfter           time.Duration
 	ReconnectBackoffMax time.Duration
 }
 
@@ -62,41 +107,63 @@ type Config struct {
 type Worker struct {
 	cfg        Config
 	store      Store
+	broker     Broker
 	handlers   map[string]conveyor.HandlerFunc
 	log        *slog.Logger
 	tracer     trace.Tracer
 	propagator propagation.TextMapPropagator
 	metrics    *Metrics
+	signals    signals
 
-	// Claims and completions made at about the same time share a
+	// Claims and transitions made at about the same time share a
 	// statement and a commit.
-	claims    *batcher[uuid.UUID, claimed]
-	completes *batcher[task.Completion, int]
+	claims  *batcher[uuid.UUID, claimed]
+	changes *batcher[task.Change, task.Applied]
 
 	slots    chan struct{}
 	inflight sync.WaitGroup
 	mu       sync.Mutex
 	running  map[uuid.UUID]*execution
+
+	// The credit the broker gets (see prefetch): long counts running
+	// handlers past LongAfter; orphans counts running tasks whose
+	// delivery came through an earlier source (under mu, with running);
+	// credit is poked when either count changes.
+	long    atomic.Int32
+	orphans atomic.Int32
+	credit  chan struct{}
 	// stopping is closed when the worker stops taking work.
 	stopping  chan struct{}
-	connected atomic.Bool
+	consuming atomic.Bool
+	dbOK      atomic.Bool
+}
+
+// Deps are a worker's collaborators.
+type Deps struct {
+	Store          Store
+	Broker         Broker
+	Log            *slog.Logger
+	TracerProvider trace.TracerProvider
+	Propagator     propagation.TextMapPropagator
+	Metrics        *Metrics
 }
 
 // New returns a worker for the given handlers. Info.Types is set from them.
-func New(cfg Config, store Store, handlers []conveyor.Handler, log *slog.Logger, tp trace.TracerProvider, prop propagation.TextMapPropagator, m *Metrics) (*Worker, error) {
+func New(cfg Config, deps Deps, handlers []conveyor.Handler) (*Worker, error) {
 	if len(handlers) == 0 {
 		return nil, errors.New("worker: no handlers")
 	}
 	w := &Worker{
-		cfg: cfg, store: store, handlers: map[string]conveyor.HandlerFunc{}, log: log, metrics: m,
-		tracer:     tp.Tracer("github.com/conveyorhq/conveyor/internal/worker"),
-		propagator: prop,
-		slots:      make(chan struct{}, cfg.Concurrency),
-		running:    map[uuid.UUID]*execution{},
-		stopping:   make(chan struct{}),
+		cfg: cfg, store: deps.Store, broker: deps.Broker, handlers: map[string]conveyor.HandlerFunc{},
+		log: deps.Log, metrics: deps.Metrics, propagator: deps.Propagator,
+		tracer:   deps.TracerProvider.Tracer("github.com/conveyorhq/conveyor/internal/worker"),
+		slots:    make(chan struct{}, cfg.Concurrency),
+		running:  map[uuid.UUID]*execution{},
+		stopping: make(chan struct{}),
+		credit:   make(chan struct{}, 1),
 	}
 	w.claims = newBatcher(cfg.Concurrency, cfg.Lease, w.claimBatch)
-	w.completes = newBatcher(cfg.Concurrency, cfg.Lease, w.completeBatch)
+	w.changes = newBatcher(cfg.Concurrency, cfg.Lease, w.applyBatch)
 	for _, h := range handlers {
 		if _, dup := w.handlers[h.Type]; dup {
 			return nil, fmt.Errorf("worker: two handlers for type %q", h.Type)
@@ -104,6 +171,7 @@ func New(cfg Config, store Store, handlers []conveyor.Handler, log *slog.Logger,
 		w.handlers[h.Type] = h.Func
 	}
 	w.cfg.Info.Types = w.Types()
+	w.dbOK.Store(true)
 	return w, nil
 }
 
@@ -117,96 +185,147 @@ func (w *Worker) Types() []string {
 	return types
 }
 
-// Ready reports whether the worker is consuming and its database answers.
-func (w *Worker) Ready(ctx context.Context) (bool, error) {
-	if !w.connected.Load() {
-		return false, nil
-	}
-	if err := w.store.Ping(ctx); err != nil {
-		return false, err
-	}
-	return true, nil
-}
+// Ready reports whether the worker is consuming and its last heartbeat
+// reached the database.
+func (w *Worker) Ready() bool { return w.consuming.Load() && w.dbOK.Load() }
 
-// Run consumes and runs tasks until ctx is done, then shuts down as SPEC 6
-// says: it stops taking work, lets running handlers finish within the
-// shutdown timeout, then cancels them and hands their tasks back.
+// Run consumes and runs tasks until ctx is done, then shuts down: it stops
+// taking work, lets running handlers finish within the shutdown timeout,
+// then cancels them and hands their tasks back.
 func (w *Worker) Run(ctx context.Context) error {
 	w.register(ctx)
 	// The batchers outlive ctx: running tasks still claim nothing but
-	// complete while the worker drains.
+	// store their outcomes while the worker drains.
 	bctx, stopBatchers := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBatchers()
 	go w.claims.run(bctx)
-	go w.completes.run(bctx)
+	go w.changes.run(bctx)
 	// Handlers run under their own context: SIGTERM does not cut them
 	// short, the end of the grace period does.
 	runCtx, stopHandlers := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer stopHandlers(nil)
 	go w.heartbeat(ctx)
 
-	consumer := w.consume(ctx, runCtx)
+	src := w.consume(ctx, runCtx)
 	close(w.stopping)
-	w.drain(ctx, consumer, stopHandlers)
-	if consumer != nil {
-		_ = consumer.Close()
+	w.drain(ctx, src, stopHandlers)
+	if src != nil {
+		_ = src.Close()
 	}
-	w.connected.Store(false)
+	w.consuming.Store(false)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if err := w.store.RemoveWorker(rctx, w.cfg.Info.ID); err != nil {
+	if err := w.store.Leave(rctx, w.cfg.Info.ID); err != nil {
 		w.log.WarnContext(ctx, "leave worker registry", "error", err)
 	}
 	return nil
 }
 
-// consume takes deliveries until ctx is done, reconnecting to a lost broker.
-// It returns the live consumer, if any, so the shutdown can still hear
-// cancel broadcasts while handlers finish.
-func (w *Worker) consume(ctx, runCtx context.Context) *rabbitmq.Consumer {
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval, b.MaxInterval = 100*time.Millisecond, w.cfg.ReconnectBackoffMax
+// How a worker keeps the broker from holding messages behind busy handlers:
+// a delivery is acknowledged only once its attempt's outcome is stored, so
+// the broker's prefetch counts the running tasks, and the prefetch is
+// concurrency plus a read-ahead that lets a freed slot find its next task at
+// once. While any handler runs longer than LongAfter the read-ahead is
+// withdrawn, and a delivery that arrives when every slot is taken goes back
+// to the queue for another worker: no message waits behind a long handler.
+// Tasks still running from an earlier connection (whose deliveries that
+// connection took back) are subtracted from the credit.
+func (w *Worker) prefetch() int {
+	p := w.cfg.Concurrency + w.cfg.ReadAhead
+	if w.long.Load() > 0 {
+		p = w.cfg.Concurrency
+	}
+	return max(1, p-int(w.orphans.Load()))
+}
+
+// pokeCredit tells the serve loop that the credit may have changed.
+func (w *Worker) pokeCredit() {
+	select {
+	case w.credit <- struct{}{}:
+	default:
+	}
+}
+
+// consume takes deliveries until ctx is done, connecting again whenever the
+// source stops for any reason. It returns the live source, if any, so the
+// shutdown still hears cancel broadcasts while handlers finish.
+func (w *Worker) consume(ctx, runCtx context.Context) Source {
+	b := wait.Backoff(100*time.Millisecond, w.cfg.ReconnectBackoffMax)
 	for ctx.Err() == nil {
-		c, err := rabbitmq.DialConsumer(w.cfg.AMQPURL, "conveyor-worker "+w.cfg.Info.ID, w.Types(), w.cfg.Concurrency)
+		// Connect only with a slot free: the tasks still running hold
+		// theirs, and their deliveries are not on the new connection.
+		select {
+		case w.slots <- struct{}{}:
+			<-w.slots
+		case <-ctx.Done():
+			return nil
+		}
+		w.adoptOrphans()
+		src, err := w.broker.Consume(ctx, w.Types(), w.prefetch())
 		if err != nil {
-			wait := b.NextBackOff()
-			w.log.WarnContext(ctx, "broker unreachable; retrying", "error", err, "retry_in", wait)
-			sleep(ctx, wait)
+			retry := b.NextBackOff()
+			w.log.WarnContext(ctx, "broker unreachable; retrying", "error", err, "retry_in", retry)
+			wait.Sleep(ctx, retry)
 			continue
 		}
 		b.Reset()
-		go w.listenCancels(c)
-		w.connected.Store(true)
-		w.log.InfoContext(ctx, "consuming", "types", w.Types(), "concurrency", w.cfg.Concurrency)
-		if w.serve(ctx, runCtx, c) {
-			return c
+		if err := w.store.TypesReady(ctx, w.Types()); err != nil {
+			// Maintenance releases parked messages too; only latency is lost.
+			w.log.WarnContext(ctx, "release parked messages", "error", err)
 		}
-		w.connected.Store(false)
-		w.log.WarnContext(ctx, "broker connection lost; reconnecting", "error", c.Err())
-		_ = c.Close()
+		go w.listenCancels(src)
+		w.consuming.Store(true)
+		w.signals.connected.send(struct{}{})
+		w.log.InfoContext(ctx, "consuming", "types", w.Types(), "concurrency", w.cfg.Concurrency)
+		if w.serve(ctx, runCtx, src) {
+			return src
+		}
+		w.consuming.Store(false)
+		w.log.WarnContext(ctx, "consumer stopped; reconnecting", "error", src.Err())
+		_ = src.Close()
 	}
 	return nil
 }
 
-// serve dispatches the deliveries of one connection. It returns true when
-// ctx ended (the consumer is still open) and false when the connection was
-// lost.
-func (w *Worker) serve(ctx, runCtx context.Context, c *rabbitmq.Consumer) bool {
+// serve dispatches the deliveries of one source. A delivery is taken once a
+// slot is free; while a handler runs long and every slot is taken, a
+// delivery that arrives goes back to the queue (see prefetch). It returns
+// true when ctx ended (the source is still open) and false when the source
+// stopped.
+func (w *Worker) serve(ctx, runCtx context.Context, src Source) bool {
+	applied := w.prefetch()
 	for {
+		var bounce <-chan outbox.Delivery
+		if w.long.Load() > 0 && len(w.slots) == cap(w.slots) {
+			bounce = src.Deliveries()
+		}
 		select {
 		case <-ctx.Done():
-			c.StopConsuming()
+			src.StopConsuming()
 			return true
-		case <-c.Closed():
+		case <-src.Done():
 			return false
-		case d := <-c.Deliveries():
-			select {
-			case w.slots <- struct{}{}:
-			case <-ctx.Done():
-				_ = d.Requeue()
-				c.StopConsuming()
-				return true
-			}
+		case <-w.credit:
+			applied = w.setPrefetch(ctx, src, applied)
+			continue
+		case d := <-bounce:
+			_ = d.Requeue()
+			w.metrics.dropped.WithLabelValues("requeued_behind_long_tasks").Inc()
+			continue
+		case w.slots <- struct{}{}:
+		}
+		select {
+		case <-ctx.Done():
+			<-w.slots
+			src.StopConsuming()
+			return true
+		case <-src.Done():
+			<-w.slots
+			return false
+		case <-w.credit:
+			<-w.slots
+			applied = w.setPrefetch(ctx, src, applied)
+		case d := <-src.Deliveries():
 			w.inflight.Add(1)
 			go func() {
 				defer func() { <-w.slots; w.inflight.Done() }()
@@ -216,15 +335,40 @@ func (w *Worker) serve(ctx, runCtx context.Context, c *rabbitmq.Consumer) bool {
 	}
 }
 
+// adoptOrphans marks the tasks running now as orphans: the source their
+// deliveries came through is gone.
+func (w *Worker) adoptOrphans() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, e := range w.running {
+		e.orphan = true
+	}
+	w.orphans.Store(int32(len(w.running)))
+}
+
+// setPrefetch gives the broker the credit the worker can take now.
+func (w *Worker) setPrefetch(ctx context.Context, src Source, applied int) int {
+	p := w.prefetch()
+	if p == applied {
+		return applied
+	}
+	if err := src.SetPrefetch(p); err != nil {
+		w.log.WarnContext(ctx, "set prefetch", "prefetch", p, "error", err)
+		return applied
+	}
+	w.signals.prefetch.send(p)
+	return p
+}
+
 // drain waits for running handlers, giving back messages that still
 // arrive, up to the shutdown timeout; then it stops the handlers, whose
 // tasks are handed back. Cancel broadcasts are still honoured meanwhile.
-func (w *Worker) drain(ctx context.Context, c *rabbitmq.Consumer, stopHandlers context.CancelCauseFunc) {
+func (w *Worker) drain(ctx context.Context, src Source, stopHandlers context.CancelCauseFunc) {
 	done := make(chan struct{})
 	go func() { w.inflight.Wait(); close(done) }()
-	var deliveries <-chan rabbitmq.Delivery
-	if c != nil {
-		deliveries = c.Deliveries()
+	var deliveries <-chan outbox.Delivery
+	if src != nil {
+		deliveries = src.Deliveries()
 	}
 	grace := time.NewTimer(w.cfg.ShutdownTimeout)
 	defer grace.Stop()
@@ -248,27 +392,21 @@ func (w *Worker) drain(ctx context.Context, c *rabbitmq.Consumer, stopHandlers c
 	}
 }
 
-// listenCancels passes the cancel broadcasts of a connection to the
-// executions they concern, until the connection closes.
-func (w *Worker) listenCancels(c *rabbitmq.Consumer) {
+// listenCancels passes the cancel broadcasts of a source to the executions
+// they concern, until the source stops.
+func (w *Worker) listenCancels(src Source) {
 	for {
 		select {
-		case <-c.Closed():
+		case <-src.Done():
 			return
-		case id := <-c.Cancels():
-			w.cancel(id)
+		case c := <-src.Cancels():
+			w.mu.Lock()
+			e := w.running[c.TaskID]
+			w.mu.Unlock()
+			if e != nil {
+				e.requestCancel(c.Version)
+			}
 		}
-	}
-}
-
-// cancel tells the execution of a task, if this worker runs it, that its
-// cancellation was requested.
-func (w *Worker) cancel(id uuid.UUID) {
-	w.mu.Lock()
-	e := w.running[id]
-	w.mu.Unlock()
-	if e != nil {
-		e.requestCancel()
 	}
 }
 
@@ -278,8 +416,11 @@ func (w *Worker) runningCount() int {
 	return len(w.running)
 }
 
-// process claims the task of a delivery and runs it.
-func (w *Worker) process(ctx context.Context, d rabbitmq.Delivery) {
+// process claims the task of a delivery and runs it. The delivery is
+// acknowledged when the attempt's outcome is stored, or at once when the
+// task is not claimable; it is given back when the claim could not be
+// made.
+func (w *Worker) process(ctx context.Context, d outbox.Delivery) {
 	if d.Err != nil {
 		w.log.ErrorContext(ctx, "dropping unreadable message", "queue", d.Queue, "message_id", d.MessageID, "error", d.Err)
 		w.metrics.dropped.WithLabelValues("unreadable").Inc()
@@ -288,8 +429,9 @@ func (w *Worker) process(ctx context.Context, d rabbitmq.Delivery) {
 	}
 	handler := w.handlers[d.Body.Type]
 	if handler == nil {
-		w.log.ErrorContext(ctx, "no handler for message type; requeued", "type", d.Body.Type, "queue", d.Queue)
-		_ = d.Requeue()
+		w.log.ErrorContext(ctx, "no handler for message type; rejected", "type", d.Body.Type, "queue", d.Queue)
+		w.metrics.dropped.WithLabelValues("unknown_type").Inc()
+		_ = d.Reject()
 		return
 	}
 	ctx, span := w.startConsumerSpan(ctx, d)
@@ -302,43 +444,50 @@ func (w *Worker) process(ctx context.Context, d rabbitmq.Delivery) {
 		_ = d.Requeue()
 		return
 	}
-	// The claim is committed: from here the database, not the broker,
-	// holds the task, so the delivery is acked whatever happens next.
-	_ = d.Ack()
+	// From here the database, not the broker, holds the task: the
+	// delivery is acknowledged whatever happens next.
 	if !ok {
+		_ = d.Ack()
 		log.DebugContext(ctx, "delivery dropped: task not claimable (terminal, running, or not due)")
 		w.metrics.dropped.WithLabelValues("not_claimable").Inc()
 		span.AddEvent("dropped: task not claimable")
+		w.signals.dropped.send(d.Body.TaskID)
 		return
 	}
-	e := w.newExecution(t, handler, log.With("attempt", t.Attempt), span)
+	e := w.newExecution(t, handler, log.With("attempt", t.Attempt), span, d)
 	w.mu.Lock()
 	w.running[t.ID] = e
 	w.mu.Unlock()
 	defer func() {
 		w.mu.Lock()
 		delete(w.running, t.ID)
+		orphan := e.orphan
+		if orphan {
+			w.orphans.Add(-1)
+		}
 		w.mu.Unlock()
+		if orphan {
+			w.pokeCredit()
+		}
 	}()
 	e.run(ctx)
 }
 
 // claim retries a claim that fails on a database error until it succeeds or
 // the worker stops taking work.
-func (w *Worker) claim(ctx context.Context, d rabbitmq.Delivery) (task.Task, bool, error) {
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval, b.MaxInterval = 100*time.Millisecond, w.cfg.ReconnectBackoffMax
+func (w *Worker) claim(ctx context.Context, d outbox.Delivery) (task.Task, bool, error) {
+	b := wait.Backoff(100*time.Millisecond, w.cfg.ReconnectBackoffMax)
 	for {
 		c, err := w.claims.do(ctx, d.Body.TaskID)
 		if err == nil {
 			return c.task, c.ok, nil
 		}
-		wait := b.NextBackOff()
-		w.log.WarnContext(ctx, "claim failed; retrying", "task_id", d.Body.TaskID, "error", err, "retry_in", wait)
+		retry := b.NextBackOff()
+		w.log.WarnContext(ctx, "claim failed; retrying", "task_id", d.Body.TaskID, "error", err, "retry_in", retry)
 		select {
 		case <-w.stopping:
 			return task.Task{}, false, err
-		case <-time.After(wait):
+		case <-time.After(retry):
 		}
 	}
 }
@@ -352,7 +501,7 @@ type claimed struct {
 // When two deliveries of one task share a batch, only the first gets it.
 func (w *Worker) claimBatch(ctx context.Context, ids []uuid.UUID) ([]claimed, []error) {
 	res, errs := make([]claimed, len(ids)), make([]error, len(ids))
-	tasks, err := w.store.ClaimMany(ctx, ids, w.cfg.Info.ID, w.cfg.Lease)
+	tasks, err := w.store.Claim(ctx, ids, w.cfg.Info.ID, w.cfg.Lease)
 	if err != nil {
 		for i := range errs {
 			errs[i] = err
@@ -372,48 +521,32 @@ func (w *Worker) claimBatch(ctx context.Context, ids []uuid.UUID) ([]claimed, []
 	return res, errs
 }
 
-// completeBatch stores a batch of results in one statement; each is fenced
-// by its own lease.
-func (w *Worker) completeBatch(ctx context.Context, cs []task.Completion) ([]int, []error) {
-	res, errs := make([]int, len(cs)), make([]error, len(cs))
-	done, err := w.store.CompleteMany(ctx, cs)
-	for i, c := range cs {
-		v, ok := done[c.Lease.TaskID]
-		switch {
-		case err != nil:
+// applyBatch applies a batch of transitions in one statement; each is
+// fenced by its own version and fails alone.
+func (w *Worker) applyBatch(ctx context.Context, changes []task.Change) ([]task.Applied, []error) {
+	out, errs, err := w.store.Apply(ctx, changes)
+	if err != nil {
+		out, errs = make([]task.Applied, len(changes)), make([]error, len(changes))
+		for i := range errs {
 			errs[i] = err
-		case !ok:
-			errs[i] = task.ErrFenced
-		default:
-			res[i] = v
 		}
 	}
-	return res, errs
-}
-
-// complete stores a result through the completion batcher.
-func (w *Worker) complete(ctx context.Context, l *task.Lease, result []byte) error {
-	v, err := w.completes.do(ctx, task.Completion{Lease: *l, Result: result})
-	if err != nil {
-		return err
-	}
-	l.Version = v
-	return nil
+	return out, errs
 }
 
 // register adds the worker to the registry, retrying until the database
 // answers or ctx ends.
 func (w *Worker) register(ctx context.Context) {
-	b := backoff.NewExponentialBackOff()
-	b.MaxInterval = w.cfg.ReconnectBackoffMax
+	b := wait.Backoff(100*time.Millisecond, w.cfg.ReconnectBackoffMax)
 	for ctx.Err() == nil {
-		err := w.store.RegisterWorker(ctx, w.cfg.Info)
+		err := w.store.Register(ctx, w.cfg.Info)
+		w.dbOK.Store(err == nil)
 		if err == nil {
 			return
 		}
-		wait := b.NextBackOff()
-		w.log.WarnContext(ctx, "register worker; retrying", "error", err, "retry_in", wait)
-		sleep(ctx, wait)
+		retry := b.NextBackOff()
+		w.log.WarnContext(ctx, "register worker; retrying", "error", err, "retry_in", retry)
+		wait.Sleep(ctx, retry)
 	}
 }
 
@@ -427,19 +560,13 @@ func (w *Worker) heartbeat(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		registered, err := w.store.WorkerHeartbeat(ctx, w.cfg.Info.ID)
+		registered, err := w.store.Heartbeat(ctx, w.cfg.Info.ID)
+		w.dbOK.Store(err == nil)
 		switch {
 		case err != nil:
 			w.log.WarnContext(ctx, "worker heartbeat", "error", err)
 		case !registered:
 			w.register(ctx)
 		}
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	select {
-	case <-ctx.Done():
-	case <-time.After(d):
 	}
 }

@@ -1,0 +1,217 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/conveyorhq/conveyor/internal/config"
+)
+
+// Two payloads that differ as JSON values are never merged into one task,
+// whatever a 64-bit float would make of their numbers. Only the spellings
+// the README lists (white space, key order, string escapes, trailing zeros
+// of a fraction) are the same input.
+func TestDedupeNeverMergesDifferentPayloads(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	submit := func(payload string) (int, string) {
+		resp := b.post(t, "/v1/tasks", `{"type":"billing.charge","payload":`+payload+`}`)
+		require.Contains(t, []int{http.StatusCreated, http.StatusOK}, resp.status, string(resp.body))
+		return resp.status, resp.json(t)["id"].(string)
+	}
+	for _, pair := range [][2]string{
+		{`{"account":9007199254740992}`, `{"account":9007199254740993}`},
+		{`{"x":0.3}`, `{"x":0.30000000000000001}`},
+		{`{"n":100}`, `{"n":1e2}`},
+		{`{"big":123456789012345678901234567890}`, `{"big":123456789012345678901234567891}`},
+	} {
+		s1, id1 := submit(pair[0])
+		s2, id2 := submit(pair[1])
+		require.Equal(t, http.StatusCreated, s1, pair[0])
+		require.Equal(t, http.StatusCreated, s2, "%s must not be merged with %s", pair[1], pair[0])
+		require.NotEqual(t, id1, id2)
+	}
+	for _, pair := range [][2]string{
+		{`{"amount":1}`, `{"amount":1.0}`},
+		{`{"a":1,"b":"A"}`, `{ "b" : "\u0041", "a" : 1 }`},
+	} {
+		_, id1 := submit(pair[0])
+		s2, id2 := submit(pair[1])
+		require.Equal(t, http.StatusOK, s2, "%s is the same input as %s", pair[1], pair[0])
+		require.Equal(t, id1, id2)
+	}
+}
+
+// An Idempotency-Key is bound to the task its first request got and to that
+// request: the same request with the key always gets the same answer, even
+// when that task was found by its input; another request with the key is
+// always a 422.
+func TestIdempotencyKeyAnswersAlwaysTheSame(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	t0 := b.post(t, "/v1/tasks", `{"type":"t.k","payload":{"n":1}}`)
+	require.Equal(t, http.StatusCreated, t0.status)
+	id0 := t0.json(t)["id"]
+
+	keyed := b.post(t, "/v1/tasks", `{"type":"t.k","payload":{"n":1}}`, "Idempotency-Key", "k1")
+	require.Equal(t, http.StatusOK, keyed.status, string(keyed.body))
+	require.Equal(t, id0, keyed.json(t)["id"])
+
+	other := b.post(t, "/v1/tasks", `{"type":"t.k","payload":{"n":2}}`, "Idempotency-Key", "k1")
+	require.Equal(t, http.StatusUnprocessableEntity, other.status, "the key is taken by the first request: %s", other.body)
+
+	again := b.post(t, "/v1/tasks", `{"type":"t.k","payload":{"n":1}}`, "Idempotency-Key", "k1")
+	require.Equal(t, http.StatusOK, again.status, string(again.body))
+	require.Equal(t, id0, again.json(t)["id"])
+
+	// The key covers the whole request, not only the payload.
+	prio := b.post(t, "/v1/tasks", `{"type":"t.k","payload":{"n":1},"priority":9}`, "Idempotency-Key", "k1")
+	require.Equal(t, http.StatusUnprocessableEntity, prio.status)
+	require.Equal(t, [3]int{1, 1, 1}, b.counts(t))
+}
+
+// Concurrent requests with one key and different bodies: exactly one wins,
+// and every request with the winner's body gets the winner's task.
+func TestConcurrentKeyedSubmitsAgree(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const n = 30
+	var wg sync.WaitGroup
+	statuses, ids := make([]int, n), make([]string, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp := b.post(t, "/v1/tasks", fmt.Sprintf(`{"type":"t.k","payload":{"v":%d}}`, i%2), "Idempotency-Key", "race")
+			statuses[i] = resp.status
+			if resp.status < 300 {
+				ids[i] = resp.json(t)["id"].(string)
+			}
+		}()
+	}
+	wg.Wait()
+	var winner string
+	for i := range n {
+		if statuses[i] < 300 {
+			if winner == "" {
+				winner = ids[i]
+			}
+			require.Equal(t, winner, ids[i])
+		} else {
+			require.Equal(t, http.StatusUnprocessableEntity, statuses[i])
+		}
+	}
+	require.NotEmpty(t, winner)
+	require.Equal(t, [3]int{1, 1, 1}, b.counts(t))
+}
+
+// Batches with overlapping inputs in opposite orders, sent at once, wait
+// for each other instead of deadlocking: every one succeeds.
+func TestOverlappingBatchesDoNotDeadlock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	entries := func(reverse bool, round int) string {
+		var parts []string
+		for i := range 40 {
+			j := i
+			if reverse {
+				j = 39 - i
+			}
+			parts = append(parts, fmt.Sprintf(`{"type":"t.batch","payload":{"round":%d,"i":%d},"idempotency_key":"r%d-%d"}`, round, j, round, j))
+		}
+		return `{"tasks":[` + strings.Join(parts, ",") + `]}`
+	}
+	for round := range 10 {
+		var wg sync.WaitGroup
+		statuses := make([]int, 4)
+		for k := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				resp := b.post(t, "/v1/tasks/batch", entries(k%2 == 1, round))
+				statuses[k] = resp.status
+				if resp.status != http.StatusOK {
+					t.Logf("round %d batch %d: %d %s", round, k, resp.status, resp.body)
+				}
+			}()
+		}
+		wg.Wait()
+		require.Equal(t, []int{200, 200, 200, 200}, statuses, "round %d", round)
+	}
+	require.Equal(t, [3]int{400, 400, 400}, b.counts(t))
+}
+
+// A listing carries summaries: no payload, metadata or result, so a page
+// of 500 large tasks stays small.
+func TestListReturnsSummaries(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	big := strings.Repeat("x", 100<<10)
+	for i := range 5 {
+		resp := b.post(t, "/v1/tasks", fmt.Sprintf(`{"type":"t.big","payload":{"i":%d,"blob":%q},"metadata":{"blob":%q}}`, i, big, big))
+		require.Equal(t, http.StatusCreated, resp.status)
+	}
+	list := b.get(t, "/v1/tasks?limit=500")
+	require.Equal(t, http.StatusOK, list.status)
+	require.Less(t, len(list.body), 10<<10, "5 summaries, not 1 MB of payloads")
+	require.NotContains(t, string(list.body), `"payload"`)
+	require.NotContains(t, string(list.body), `"metadata"`)
+	tasks := list.json(t)["tasks"].([]any)
+	require.Len(t, tasks, 5)
+	id := tasks[0].(map[string]any)["id"].(string)
+	require.Contains(t, string(b.get(t, "/v1/tasks/"+id).body), big, "the task's own GET has its payload")
+	require.Equal(t, http.StatusUnprocessableEntity, b.get(t, "/v1/tasks?limit=501").status)
+}
+
+// A request stuck behind a lock answers 503 when its time is up instead of
+// holding its connection and its database session.
+func TestRequestTimeout(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *config.API) { c.RequestTimeout = 500 * time.Millisecond })
+	id := b.post(t, "/v1/tasks", `{"type":"t.lock"}`).json(t)["id"].(string)
+	ctx := context.Background()
+	tx, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM tasks WHERE id = $1 FOR UPDATE`, id)
+	require.NoError(t, err)
+
+	resp := b.post(t, "/v1/tasks/"+id+"/cancel", "")
+	require.Equal(t, http.StatusServiceUnavailable, resp.status, string(resp.body))
+	require.Equal(t, "application/problem+json", resp.header.Get("Content-Type"))
+	require.NoError(t, tx.Rollback(ctx))
+	require.Equal(t, "PENDING", b.get(t, "/v1/tasks/"+id).json(t)["status"], "nothing was half-written")
+	require.Equal(t, http.StatusOK, b.post(t, "/v1/tasks/"+id+"/cancel", "").status)
+}
+
+// A caller's trace context is not trusted by default: the task gets a trace
+// of its own (linked to the caller's), and the caller's baggage goes
+// nowhere. With API_TRUST_TRACE_CONTEXT the caller's trace is continued.
+func TestClientTraceHeaders(t *testing.T) {
+	t.Parallel()
+	const callerTrace = "4bf92f3577b34da6a3ce929d0e0e4736"
+	headers := []string{"traceparent", "00-" + callerTrace + "-00f067aa0ba902b7-01", "baggage", "user=secret,tenant=other"}
+	for _, trust := range []bool{false, true} {
+		b := setup(t, func(c *config.API) { c.TrustTraceContext = trust })
+		resp := b.post(t, "/v1/tasks", `{"type":"t.trace"}`, headers...)
+		require.Equal(t, http.StatusCreated, resp.status)
+		got := resp.json(t)["trace_id"]
+		if trust {
+			require.Equal(t, callerTrace, got)
+		} else {
+			require.NotEqual(t, callerTrace, got)
+			require.Len(t, got, 32)
+		}
+		var stored string
+		require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT headers::text FROM outbox`).Scan(&stored))
+		require.NotContains(t, stored, "baggage")
+		require.NotContains(t, stored, "secret")
+	}
+}

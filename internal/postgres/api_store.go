@@ -1,0 +1,482 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/conveyorhq/conveyor/internal/task"
+)
+
+// The API's statements: submissions, reads, and the client's transitions.
+
+// sqlSubmit inserts a task with its first event and its outbox message. One
+// statement is one transaction; a task with the same input hash makes the
+// insert do nothing and return no row.
+var sqlSubmit = statement("tasks.submit", `
+WITH ins AS (
+	INSERT INTO tasks (id, tenant_id, type, status, state, priority, payload, metadata, input_hash,
+		idempotency_key, max_attempts, traceparent)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::jsonb->>'traceparent')
+	ON CONFLICT DO NOTHING
+	RETURNING `+taskColumns+`
+), event AS (
+	INSERT INTO task_events (task_id, status, state, progress, actor)
+	SELECT id, status, state, progress, $13 FROM ins
+), queued AS (
+	SELECT ins.*, $14::text AS message, $12::jsonb AS headers FROM ins
+), message AS (
+	`+enqueue("queued")+`
+)
+SELECT * FROM ins`)
+
+var sqlTaskByInputHash = statement("tasks.by_input_hash", `SELECT `+taskColumns+` FROM tasks
+	WHERE tenant_id = $1 AND type = $2 AND input_hash = $3`)
+
+// sqlKeysLookup finds the idempotency keys a batch names, with the task each
+// names; same_payload serves keys recorded before request hashes were.
+var sqlKeysLookup = statement("idempotency_keys.lookup", `
+SELECT t.*, k.type, k.key, coalesce(k.request_hash, ''), t.payload = u.payload::jsonb
+FROM unnest($2::text[], $3::text[], $4::text[]) AS u(type, key, payload)
+JOIN task_idempotency_keys k ON k.tenant_id = $1 AND k.type = u.type AND k.key = u.key
+CROSS JOIN LATERAL (SELECT `+taskColumns+` FROM tasks WHERE tasks.id = k.task_id) t`)
+
+// sqlKeysInsert binds new idempotency keys to their tasks, in key order; a
+// key another transaction bound meanwhile is not returned.
+var sqlKeysInsert = statement("idempotency_keys.insert", `
+INSERT INTO task_idempotency_keys (tenant_id, type, key, task_id, request_hash)
+SELECT $1, u.type, u.key, u.task_id, u.request_hash
+FROM unnest($2::text[], $3::text[], $4::uuid[], $5::text[]) AS u(type, key, task_id, request_hash)
+ORDER BY u.type, u.key
+ON CONFLICT DO NOTHING
+RETURNING type, key`)
+
+var sqlGetTask = statement("tasks.get", `SELECT `+taskColumns+`,
+	(SELECT r.payload FROM task_results r WHERE r.task_id = tasks.id AND tasks.`+isCompleted+`)
+	FROM tasks WHERE id = $1`)
+
+// summaryColumns are taskColumns without the client's documents: a listing
+// of 500 tasks must not carry 500 payloads.
+var summaryColumns = strings.Replace(taskColumns, "payload, metadata",
+	"NULL::jsonb AS payload, NULL::jsonb AS metadata", 1)
+
+var sqlListTasks = statement("tasks.list", `SELECT `+summaryColumns+` FROM tasks
+	WHERE ($1 = '' OR status = $1) AND ($2 = '' OR type = $2) AND ($3::uuid IS NULL OR id < $3)
+	ORDER BY id DESC LIMIT $4`)
+
+var sqlTaskExists = statement("tasks.exists", `SELECT EXISTS (SELECT 1 FROM tasks WHERE id = $1)`)
+
+var sqlTaskEvents = statement("task_events.list", `SELECT id, task_id, status, state, progress, detail, actor, created_at
+	FROM task_events WHERE task_id = $1 ORDER BY id DESC LIMIT $2`)
+
+var sqlTaskStanding = statement("tasks.standing", `SELECT status, version, cancel_requested_at IS NOT NULL
+	FROM tasks WHERE id = $1`)
+
+var sqlKnownTypes = statement("task_types.list", `SELECT name FROM task_types ORDER BY name`)
+
+var isCompleted = "status = " + lit(task.StatusCompleted)
+
+// APIStore runs the API's statements.
+type APIStore struct {
+	pool *pgxpool.Pool
+	// onOutbox is called after a commit that added outbox rows (the
+	// relay's wake-up). It must not block.
+	onOutbox func()
+}
+
+// NewAPIStore returns the API's store. onOutbox, when not nil, is called
+// after every commit that wrote an outbox row.
+func NewAPIStore(pool *pgxpool.Pool, onOutbox func()) *APIStore {
+	if onOutbox == nil {
+		onOutbox = func() {}
+	}
+	return &APIStore{pool: pool, onOutbox: onOutbox}
+}
+
+// Submit stores a task, its PENDING event and its task.run message, or
+// returns the task the submission duplicates. trace is the W3C context of
+// the request: it becomes the task's trace and travels with its message.
+func (s *APIStore) Submit(ctx context.Context, sub task.Submission, trace task.Carrier) (task.Submitted, error) {
+	if sub.IdempotencyKey != "" {
+		out, err := s.SubmitBatch(ctx, []task.Submission{sub}, trace)
+		if err != nil {
+			return task.Submitted{}, err
+		}
+		return out[0], nil
+	}
+	// No key: one statement, the fast path.
+	for range 3 {
+		id, err := uuid.NewV7()
+		if err != nil {
+			return task.Submitted{}, fmt.Errorf("new task id: %w", err)
+		}
+		t, err := scanTask(s.pool.QueryRow(ctx, sqlSubmit, submitArgs(id, sub, trace)...))
+		if err == nil {
+			s.onOutbox()
+			return task.Submitted{Task: t, Created: true}, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return task.Submitted{}, translate(err)
+		}
+		existing, err := scanTask(s.pool.QueryRow(ctx, sqlTaskByInputHash, sub.TenantID, sub.Type, sub.InputHash))
+		if err == nil {
+			return task.Submitted{Task: existing}, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return task.Submitted{}, translate(err)
+		}
+		// The task it conflicted with went away meanwhile (retention):
+		// insert again.
+	}
+	return task.Submitted{}, errors.New("submit: conflicting task kept disappearing")
+}
+
+// errRaced: a concurrent transaction bound an idempotency key this one was
+// about to bind; the whole transaction runs again and finds that key.
+var errRaced = errors.New("idempotency key bound concurrently")
+
+// SubmitBatch stores many submissions in one transaction and answers one
+// entry per submission, in order. Any error rolls back the whole batch.
+//
+// Rows are written in a fixed order — tasks by (type, input hash), then keys
+// by (type, key) — so that two batches sharing inputs wait for each other
+// instead of deadlocking; a transaction that still loses a deadlock or a
+// race for a key runs again.
+func (s *APIStore) SubmitBatch(ctx context.Context, subs []task.Submission, trace task.Carrier) ([]task.Submitted, error) {
+	var out []task.Submitted
+	var created bool
+	var err error
+	for range 5 {
+		err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			out, created, err = submitAll(ctx, tx, subs, trace)
+			return err
+		})
+		if code := pgCode(err); !errors.Is(err, errRaced) && code != codeDeadlock && code != codeSerialization {
+			break
+		}
+	}
+	if err != nil {
+		return nil, translate(err)
+	}
+	if created {
+		s.onOutbox()
+	}
+	return out, nil
+}
+
+// keyOf names an idempotency key within a tenant.
+type keyOf struct{ typ, key string }
+
+func submitAll(ctx context.Context, tx pgx.Tx, subs []task.Submission, trace task.Carrier) ([]task.Submitted, bool, error) {
+	out := make([]task.Submitted, len(subs))
+	done := make([]bool, len(subs))
+	tenant := subs[0].TenantID
+
+	// Keys first: a key already bound answers with its task, or refuses a
+	// different request. Within the batch, the first use of a key binds it.
+	first := map[keyOf]int{}
+	var lookup []keyOf
+	var payloads []string
+	for i, sub := range subs {
+		if sub.TenantID != tenant {
+			return nil, false, errors.New("submit: a batch spans tenants")
+		}
+		if sub.IdempotencyKey == "" {
+			continue
+		}
+		k := keyOf{sub.Type, sub.IdempotencyKey}
+		if _, seen := first[k]; !seen {
+			first[k] = i
+			lookup = append(lookup, k)
+			payloads = append(payloads, string(sub.Payload))
+		}
+	}
+	bound := map[keyOf]task.Task{}
+	if len(lookup) > 0 {
+		types, keys := make([]string, len(lookup)), make([]string, len(lookup))
+		for i, k := range lookup {
+			types[i], keys[i] = k.typ, k.key
+		}
+		rows, err := tx.Query(ctx, sqlKeysLookup, tenant, types, keys, payloads)
+		if err != nil {
+			return nil, false, err
+		}
+		for rows.Next() {
+			var k keyOf
+			var requestHash string
+			var samePayload bool
+			dest, err := scanTask(rows, &k.typ, &k.key, &requestHash, &samePayload)
+			if err != nil {
+				rows.Close()
+				return nil, false, err
+			}
+			sub := subs[first[k]]
+			same := requestHash == sub.RequestHash || (requestHash == "" && samePayload)
+			if !same {
+				rows.Close()
+				return nil, false, keyMismatch(sub, dest.ID)
+			}
+			bound[k] = dest
+		}
+		if err := rows.Err(); err != nil {
+			return nil, false, err
+		}
+	}
+	for i, sub := range subs {
+		if sub.IdempotencyKey == "" {
+			continue
+		}
+		k := keyOf{sub.Type, sub.IdempotencyKey}
+		if j := first[k]; j != i && subs[j].RequestHash != sub.RequestHash {
+			return nil, false, keyMismatch(sub, uuid.Nil)
+		}
+		if t, ok := bound[k]; ok {
+			out[i], done[i] = task.Submitted{Task: t}, true
+		}
+	}
+
+	// Then the tasks, in (type, input hash) order; a later use of a key
+	// within the batch takes the task of its first use.
+	order := make([]int, 0, len(subs))
+	for i, sub := range subs {
+		if !done[i] && (sub.IdempotencyKey == "" || first[keyOf{sub.Type, sub.IdempotencyKey}] == i) {
+			order = append(order, i)
+		}
+	}
+	sort.SliceStable(order, func(a, b int) bool {
+		x, y := subs[order[a]], subs[order[b]]
+		if x.Type != y.Type {
+			return x.Type < y.Type
+		}
+		return x.InputHash < y.InputHash
+	})
+	batch := &pgx.Batch{}
+	for _, i := range order {
+		id, err := uuid.NewV7()
+		if err != nil {
+			return nil, false, fmt.Errorf("new task id: %w", err)
+		}
+		batch.Queue(sqlSubmit, submitArgs(id, subs[i], trace)...)
+	}
+	created := false
+	var dups []int
+	results := tx.SendBatch(ctx, batch)
+	for _, i := range order {
+		t, err := scanTask(results.QueryRow())
+		switch {
+		case err == nil:
+			out[i], done[i], created = task.Submitted{Task: t, Created: true}, true, true
+		case errors.Is(err, pgx.ErrNoRows):
+			dups = append(dups, i)
+		default:
+			_ = results.Close()
+			return nil, false, err
+		}
+	}
+	if err := results.Close(); err != nil {
+		return nil, false, err
+	}
+	for _, i := range dups {
+		sub := subs[i]
+		t, err := scanTask(tx.QueryRow(ctx, sqlTaskByInputHash, sub.TenantID, sub.Type, sub.InputHash))
+		if err != nil {
+			// Without dedupe nothing conflicts; a conflict whose task is
+			// gone was removed by retention meanwhile: run again.
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil, false, errRaced
+			}
+			return nil, false, err
+		}
+		out[i], done[i] = task.Submitted{Task: t}, true
+	}
+
+	// Bind the new keys, and answer the later uses of each key.
+	var types, keys, requestHashes []string
+	var taskIDs []uuid.UUID
+	for _, k := range lookup {
+		if _, ok := bound[k]; ok {
+			continue
+		}
+		i := first[k]
+		types, keys = append(types, k.typ), append(keys, k.key)
+		taskIDs, requestHashes = append(taskIDs, out[i].Task.ID), append(requestHashes, subs[i].RequestHash)
+	}
+	if len(keys) > 0 {
+		rows, err := tx.Query(ctx, sqlKeysInsert, tenant, types, keys, taskIDs, requestHashes)
+		if err != nil {
+			return nil, false, err
+		}
+		n := 0
+		for rows.Next() {
+			n++
+		}
+		if err := rows.Err(); err != nil {
+			return nil, false, err
+		}
+		if n != len(keys) {
+			return nil, false, errRaced
+		}
+	}
+	for i, sub := range subs {
+		if !done[i] {
+			out[i] = task.Submitted{Task: out[first[keyOf{sub.Type, sub.IdempotencyKey}]].Task}
+		}
+	}
+	return out, created, nil
+}
+
+func keyMismatch(sub task.Submission, existing uuid.UUID) error {
+	msg := "key already used with a different request"
+	if existing != uuid.Nil {
+		msg = fmt.Sprintf("key already used by task %s with a different request", existing)
+	}
+	return &task.Error{Code: task.ErrCodeIdempotencyMismatch, Field: "Idempotency-Key", Message: msg}
+}
+
+func submitArgs(id uuid.UUID, sub task.Submission, trace task.Carrier) []any {
+	var hash, key *string
+	if sub.Dedupe {
+		hash = &sub.InputHash
+	}
+	if sub.IdempotencyKey != "" {
+		key = &sub.IdempotencyKey
+	}
+	r := task.Lifecycle[task.Submit]
+	return []any{id, sub.TenantID, sub.Type, string(r.To), r.State, sub.Priority, sub.Payload, sub.Metadata,
+		hash, key, sub.MaxAttempts, headersArg(trace), string(r.Actor), string(r.Message)}
+}
+
+// Get returns the task with its result once it has one.
+func (s *APIStore) Get(ctx context.Context, id uuid.UUID) (task.Task, error) {
+	var result []byte
+	t, err := scanTask(s.pool.QueryRow(ctx, sqlGetTask, id), &result)
+	if err != nil {
+		return task.Task{}, translate(err)
+	}
+	t.Result = result
+	return t, nil
+}
+
+// List returns task summaries (no payload, metadata or result), newest
+// first.
+func (s *APIStore) List(ctx context.Context, f task.ListFilter) ([]task.Task, error) {
+	var after *uuid.UUID
+	if f.After != uuid.Nil {
+		after = &f.After
+	}
+	rows, err := s.pool.Query(ctx, sqlListTasks, string(f.Status), f.Type, after, f.Limit)
+	if err != nil {
+		return nil, translate(err)
+	}
+	tasks, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (task.Task, error) { return scanTask(row) })
+	return tasks, translate(err)
+}
+
+// Events returns a task's most recent events, newest first.
+func (s *APIStore) Events(ctx context.Context, id uuid.UUID, limit int) ([]task.Event, error) {
+	var exists bool
+	if err := s.pool.QueryRow(ctx, sqlTaskExists, id).Scan(&exists); err != nil {
+		return nil, translate(err)
+	}
+	if !exists {
+		return nil, task.ErrNotFound
+	}
+	rows, err := s.pool.Query(ctx, sqlTaskEvents, id, limit)
+	if err != nil {
+		return nil, translate(err)
+	}
+	events, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (task.Event, error) {
+		var e task.Event
+		var status, actor string
+		err := row.Scan(&e.ID, &e.TaskID, &status, &e.State, &e.Progress, &e.Detail, &actor, &e.CreatedAt)
+		e.Status, e.Actor = task.Status(status), task.Actor(actor)
+		return e, err
+	})
+	return events, translate(err)
+}
+
+// Cancel cancels a PENDING task at once, or asks the worker running an
+// IN_PROGRESS task to stop (task.OnCancel decides). A terminal task is a
+// conflict.
+func (s *APIStore) Cancel(ctx context.Context, id uuid.UUID, trace task.Carrier) (task.Task, task.CancelOutcome, error) {
+	var outcome task.CancelOutcome
+	t, err := s.transition(ctx, id, trace, func(status task.Status, cancelPending bool) (task.Transition, error) {
+		tr, o, err := task.OnCancel(status, cancelPending)
+		outcome = o
+		return tr, err
+	})
+	return t, outcome, err
+}
+
+// Retry puts a FAILED or CANCELLED task back to PENDING with attempt 0 and
+// queues it again, under the retrying request's trace.
+func (s *APIStore) Retry(ctx context.Context, id uuid.UUID, trace task.Carrier) (task.Task, error) {
+	return s.transition(ctx, id, trace, func(status task.Status, _ bool) (task.Transition, error) {
+		return task.OnRetry(status)
+	})
+}
+
+// transition reads where a task stands, lets decide pick the transition,
+// and applies it at the version read; if another writer moved the task
+// meanwhile, it reads again. An empty transition changes nothing.
+func (s *APIStore) transition(ctx context.Context, id uuid.UUID, trace task.Carrier,
+	decide func(task.Status, bool) (task.Transition, error)) (task.Task, error) {
+	for range 20 {
+		var status string
+		var version int
+		var cancelPending bool
+		if err := s.pool.QueryRow(ctx, sqlTaskStanding, id).Scan(&status, &version, &cancelPending); err != nil {
+			return task.Task{}, translate(err)
+		}
+		tr, err := decide(task.Status(status), cancelPending)
+		if err != nil {
+			return task.Task{}, err
+		}
+		if tr != "" {
+			applied, errs, queued, err := apply(ctx, s.pool, []task.Change{{TaskID: id, Version: version, Transition: tr, Trace: trace}})
+			if err == nil {
+				err = errs[0]
+			}
+			if err != nil {
+				return task.Task{}, err
+			}
+			if applied[0].Fenced {
+				continue
+			}
+			if queued {
+				s.onOutbox()
+			}
+		}
+		return s.Get(ctx, id)
+	}
+	return task.Task{}, task.Errorf(task.ErrCodeUnavailable, "task %s keeps changing; try again", id)
+}
+
+// KnownTypes lists the task types some worker has declared a queue for.
+func (s *APIStore) KnownTypes(ctx context.Context) ([]string, error) {
+	rows, err := s.pool.Query(ctx, sqlKnownTypes)
+	if err != nil {
+		return nil, translate(err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	return names, translate(err)
+}
+
+// Ping checks that the database answers.
+func (s *APIStore) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
+
+// headersArg is an outbox headers value: never NULL.
+func headersArg(h task.Carrier) []byte {
+	if h == nil {
+		return []byte("{}")
+	}
+	b, _ := json.Marshal(h) // a map of strings always encodes
+	return b
+}

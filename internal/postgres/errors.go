@@ -1,0 +1,81 @@
+package postgres
+
+import (
+	"errors"
+	"io"
+	"net"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/conveyorhq/conveyor/internal/task"
+)
+
+// pgCode returns the SQLSTATE of a PostgreSQL error, or "".
+func pgCode(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
+// Classes of SQLSTATE the adapter reacts to.
+const (
+	codeDeadlock      = "40P01"
+	codeSerialization = "40001"
+	codeNoDatabase    = "3D000"
+)
+
+// isDataError reports whether PostgreSQL refused a value (class 22: bad
+// encoding, an unsupported escape such as \u0000, text it cannot parse): the
+// input is at fault, not the statement.
+func isDataError(err error) bool {
+	return len(pgCode(err)) == 5 && pgCode(err)[:2] == "22"
+}
+
+// translate turns driver errors into domain errors at the boundary.
+func translate(err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return task.ErrNotFound
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case isDataError(err):
+			return &task.Error{Code: task.ErrCodeInvalid, Message: "input rejected by the database: " + pgErr.Message}
+		case pgErr.Code == "23514": // check_violation
+			return &task.Error{Code: task.ErrCodeInvalid, Message: "input breaks a rule: " + pgErr.ConstraintName}
+		case pgErr.Code == "57014": // query_canceled: statement_timeout or a cancelled request
+			return &task.Error{Code: task.ErrCodeUnavailable, Message: "the database did not answer in time; try again"}
+		}
+	}
+	if pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
+		return &task.Error{Code: task.ErrCodeUnavailable, Message: "database unavailable, try again"}
+	}
+	return err
+}
+
+// Transient reports whether a failure is worth another try: the server is
+// starting, restarting or shutting down, or unreachable for now. A missing
+// database, refused credentials, a malformed URL or a failing migration are
+// not: waiting does not heal them.
+func Transient(err error) bool {
+	code := pgCode(err)
+	switch {
+	case code == codeNoDatabase || code == "28P01" || code == "28000":
+		return false
+	case code == "57P01" || code == "57P02" || code == "57P03" || strings.HasPrefix(code, "08"):
+		return true
+	case code != "":
+		return false
+	}
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	return pgconn.SafeToRetry(err) || pgconn.Timeout(err) || errors.As(err, &connectErr) || errors.As(err, &netErr) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)
+}

@@ -1,0 +1,267 @@
+package postgres
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/conveyorhq/conveyor/internal/outbox"
+	"github.com/conveyorhq/conveyor/internal/task"
+)
+
+// taskColumns are the columns scanTask reads, in its order, named so that a
+// CTE returning them can feed enqueue.
+const taskColumns = `id, tenant_id, type, status, state, progress, priority, payload, metadata,
+	coalesce(input_hash, '') AS input_hash, coalesce(idempotency_key, '') AS idempotency_key,
+	coalesce(error, '') AS error, attempt, max_attempts, version, coalesce(worker_id, '') AS worker_id,
+	lease_expires_at, next_run_at, cancel_requested_at, coalesce(traceparent, '') AS traceparent,
+	published_at, created_at, updated_at, started_at, completed_at`
+
+// scanTask reads the taskColumns of a row, then any extra destinations.
+func scanTask(row pgx.Row, extra ...any) (task.Task, error) {
+	var t task.Task
+	var status string
+	var payload, metadata []byte
+	dest := []any{&t.ID, &t.TenantID, &t.Type, &status, &t.State, &t.Progress, &t.Priority,
+		&payload, &metadata, &t.InputHash, &t.IdempotencyKey, &t.Error, &t.Attempt, &t.MaxAttempts,
+		&t.Version, &t.WorkerID, &t.LeaseExpiresAt, &t.NextRunAt, &t.CancelRequestedAt, &t.Traceparent,
+		&t.PublishedAt, &t.CreatedAt, &t.UpdatedAt, &t.StartedAt, &t.CompletedAt}
+	if err := row.Scan(append(dest, extra...)...); err != nil {
+		return task.Task{}, err
+	}
+	t.Status = task.Status(status)
+	t.Payload, t.Metadata = json.RawMessage(payload), json.RawMessage(metadata)
+	return t, nil
+}
+
+// enqueue is the one fragment that writes outbox messages: a message for
+// every row of the CTE src whose column message names a kind, carrying the
+// task's identity at its new version, and the row's trace headers or, when
+// it has none, the task's own trace. src has the columns id, type, attempt,
+// version, priority, next_run_at, traceparent, message and headers. A
+// task.run message becomes available when the task is due.
+func enqueue(src string) string {
+	return `INSERT INTO outbox (kind, task_id, task_type, attempt, task_version, priority, headers, available_at)
+	SELECT m.message, m.id, m.type, m.attempt, m.version, m.priority,
+		coalesce(m.headers, CASE WHEN nullif(m.traceparent, '') IS NULL THEN '{}'::jsonb
+			ELSE jsonb_build_object('traceparent', m.traceparent) END),
+		CASE WHEN m.message = '` + string(outbox.KindRun) + `' THEN greatest(m.next_run_at, now()) ELSE now() END
+	FROM ` + src + ` m WHERE m.message IS NOT NULL`
+}
+
+// ruleTable writes task.Lifecycle out as the rows of a SQL VALUES list, one
+// per transition a change can apply, so that sqlApply reads the rules from
+// the one place that defines them.
+func ruleTable() string {
+	effect := map[task.Effect]string{task.Keep: "keep", task.Set: "set", task.Clear: "clear",
+		task.Fill: "fill", task.GiveBack: "give-back", task.Stamp: "stamp"}
+	text := func(s string) string {
+		if s == "" {
+			return "NULL"
+		}
+		return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+	}
+	var rows []string
+	for _, tr := range task.Transitions() {
+		r := task.Lifecycle[tr]
+		from := make([]string, len(r.From))
+		for i, s := range r.From {
+			from[i] = string(s)
+		}
+		rows = append(rows, fmt.Sprintf("(%s, %s::text[], %s, %s, %s, %t, %s, %s, %s, %s, %s, %t, %t, %t, %t, %t)",
+			text(string(tr)), text("{"+strings.Join(from, ",")+"}"), text(string(r.To)), text(r.State),
+			text(string(r.Actor)), r.Event, text(string(r.Message)), text(effect[r.Attempt]),
+			text(effect[r.Progress]), text(effect[r.Error]), text(effect[r.Cancel]), r.Delay, r.Lease,
+			r.NeedsCancel, r.NewTrace, r.Result))
+	}
+	return strings.Join(rows, ",\n\t\t")
+}
+
+// sqlApply applies a batch of changes in one statement: each row is joined
+// to its transition's rule, lands only while its task is still at the
+// version the caller saw (and in one of the rule's From statuses, and with a
+// cancel pending when the rule needs one), bumps the version, and writes the
+// result, the event and the outbox message the rule asks for. It returns
+// the changes that landed with their new versions.
+var sqlApply = statement("tasks.apply", `
+WITH rule (transition, from_statuses, to_status, state, actor, event, message, attempt_effect,
+		progress_effect, error_effect, cancel_effect, delay, lease, needs_cancel, new_trace, stores_result) AS (
+	VALUES
+		`+ruleTable()+`
+), change AS (
+	SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::int[], $5::text[], $6::text[], $7::text[],
+		$8::bigint[], $9::bigint[], $10::text[], $11::text[])
+		AS c(task_id, version, transition, progress_in, state_in, error_in, result_in, delay_ms, lease_ms,
+			detail, headers)
+	JOIN rule USING (transition)
+), upd AS (
+	UPDATE tasks t SET
+		status = c.to_status,
+		state = coalesce(c.state, nullif(c.state_in, ''), t.state),
+		progress = CASE c.progress_effect WHEN 'set' THEN greatest(t.progress, c.progress_in)
+			WHEN 'fill' THEN 100 WHEN 'clear' THEN 0 ELSE t.progress END,
+		attempt = CASE c.attempt_effect WHEN 'clear' THEN 0 WHEN 'give-back' THEN t.attempt - 1 ELSE t.attempt END,
+		error = CASE c.error_effect WHEN 'set' THEN c.error_in WHEN 'clear' THEN NULL ELSE t.error END,
+		cancel_requested_at = CASE c.cancel_effect WHEN 'stamp' THEN now() WHEN 'clear' THEN NULL
+			ELSE t.cancel_requested_at END,
+		next_run_at = CASE WHEN c.delay THEN now() + c.delay_ms * interval '1 millisecond' ELSE t.next_run_at END,
+		lease_expires_at = CASE WHEN c.to_status <> `+lit(task.StatusInProgress)+` THEN NULL
+			WHEN c.lease THEN now() + c.lease_ms * interval '1 millisecond' ELSE t.lease_expires_at END,
+		worker_id = CASE WHEN c.to_status = `+lit(task.StatusPending)+` THEN NULL ELSE t.worker_id END,
+		started_at = CASE WHEN c.attempt_effect = 'clear' THEN NULL ELSE t.started_at END,
+		completed_at = CASE WHEN c.to_status IN (`+litList(task.TerminalStatuses())+`) THEN now() END,
+		traceparent = CASE WHEN c.new_trace AND c.headers::jsonb ? 'traceparent'
+			THEN c.headers::jsonb->>'traceparent' ELSE t.traceparent END,
+		updated_at = now(),
+		version = t.version + 1
+	FROM change c
+	WHERE t.id = c.task_id AND t.version = c.version AND t.status = ANY (c.from_statuses)
+		AND (NOT c.needs_cancel OR t.cancel_requested_at IS NOT NULL)
+	RETURNING t.id, t.type, t.status, t.state, t.progress, t.priority, t.attempt, t.version, t.next_run_at,
+		t.traceparent, c.actor, c.event, c.detail::jsonb AS detail, c.message, c.headers::jsonb AS headers,
+		c.stores_result, c.result_in
+), result AS (
+	INSERT INTO task_results (task_id, payload)
+	SELECT id, result_in::jsonb FROM upd WHERE stores_result
+	ON CONFLICT (task_id) DO UPDATE SET payload = excluded.payload, created_at = now()
+), event AS (
+	INSERT INTO task_events (task_id, status, state, progress, actor, detail)
+	SELECT id, status, state, progress, actor, detail FROM upd WHERE event
+), message AS (
+	`+enqueue("upd")+`
+)
+SELECT id, version, message IS NOT NULL FROM upd`)
+
+// errDuplicateChange: one batch named a task twice, which a single UPDATE
+// cannot apply in order.
+var errDuplicateChange = errors.New("apply: a batch holds two changes of one task")
+
+// apply runs sqlApply for changes on q and returns one Applied per change,
+// in order, and whether any outbox message was written. A batch that
+// PostgreSQL refuses for its data (a value it cannot store) is applied
+// change by change, so one bad change fails alone with its own error, in
+// errs; err is a failure of the whole call.
+func apply(ctx context.Context, q querier, changes []task.Change) (out []task.Applied, errs []error, queued bool, err error) {
+	out, queued, err = applyBatch(ctx, q, changes)
+	if err == nil || !isDataError(err) || len(changes) == 1 {
+		if err != nil && len(changes) == 1 && isDataError(err) {
+			return make([]task.Applied, 1), []error{translate(err)}, false, nil
+		}
+		return out, make([]error, len(changes)), queued, translate(err)
+	}
+	out, errs = make([]task.Applied, len(changes)), make([]error, len(changes))
+	for i, c := range changes {
+		one, q1, err := applyBatch(ctx, q, []task.Change{c})
+		switch {
+		case isDataError(err):
+			errs[i] = translate(err)
+		case err != nil:
+			return nil, nil, queued, translate(err)
+		default:
+			out[i], queued = one[0], queued || q1
+		}
+	}
+	return out, errs, queued, nil
+}
+
+func applyBatch(ctx context.Context, q querier, changes []task.Change) ([]task.Applied, bool, error) {
+	// The statement takes the rows in the order of its input: in id
+	// order, two batches that share tasks queue up instead of deadlocking.
+	order := make([]int, len(changes))
+	for i := range order {
+		order[i] = i
+	}
+	sort.Slice(order, func(a, b int) bool {
+		return bytes.Compare(changes[order[a]].TaskID[:], changes[order[b]].TaskID[:]) < 0
+	})
+	sorted := make([]task.Change, len(changes))
+	for i, j := range order {
+		sorted[i] = changes[j]
+	}
+	applied, queued, err := applySorted(ctx, q, sorted)
+	if err != nil {
+		return nil, false, err
+	}
+	out := make([]task.Applied, len(changes))
+	for i, j := range order {
+		out[j] = applied[i]
+	}
+	return out, queued, nil
+}
+
+func applySorted(ctx context.Context, q querier, changes []task.Change) ([]task.Applied, bool, error) {
+	n := len(changes)
+	var (
+		ids         = make([]uuid.UUID, n)
+		versions    = make([]int, n)
+		transitions = make([]string, n)
+		progress    = make([]int, n)
+		states      = make([]string, n)
+		errTexts    = make([]*string, n)
+		results     = make([]*string, n)
+		delays      = make([]int64, n)
+		leases      = make([]int64, n)
+		details     = make([]*string, n)
+		headers     = make([]*string, n)
+	)
+	seen := make(map[uuid.UUID]int, n)
+	for i, c := range changes {
+		if _, err := c.Rule(); err != nil {
+			return nil, false, err
+		}
+		if _, dup := seen[c.TaskID]; dup {
+			return nil, false, errDuplicateChange
+		}
+		seen[c.TaskID] = i
+		ids[i], versions[i], transitions[i] = c.TaskID, c.Version, string(c.Transition)
+		progress[i], states[i] = c.Progress, c.State
+		errTexts[i] = &changes[i].Error
+		if c.Result != nil {
+			s := string(c.Result)
+			results[i] = &s
+		}
+		delays[i], leases[i] = c.Delay.Milliseconds(), c.Lease.Milliseconds()
+		if c.Detail != nil {
+			b, err := json.Marshal(c.Detail)
+			if err != nil {
+				return nil, false, fmt.Errorf("task %s: event detail: %w", c.TaskID, err)
+			}
+			s := string(b)
+			details[i] = &s
+		}
+		if len(c.Trace) > 0 {
+			b, _ := json.Marshal(c.Trace) // a map of strings always encodes
+			s := string(b)
+			headers[i] = &s
+		}
+	}
+	rows, err := q.Query(ctx, sqlApply, ids, versions, transitions, progress, states, errTexts, results,
+		delays, leases, details, headers)
+	if err != nil {
+		return nil, false, err
+	}
+	out := make([]task.Applied, n)
+	for i := range out {
+		out[i].Fenced = true
+	}
+	queued := false
+	var id uuid.UUID
+	var version int
+	var message bool
+	_, err = pgx.ForEachRow(rows, []any{&id, &version, &message}, func() error {
+		out[seen[id]] = task.Applied{Version: version}
+		queued = queued || message
+		return nil
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	return out, queued, nil
+}

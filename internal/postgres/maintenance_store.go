@@ -1,0 +1,185 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/conveyorhq/conveyor/internal/task"
+)
+
+// The maintenance leader's statements. Its changes of tasks go through
+// sqlApply like everyone's; these only find the tasks to change, elect the
+// leader, and clean up.
+
+// sqlElect takes or keeps a leadership: a free or expired row is taken, the
+// holder extends its own.
+var sqlElect = statement("leaders.elect", `
+INSERT INTO leaders (name, leader_id, expires_at) VALUES ($1, $2, now() + $3 * interval '1 millisecond')
+ON CONFLICT (name) DO UPDATE SET leader_id = excluded.leader_id, expires_at = excluded.expires_at,
+	elected_at = CASE WHEN leaders.leader_id = excluded.leader_id THEN leaders.elected_at ELSE now() END
+WHERE leaders.leader_id = excluded.leader_id OR leaders.expires_at < now()
+RETURNING leader_id`)
+
+var sqlResign = statement("leaders.resign", `DELETE FROM leaders WHERE name = $1 AND leader_id = $2`)
+
+// sqlExpiredLeases finds running tasks whose worker stopped renewing the
+// lease, oldest expiry first.
+var sqlExpiredLeases = statement("tasks.expired_leases", `
+SELECT id, type, status, version, attempt, max_attempts, cancel_requested_at IS NOT NULL, coalesce(worker_id, '')
+FROM tasks
+WHERE `+isRunning+` AND lease_expires_at < now()
+ORDER BY lease_expires_at LIMIT $1`)
+
+// sqlStalePending finds PENDING tasks, due for longer than $1, whose last
+// message was confirmed longer than $1 ago (or never, and they are that
+// old) and that have no message waiting in the outbox: their message is
+// either still in its queue or lost. The anti-join is NOT EXISTS, which
+// PostgreSQL can always run as a hashed anti-join, however large the
+// outbox.
+var sqlStalePending = statement("tasks.stale_pending", `
+SELECT id, type, status, version, attempt, max_attempts, cancel_requested_at IS NOT NULL, coalesce(worker_id, '')
+FROM tasks t
+WHERE `+isPending+` AND next_run_at < now() - $1 * interval '1 millisecond'
+	AND coalesce(published_at, created_at) < now() - $1 * interval '1 millisecond'
+	AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.task_id = t.id AND o.kind = 'task.run')
+ORDER BY next_run_at LIMIT $2`)
+
+// sqlDeleteExpired removes terminal tasks past retention; their events,
+// results and idempotency keys go with them (ON DELETE CASCADE).
+var sqlDeleteExpired = statement("tasks.delete_expired", `
+DELETE FROM tasks WHERE id IN (
+	SELECT id FROM tasks WHERE `+isTerminal+` AND completed_at < now() - $1 * interval '1 millisecond'
+	LIMIT $2)`)
+
+// sqlReleaseParked is the backstop of WorkerStore.TypesReady: messages
+// parked for a type that a live worker consumes are released, and parked
+// messages of tasks no longer PENDING are dropped.
+var sqlReleaseParked = statement("outbox.release_parked", `
+WITH dropped AS (
+	DELETE FROM outbox o WHERE o.available_at = 'infinity'
+		AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = o.task_id AND t.`+isPending+`)
+)
+UPDATE outbox o SET available_at = now()
+WHERE o.available_at = 'infinity' AND o.task_type IN (
+		SELECT unnest(types) FROM workers WHERE last_heartbeat_at > now() - $1 * interval '1 millisecond')
+	AND EXISTS (SELECT 1 FROM tasks t WHERE t.id = o.task_id AND t.`+isPending+`)`)
+
+var sqlReapWorkers = statement("workers.reap", `DELETE FROM workers WHERE last_heartbeat_at < now() - $1 * interval '1 millisecond'`)
+
+var sqlCountWorkers = statement("workers.count", `SELECT count(*) FROM workers`)
+
+// MaintenanceStore runs the maintenance leader's statements.
+type MaintenanceStore struct {
+	pool     *pgxpool.Pool
+	onOutbox func()
+}
+
+// NewMaintenanceStore returns the maintenance leader's store. onOutbox, when
+// not nil, is called after every commit that wrote or released an outbox
+// row.
+func NewMaintenanceStore(pool *pgxpool.Pool, onOutbox func()) *MaintenanceStore {
+	if onOutbox == nil {
+		onOutbox = func() {}
+	}
+	return &MaintenanceStore{pool: pool, onOutbox: onOutbox}
+}
+
+// Elect takes or extends the named leadership for ttl. It reports whether
+// id holds it.
+func (s *MaintenanceStore) Elect(ctx context.Context, name, id string, ttl time.Duration) (bool, error) {
+	var leader string
+	err := s.pool.QueryRow(ctx, sqlElect, name, id, ttl.Milliseconds()).Scan(&leader)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, translate(err)
+	}
+	return leader == id, nil
+}
+
+// Resign gives up a leadership id holds, so another worker takes it at once.
+func (s *MaintenanceStore) Resign(ctx context.Context, name, id string) error {
+	_, err := s.pool.Exec(ctx, sqlResign, name, id)
+	return translate(err)
+}
+
+// ExpiredLeases lists up to limit running tasks whose lease expired.
+func (s *MaintenanceStore) ExpiredLeases(ctx context.Context, limit int) ([]task.Standing, error) {
+	return s.standings(ctx, sqlExpiredLeases, limit)
+}
+
+// StalePending lists up to limit PENDING tasks that waited longer than
+// after since they were due and since their message was confirmed, with no
+// message in the outbox.
+func (s *MaintenanceStore) StalePending(ctx context.Context, after time.Duration, limit int) ([]task.Standing, error) {
+	return s.standings(ctx, sqlStalePending, after.Milliseconds(), limit)
+}
+
+func (s *MaintenanceStore) standings(ctx context.Context, sql string, args ...any) ([]task.Standing, error) {
+	rows, err := s.pool.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, translate(err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (task.Standing, error) {
+		var st task.Standing
+		var status string
+		err := row.Scan(&st.ID, &st.Type, &status, &st.Version, &st.Attempt, &st.MaxAttempts, &st.CancelPending, &st.WorkerID)
+		st.Status = task.Status(status)
+		return st, err
+	})
+	return out, translate(err)
+}
+
+// Apply applies the leader's changes, each fenced by its version.
+func (s *MaintenanceStore) Apply(ctx context.Context, changes []task.Change) ([]task.Applied, []error, error) {
+	out, errs, queued, err := apply(ctx, s.pool, changes)
+	if queued {
+		s.onOutbox()
+	}
+	return out, errs, err
+}
+
+// DeleteExpired deletes up to limit terminal tasks (with their events,
+// results and keys) that finished longer ago than retention.
+func (s *MaintenanceStore) DeleteExpired(ctx context.Context, retention time.Duration, limit int) (int, error) {
+	tag, err := s.pool.Exec(ctx, sqlDeleteExpired, retention.Milliseconds(), limit)
+	if err != nil {
+		return 0, translate(err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// ReleaseParked releases parked messages of types that a worker heard from
+// within deadAfter consumes, and drops parked messages of tasks that are no
+// longer PENDING. It returns how many it released.
+func (s *MaintenanceStore) ReleaseParked(ctx context.Context, deadAfter time.Duration) (int, error) {
+	tag, err := s.pool.Exec(ctx, sqlReleaseParked, deadAfter.Milliseconds())
+	if err != nil {
+		return 0, translate(err)
+	}
+	if tag.RowsAffected() > 0 {
+		s.onOutbox()
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// ReapWorkers removes workers silent for longer than deadAfter.
+func (s *MaintenanceStore) ReapWorkers(ctx context.Context, deadAfter time.Duration) (int, error) {
+	tag, err := s.pool.Exec(ctx, sqlReapWorkers, deadAfter.Milliseconds())
+	if err != nil {
+		return 0, translate(err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// CountWorkers returns the number of registered workers.
+func (s *MaintenanceStore) CountWorkers(ctx context.Context) (int, error) {
+	var n int
+	err := s.pool.QueryRow(ctx, sqlCountWorkers).Scan(&n)
+	return n, translate(err)
+}

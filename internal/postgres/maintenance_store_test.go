@@ -1,0 +1,209 @@
+package postgres_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/conveyorhq/conveyor/internal/postgres"
+	"github.com/conveyorhq/conveyor/internal/task"
+)
+
+// statementSQL is the text of the named statement.
+func statementSQL(t *testing.T, name string) string {
+	t.Helper()
+	for _, st := range postgres.Statements() {
+		if st.Name == name {
+			return st.SQL
+		}
+	}
+	t.Fatalf("no statement %s", name)
+	return ""
+}
+
+// explain returns the plan PostgreSQL picks for sql with args.
+func (b *storeBundle) explain(t *testing.T, sql string, args ...any) string {
+	t.Helper()
+	rows, err := b.db.Pool.Query(context.Background(), "EXPLAIN "+sql, args...)
+	require.NoError(t, err)
+	var lines []string
+	for rows.Next() {
+		var line string
+		require.NoError(t, rows.Scan(&line))
+		lines = append(lines, line)
+	}
+	require.NoError(t, rows.Err())
+	return strings.Join(lines, "\n")
+}
+
+// reap does what the maintenance leader does with expired leases.
+func (b *storeBundle) reap(t *testing.T) map[task.Transition]int {
+	t.Helper()
+	ctx := context.Background()
+	expired, err := b.maint.ExpiredLeases(ctx, 100)
+	require.NoError(t, err)
+	changes := make([]task.Change, len(expired))
+	for i, e := range expired {
+		tr := task.OnLeaseExpired(e.CancelPending, e.Attempt, e.MaxAttempts)
+		changes[i] = task.Change{TaskID: e.ID, Version: e.Version, Transition: tr, Error: "lease expired"}
+	}
+	got := map[task.Transition]int{}
+	if len(changes) == 0 {
+		return got
+	}
+	out, errs, err := b.maint.Apply(ctx, changes)
+	require.NoError(t, err)
+	for i, o := range out {
+		require.NoError(t, errs[i])
+		if !o.Fenced {
+			got[changes[i].Transition]++
+		}
+	}
+	return got
+}
+
+func TestExpiredLeasesEndEachAttemptRightly(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	retry, exhausted, cancelled := b.pending(t, 3), b.pending(t, 1), b.pending(t, 3)
+	for _, id := range []uuid.UUID{retry, exhausted, cancelled} {
+		b.claim(t, id, "dead")
+	}
+	_, _, err := b.api.Cancel(ctx, cancelled, nil)
+	require.NoError(t, err)
+	b.exec(t, `DELETE FROM outbox`)
+	b.exec(t, `UPDATE tasks SET lease_expires_at = now() - interval '1 second'`)
+
+	require.Equal(t, map[task.Transition]int{task.ExpireRequeue: 1, task.ExpireFail: 1, task.ExpireCancel: 1}, b.reap(t))
+	status := func(id uuid.UUID) string { return b.text(t, `SELECT status FROM tasks WHERE id = $1`, id) }
+	require.Equal(t, "PENDING", status(retry))
+	require.Equal(t, "FAILED", status(exhausted))
+	require.Equal(t, "CANCELLED", status(cancelled))
+	require.Equal(t, "lease expired", b.text(t, `SELECT error FROM tasks WHERE id = $1`, exhausted))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE task_id = $1 AND kind = 'task.run'`, retry), "re-queued")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox`), "only the re-queued task")
+	require.Empty(t, b.reap(t), "idempotent")
+}
+
+// Republication is keyed on the broker's confirmation, not on when the task
+// was submitted: a task whose message was confirmed a moment ago is waiting
+// in its queue, whatever its age; a task with a message still in the outbox
+// is waiting for the relay.
+func TestStalePendingIsKeyedOnTheConfirmation(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	lost, justPublished, queued, fresh := b.pending(t, 3), b.pending(t, 3), b.pending(t, 3), b.pending(t, 3)
+	b.exec(t, `UPDATE tasks SET next_run_at = now() - interval '1 hour', created_at = now() - interval '1 hour' WHERE id <> $1`, fresh)
+	b.exec(t, `UPDATE tasks SET published_at = now() - interval '30 minutes' WHERE id = $1`, lost)
+	b.exec(t, `UPDATE tasks SET published_at = now() WHERE id = $1`, justPublished)
+	b.exec(t, `INSERT INTO outbox (kind, task_id, task_type, attempt, task_version) VALUES ('task.run', $1, 'demo.noop', 0, 1)`, queued)
+
+	stale, err := b.maint.StalePending(ctx, 10*time.Minute, 100)
+	require.NoError(t, err)
+	require.Len(t, stale, 1)
+	require.Equal(t, lost, stale[0].ID)
+
+	out, errs, err := b.maint.Apply(ctx, []task.Change{{TaskID: lost, Version: stale[0].Version, Transition: task.Republish}})
+	require.NoError(t, err)
+	require.NoError(t, errs[0])
+	require.False(t, out[0].Fenced)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE task_id = $1`, lost))
+	stale, err = b.maint.StalePending(ctx, 10*time.Minute, 100)
+	require.NoError(t, err)
+	require.Empty(t, stale, "its message waits in the outbox now")
+}
+
+// However large the outbox (an outage's backlog), the stale-task query
+// stays one anti-join rather than a lookup per task.
+func TestStalePendingIsAnAntiJoinOverALargeOutbox(t *testing.T) {
+	b := setupStores(t)
+	b.exec(t, `INSERT INTO tasks (id, type, next_run_at, created_at)
+		SELECT gen_random_uuid(), 'demo.noop', now() - interval '1 hour', now() - interval '1 hour' FROM generate_series(1, 2000)`)
+	b.exec(t, `INSERT INTO outbox (kind, task_id, task_type, attempt, task_version)
+		SELECT 'task.run', gen_random_uuid(), 'demo.noop', 0, 1 FROM generate_series(1, 300000)`)
+	b.exec(t, `ANALYZE tasks`)
+	b.exec(t, `ANALYZE outbox`)
+	plan := b.explain(t, statementSQL(t, "tasks.stale_pending"), int64(600000), 1000)
+	require.Contains(t, plan, "Anti Join", plan)
+	require.NotContains(t, plan, "SubPlan", plan)
+}
+
+// The relay takes its batches along the outbox_available index, in its
+// order, without sorting the backlog.
+func TestRelayClaimUsesTheOutboxIndex(t *testing.T) {
+	b := setupStores(t)
+	b.exec(t, `INSERT INTO outbox (kind, task_id, task_type, attempt, task_version, available_at)
+		SELECT 'task.run', gen_random_uuid(), 'demo.noop', 0, 1, now() - (g % 1000) * interval '1 second'
+		FROM generate_series(1, 200000) g`)
+	b.exec(t, `ANALYZE outbox`)
+	plan := b.explain(t, statementSQL(t, "outbox.claim"), 500)
+	require.Contains(t, plan, "Index Scan using outbox_available", plan)
+	require.NotContains(t, plan, "Sort", plan)
+}
+
+func TestRetentionDeletesOldTerminalTasksWithTheirHistory(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	old, recent, running := b.pending(t, 3), b.pending(t, 3), b.pending(t, 3)
+	for _, id := range []uuid.UUID{old, recent} {
+		l := b.claim(t, id, "w")
+		b.apply(t, task.Change{TaskID: id, Version: l.Version, Transition: task.Complete, Result: json.RawMessage(`{"ok": true}`)})
+	}
+	b.claim(t, running, "w")
+	b.exec(t, `UPDATE tasks SET completed_at = now() - interval '8 days' WHERE id = $1`, old)
+
+	n, err := b.maint.DeleteExpired(ctx, 7*24*time.Hour, 100)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM task_events WHERE task_id = $1`, old))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM task_results WHERE task_id = $1`, old))
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM tasks`))
+}
+
+func TestLeadershipIsHeldByOneAtATime(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	elect := func(id string) bool {
+		ok, err := b.maint.Elect(ctx, "maintenance", id, time.Minute)
+		require.NoError(t, err)
+		return ok
+	}
+	require.True(t, elect("a"))
+	require.False(t, elect("b"))
+	require.True(t, elect("a"), "the leader extends its term")
+
+	b.exec(t, `UPDATE leaders SET expires_at = now() - interval '1 second'`)
+	require.True(t, elect("b"), "an expired leadership is taken")
+	require.False(t, elect("a"))
+
+	require.NoError(t, b.maint.Resign(ctx, "maintenance", "b"))
+	require.True(t, elect("a"), "a resigned leadership is free at once")
+}
+
+// Parked messages are released for types a live worker consumes, kept for
+// the others, and dropped once their task is no longer PENDING.
+func TestReleaseParked(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	served, unserved, gone := b.pending(t, 3), b.pending(t, 3), b.pending(t, 3)
+	b.exec(t, `UPDATE tasks SET type = 'other.type' WHERE id = $1`, unserved)
+	b.exec(t, `INSERT INTO workers (id, hostname, pid, concurrency, types) VALUES ('w', 'h', 1, 1, '{demo.noop}')`)
+	for _, id := range []uuid.UUID{served, unserved, gone} {
+		b.exec(t, `INSERT INTO outbox (kind, task_id, task_type, attempt, task_version, available_at)
+			SELECT 'task.run', id, type, 0, 1, 'infinity' FROM tasks WHERE id = $1`, id)
+	}
+	_, _, err := b.api.Cancel(ctx, gone, nil)
+	require.NoError(t, err)
+
+	n, err := b.maint.ReleaseParked(ctx, time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE task_id = $1 AND available_at <= now()`, served))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE task_id = $1 AND available_at = 'infinity'`, unserved))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM outbox WHERE task_id = $1`, gone))
+}

@@ -1,0 +1,185 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/conveyorhq/conveyor/internal/outbox"
+)
+
+// The relay's statements: the outbox, taken in batches.
+
+// sqlClaimOutbox locks a batch of due rows, oldest first along the
+// outbox_available index. Rows locked by another relay are skipped, so
+// relays never publish the same row at once. Parked rows (available_at =
+// 'infinity') are never due.
+var sqlClaimOutbox = statement("outbox.claim", `
+SELECT id, kind, task_id, task_type, attempt, task_version, priority, headers, attempts, created_at
+FROM outbox WHERE available_at <= now()
+ORDER BY available_at, id LIMIT $1
+FOR UPDATE SKIP LOCKED`)
+
+var sqlDeleteOutbox = statement("outbox.delete", `DELETE FROM outbox WHERE id = ANY($1)`)
+
+// sqlStampPublished records the broker's confirmation on the tasks whose
+// task.run message it confirmed. It is bookkeeping, not a change of the
+// task's lifecycle: the version stays. It runs after the relay's commit, on
+// its own, and skips tasks a worker holds locked (it is claiming them: no
+// stamp needed), so a claim never waits for a relay.
+var sqlStampPublished = statement("tasks.stamp_published", `
+UPDATE tasks SET published_at = now()
+FROM (SELECT id AS locked_id FROM tasks WHERE id = ANY($1) AND `+isPending+` ORDER BY id FOR UPDATE SKIP LOCKED) l
+WHERE id = l.locked_id`)
+
+// sqlRetryOutbox records failures and makes each row available again after
+// a backoff that doubles per attempt up to a cap (the exponent is capped
+// too: a row that failed a thousand times must not overflow it).
+var sqlRetryOutbox = statement("outbox.retry", `
+UPDATE outbox o SET attempts = o.attempts + 1, last_error = f.reason,
+	available_at = now() + make_interval(secs => least($3::float8 * power(2, least(o.attempts, 30)), $4::float8))
+FROM unnest($1::bigint[], $2::text[]) AS f(id, reason)
+WHERE o.id = f.id`)
+
+// sqlParkOutbox parks rows no queue took: they wait until a worker for
+// their type declares its queue (WorkerStore.TypesReady, and maintenance as
+// a backstop).
+var sqlParkOutbox = statement("outbox.park", `
+UPDATE outbox o SET attempts = o.attempts + 1, last_error = f.reason, available_at = 'infinity'
+FROM unnest($1::bigint[], $2::text[]) AS f(id, reason)
+WHERE o.id = f.id`)
+
+var sqlOutboxStats = statement("outbox.stats", `
+SELECT count(*) FILTER (WHERE available_at <= now()),
+	coalesce(extract(epoch FROM now() - min(available_at) FILTER (WHERE available_at <= now())), 0),
+	count(*) FILTER (WHERE available_at = 'infinity')
+FROM outbox`)
+
+// RelayStore runs the relay's statements.
+type RelayStore struct {
+	pool *pgxpool.Pool
+	// Backoff of a failed row: base doubled per attempt, capped.
+	backoffBase, backoffMax time.Duration
+}
+
+// NewRelayStore returns the relay's store.
+func NewRelayStore(pool *pgxpool.Pool, backoffBase, backoffMax time.Duration) *RelayStore {
+	return &RelayStore{pool: pool, backoffBase: backoffBase, backoffMax: backoffMax}
+}
+
+// Relay locks up to limit due rows in a short transaction, hands them to
+// publish, then — in the same transaction — deletes the rows publish
+// confirmed, parks the rows no queue took, schedules the failed ones for a
+// later try, and commits; then it stamps the tasks whose message was
+// confirmed. It returns the number of
+// rows locked. publish must not hold on for long: it runs inside the
+// transaction. If the process dies before the commit, the rows are still
+// there and are published again: at least once, never lost.
+func (s *RelayStore) Relay(ctx context.Context, limit int, publish func(context.Context, []outbox.Message) outbox.Outcome) (int, error) {
+	var n int
+	var ran []uuid.UUID
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, sqlClaimOutbox, limit)
+		if err != nil {
+			return err
+		}
+		msgs, err := pgx.CollectRows(rows, scanMessage)
+		if err != nil {
+			return err
+		}
+		n = len(msgs)
+		if n == 0 {
+			return nil
+		}
+		out := publish(ctx, msgs)
+		batch := &pgx.Batch{}
+		if len(out.Published) > 0 {
+			batch.Queue(sqlDeleteOutbox, out.Published)
+			ran = runTasks(msgs, out.Published)
+		}
+		if len(out.Unroutable) > 0 {
+			ids, reasons := splitReasons(out.Unroutable)
+			batch.Queue(sqlParkOutbox, ids, reasons)
+		}
+		if len(out.Failed) > 0 {
+			ids, reasons := splitReasons(out.Failed)
+			batch.Queue(sqlRetryOutbox, ids, reasons, s.backoffBase.Seconds(), s.backoffMax.Seconds())
+		}
+		if batch.Len() == 0 {
+			return nil
+		}
+		return tx.SendBatch(ctx, batch).Close()
+	})
+	if err != nil {
+		return n, fmt.Errorf("relay outbox batch: %w", err)
+	}
+	if len(ran) > 0 {
+		// Best effort: a stamp lost to a failure here only makes the task
+		// look older to the republisher, which republishes only tasks whose
+		// queue is empty — at worst one duplicate message.
+		_, _ = s.pool.Exec(ctx, sqlStampPublished, ran)
+	}
+	return n, nil
+}
+
+// runTasks lists the tasks of the published task.run messages.
+func runTasks(msgs []outbox.Message, published []int64) []uuid.UUID {
+	ok := make(map[int64]bool, len(published))
+	for _, id := range published {
+		ok[id] = true
+	}
+	var out []uuid.UUID
+	for _, m := range msgs {
+		if ok[m.ID] && m.Kind == outbox.KindRun {
+			out = append(out, m.TaskID)
+		}
+	}
+	return out
+}
+
+func splitReasons(m map[int64]string) ([]int64, []string) {
+	ids := make([]int64, 0, len(m))
+	reasons := make([]string, 0, len(m))
+	for id, reason := range m {
+		ids = append(ids, id)
+		reasons = append(reasons, reason)
+	}
+	return ids, reasons
+}
+
+func scanMessage(row pgx.CollectableRow) (outbox.Message, error) {
+	var m outbox.Message
+	var kind string
+	var priority int16
+	var headers []byte
+	if err := row.Scan(&m.ID, &kind, &m.TaskID, &m.TaskType, &m.Attempt, &m.TaskVersion, &priority, &headers,
+		&m.Attempts, &m.CreatedAt); err != nil {
+		return m, err
+	}
+	m.Kind, m.Priority = outbox.Kind(kind), uint8(priority)
+	if len(headers) > 0 {
+		if err := json.Unmarshal(headers, &m.Headers); err != nil {
+			return m, fmt.Errorf("outbox %d headers: %w", m.ID, err)
+		}
+	}
+	return m, nil
+}
+
+// Stats measures the due backlog and the parked rows.
+func (s *RelayStore) Stats(ctx context.Context) (outbox.Stats, error) {
+	var st outbox.Stats
+	var age float64
+	if err := s.pool.QueryRow(ctx, sqlOutboxStats).Scan(&st.Due, &age, &st.Parked); err != nil {
+		return st, fmt.Errorf("outbox stats: %w", err)
+	}
+	st.OldestDueAge = time.Duration(age * float64(time.Second))
+	return st, nil
+}
+
+// Ping checks the database.
+func (s *RelayStore) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }

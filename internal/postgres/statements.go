@@ -1,0 +1,62 @@
+package postgres
+
+import (
+	"strings"
+
+	"github.com/conveyorhq/conveyor/internal/task"
+)
+
+// Statement is one named SQL statement of the adapter.
+type Statement struct {
+	Name string
+	SQL  string
+}
+
+var statements []Statement
+
+// statement names a SQL statement and registers it. The name leads the text
+// as a comment, so database spans, server logs and pg_stat_statements say
+// what a statement does ("tasks.claim") rather than how it starts ("WITH").
+func statement(name, sql string) string {
+	text := "-- " + name + "\n" + strings.TrimSpace(sql)
+	statements = append(statements, Statement{Name: name, SQL: text})
+	return text
+}
+
+// Statements lists every statement the adapter runs (a dynamic one in its
+// widest form), so a test can prepare each against the migrated schema.
+func Statements() []Statement { return append([]Statement(nil), statements...) }
+
+// StatementName is the name a statement's text carries, or "" for SQL that
+// did not come from statement.
+func StatementName(sql string) string {
+	rest, ok := strings.CutPrefix(sql, "-- ")
+	if !ok {
+		return ""
+	}
+	name, _, ok := strings.Cut(rest, "\n")
+	if !ok || strings.ContainsAny(name, " \t") {
+		return ""
+	}
+	return name
+}
+
+// lit is a status as a SQL literal: the lifecycle's statuses are defined in
+// package task, and the statements spell them from there.
+func lit(s task.Status) string { return "'" + string(s) + "'" }
+
+// litList is a list of statuses as SQL literals, for IN (...).
+func litList(ss []task.Status) string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = lit(s)
+	}
+	return strings.Join(out, ", ")
+}
+
+// Conditions on a task row, spelt from the lifecycle's statuses.
+var (
+	isPending  = "status = " + lit(task.StatusPending)
+	isRunning  = "status = " + lit(task.StatusInProgress)
+	isTerminal = "status IN (" + litList(task.TerminalStatuses()) + ")"
+)

@@ -1,0 +1,153 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/conveyorhq/conveyor/internal/registry"
+	"github.com/conveyorhq/conveyor/internal/task"
+)
+
+// A worker's statements: the claim, the transitions of the tasks it holds
+// (sqlApply), and its registry rows.
+
+// sqlClaim takes tasks for a worker: lock the rows that are claimable
+// (PENDING and due, or IN_PROGRESS under an expired lease with attempts
+// left and no cancel pending), then start their attempts and record them.
+// One statement, so one short transaction; under concurrent claims the FOR
+// UPDATE re-checks the condition on the row the winner committed, so only
+// one claim of a task succeeds. Rows are locked in id order, so concurrent
+// batches cannot deadlock.
+var sqlClaim = statement("tasks.claim", `
+WITH locked AS (
+	SELECT id AS locked_id FROM tasks
+	WHERE id = ANY($1::uuid[]) AND (
+		(`+isPending+` AND next_run_at <= now() + interval '1 second')
+		OR (`+isRunning+` AND lease_expires_at < now() AND attempt < max_attempts
+			AND cancel_requested_at IS NULL))
+	ORDER BY id
+	FOR UPDATE
+), upd AS (
+	UPDATE tasks SET status = $4, state = $5, progress = 0, attempt = attempt + 1,
+		version = version + 1, worker_id = $2, lease_expires_at = now() + $3 * interval '1 millisecond',
+		started_at = now(), updated_at = now()
+	FROM locked WHERE id = locked.locked_id
+	RETURNING `+taskColumns+`
+), event AS (
+	INSERT INTO task_events (task_id, status, state, progress, actor, detail)
+	SELECT id, status, state, progress, $6, jsonb_build_object('worker_id', $2::text, 'attempt', attempt)
+	FROM upd
+)
+SELECT * FROM upd`)
+
+var sqlInspect = statement("tasks.inspect", `
+SELECT status, version, coalesce(worker_id, ''), attempt, cancel_requested_at IS NOT NULL
+FROM tasks WHERE id = $1`)
+
+var sqlRegisterWorker = statement("workers.register", `
+INSERT INTO workers (id, hostname, pid, concurrency, types, version)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = now()`)
+
+var sqlWorkerHeartbeat = statement("workers.heartbeat", `UPDATE workers SET last_heartbeat_at = now() WHERE id = $1`)
+
+var sqlRemoveWorker = statement("workers.remove", `DELETE FROM workers WHERE id = $1`)
+
+// sqlTypesReady records types whose queues a worker has declared and
+// releases the messages parked while no queue took them.
+var sqlTypesReady = statement("task_types.ready", `
+WITH known AS (
+	INSERT INTO task_types (name) SELECT unnest($1::text[])
+	ON CONFLICT (name) DO UPDATE SET last_seen_at = now()
+)
+UPDATE outbox SET available_at = now()
+WHERE task_type = ANY($1) AND available_at = 'infinity'`)
+
+// WorkerStore runs a worker's statements.
+type WorkerStore struct {
+	pool     *pgxpool.Pool
+	onOutbox func()
+}
+
+// NewWorkerStore returns a worker's store. onOutbox, when not nil, is called
+// after every commit that wrote or released an outbox row.
+func NewWorkerStore(pool *pgxpool.Pool, onOutbox func()) *WorkerStore {
+	if onOutbox == nil {
+		onOutbox = func() {}
+	}
+	return &WorkerStore{pool: pool, onOutbox: onOutbox}
+}
+
+// Claim claims, in one transaction, those of the tasks that are claimable
+// for workerID with a lease of the given length, and returns them.
+func (s *WorkerStore) Claim(ctx context.Context, ids []uuid.UUID, workerID string, lease time.Duration) ([]task.Task, error) {
+	r := task.Lifecycle[task.Claim]
+	rows, err := s.pool.Query(ctx, sqlClaim, ids, workerID, lease.Milliseconds(), string(r.To), r.State, string(r.Actor))
+	if err != nil {
+		return nil, translate(err)
+	}
+	tasks, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (task.Task, error) { return scanTask(row) })
+	return tasks, translate(err)
+}
+
+// Apply applies changes of tasks the worker holds, each fenced by its
+// version, in one statement. It answers one Applied and one error per
+// change: a change PostgreSQL refuses for its data fails alone. err is a
+// failure of the whole call.
+func (s *WorkerStore) Apply(ctx context.Context, changes []task.Change) ([]task.Applied, []error, error) {
+	out, errs, queued, err := apply(ctx, s.pool, changes)
+	if queued {
+		s.onOutbox()
+	}
+	return out, errs, err
+}
+
+// Inspect reads who holds a task, after a fenced write missed.
+func (s *WorkerStore) Inspect(ctx context.Context, id uuid.UUID) (task.Hold, error) {
+	var h task.Hold
+	var status string
+	err := s.pool.QueryRow(ctx, sqlInspect, id).Scan(&status, &h.Version, &h.WorkerID, &h.Attempt, &h.CancelRequested)
+	h.Status = task.Status(status)
+	return h, translate(err)
+}
+
+// Register adds the worker to the registry.
+func (s *WorkerStore) Register(ctx context.Context, w registry.Worker) error {
+	_, err := s.pool.Exec(ctx, sqlRegisterWorker, w.ID, w.Hostname, w.PID, w.Concurrency, w.Types, w.Version)
+	return translate(err)
+}
+
+// Heartbeat records that the worker is alive. registered is false when its
+// row is gone (removed as dead while it was cut off): register again.
+func (s *WorkerStore) Heartbeat(ctx context.Context, id string) (registered bool, err error) {
+	tag, err := s.pool.Exec(ctx, sqlWorkerHeartbeat, id)
+	if err != nil {
+		return false, translate(err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// Leave takes the worker out of the registry.
+func (s *WorkerStore) Leave(ctx context.Context, id string) error {
+	_, err := s.pool.Exec(ctx, sqlRemoveWorker, id)
+	return translate(err)
+}
+
+// TypesReady records that the worker declared the queues of types, and
+// releases the messages of those types that were parked for want of a
+// queue.
+func (s *WorkerStore) TypesReady(ctx context.Context, types []string) error {
+	tag, err := s.pool.Exec(ctx, sqlTypesReady, types)
+	if err != nil {
+		return fmt.Errorf("mark task types ready: %w", translate(err))
+	}
+	if tag.RowsAffected() > 0 {
+		s.onOutbox()
+	}
+	return nil
+}

@@ -1,0 +1,283 @@
+package postgres_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/conveyorhq/conveyor/internal/postgres"
+	"github.com/conveyorhq/conveyor/internal/registry"
+	"github.com/conveyorhq/conveyor/internal/task"
+	"github.com/conveyorhq/conveyor/internal/testdb"
+)
+
+type storeBundle struct {
+	db     *testdb.DB
+	worker *postgres.WorkerStore
+	maint  *postgres.MaintenanceStore
+	api    *postgres.APIStore
+}
+
+func setupStores(t *testing.T) *storeBundle {
+	t.Helper()
+	t.Parallel()
+	db := testdb.New(t)
+	return &storeBundle{db: db, worker: postgres.NewWorkerStore(db.Pool, nil),
+		maint: postgres.NewMaintenanceStore(db.Pool, nil), api: postgres.NewAPIStore(db.Pool, nil)}
+}
+
+// pending inserts a PENDING task and returns its id.
+func (b *storeBundle) pending(t *testing.T, maxAttempts int) uuid.UUID {
+	t.Helper()
+	id := uuid.Must(uuid.NewV7())
+	b.exec(t, `INSERT INTO tasks (id, type, max_attempts) VALUES ($1, 'demo.noop', $2)`, id, maxAttempts)
+	return id
+}
+
+func (b *storeBundle) exec(t *testing.T, sql string, args ...any) {
+	t.Helper()
+	_, err := b.db.Pool.Exec(context.Background(), sql, args...)
+	require.NoError(t, err)
+}
+
+func (b *storeBundle) count(t *testing.T, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
+}
+
+func (b *storeBundle) text(t *testing.T, sql string, args ...any) string {
+	t.Helper()
+	var s string
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), sql, args...).Scan(&s))
+	return s
+}
+
+func (b *storeBundle) claim(t *testing.T, id uuid.UUID, worker string) task.Lease {
+	t.Helper()
+	got, err := b.worker.Claim(context.Background(), []uuid.UUID{id}, worker, time.Hour)
+	require.NoError(t, err)
+	require.Len(t, got, 1, "claim by %s", worker)
+	return task.Lease{TaskID: id, WorkerID: worker, Attempt: got[0].Attempt, Version: got[0].Version}
+}
+
+// apply applies one change and returns its outcome.
+func (b *storeBundle) apply(t *testing.T, c task.Change) task.Applied {
+	t.Helper()
+	out, errs, err := b.worker.Apply(context.Background(), []task.Change{c})
+	require.NoError(t, err)
+	require.NoError(t, errs[0])
+	return out[0]
+}
+
+func TestClaimIsExclusiveUnderConcurrency(t *testing.T) {
+	b := setupStores(t)
+	id := b.pending(t, 3)
+	const claimers = 20
+	won := make([]bool, claimers)
+	var g errgroup.Group
+	for i := range claimers {
+		g.Go(func() error {
+			got, err := b.worker.Claim(context.Background(), []uuid.UUID{id}, fmt.Sprintf("w%d", i), time.Minute)
+			won[i] = len(got) == 1
+			if won[i] && (got[0].Attempt != 1 || got[0].Status != task.StatusInProgress) {
+				return fmt.Errorf("claimed task is %+v", got[0])
+			}
+			return err
+		})
+	}
+	require.NoError(t, g.Wait())
+	winners := 0
+	for _, w := range won {
+		if w {
+			winners++
+		}
+	}
+	require.Equal(t, 1, winners)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM task_events WHERE task_id = $1 AND status = 'IN_PROGRESS'`, id))
+}
+
+func TestClaimRespectsLiveLeasesAndTakesExpiredOnes(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	id := b.pending(t, 3)
+	first := b.claim(t, id, "w1")
+
+	got, err := b.worker.Claim(ctx, []uuid.UUID{id}, "w2", time.Hour)
+	require.NoError(t, err)
+	require.Empty(t, got, "a live lease is not taken")
+
+	b.exec(t, `UPDATE tasks SET lease_expires_at = now() - interval '1 second' WHERE id = $1`, id)
+	second := b.claim(t, id, "w2")
+	require.Equal(t, 2, second.Attempt)
+
+	// The first holder's next write misses, and it learns it lost the task.
+	require.True(t, b.apply(t, task.Change{TaskID: id, Version: first.Version, Transition: task.Renew, Lease: time.Hour}).Fenced)
+	hold, err := b.worker.Inspect(ctx, id)
+	require.NoError(t, err)
+	require.False(t, hold.Owns(first))
+	require.True(t, hold.Owns(second))
+}
+
+func TestFencedWritesFollowTheVersion(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	id := b.pending(t, 3)
+	l := b.claim(t, id, "w1")
+
+	got := b.apply(t, task.Change{TaskID: id, Version: l.Version, Transition: task.Progress, Progress: 40, State: "Step 2/5", Lease: time.Hour})
+	require.False(t, got.Fenced)
+	require.Equal(t, l.Version+1, got.Version)
+	l.Version = got.Version
+	l.Version = b.apply(t, task.Change{TaskID: id, Version: l.Version, Transition: task.Renew, Lease: time.Hour}).Version
+
+	// A cancel requested through the API moves the version on.
+	_, outcome, err := b.api.Cancel(ctx, id, nil)
+	require.NoError(t, err)
+	require.Equal(t, task.CancelRequested, outcome)
+	stale := l
+	require.True(t, b.apply(t, task.Change{TaskID: id, Version: l.Version, Transition: task.Progress, Progress: 60, Lease: time.Hour}).Fenced)
+	hold, err := b.worker.Inspect(ctx, id)
+	require.NoError(t, err)
+	require.True(t, hold.Owns(l))
+	require.True(t, hold.CancelRequested)
+	require.Equal(t, "Cancel requested", b.text(t, `SELECT state FROM tasks WHERE id = $1`, id))
+	l.Version = hold.Version
+	require.False(t, b.apply(t, task.Change{TaskID: id, Version: l.Version, Transition: task.HonourCancel}).Fenced)
+
+	// Nothing written with an old version lands, nor on a terminal task.
+	complete := task.Change{TaskID: id, Version: stale.Version, Transition: task.Complete, Result: json.RawMessage(`{}`)}
+	require.True(t, b.apply(t, complete).Fenced)
+	complete.Version = l.Version + 1
+	require.True(t, b.apply(t, complete).Fenced, "terminal")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tasks WHERE id = $1 AND status = 'CANCELLED' AND progress = 40`, id))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM task_results WHERE task_id = $1`, id))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE task_id = $1 AND kind = 'task.cancel'
+		AND task_version = $2`, id, hold.Version), "the broadcast names the version of the request")
+}
+
+// A task is only ended CANCELLED while a cancel is pending: a worker that
+// acted on a stale broadcast cannot cancel a run nobody cancelled.
+func TestHonourCancelNeedsAPendingCancel(t *testing.T) {
+	b := setupStores(t)
+	id := b.pending(t, 3)
+	l := b.claim(t, id, "w1")
+	require.True(t, b.apply(t, task.Change{TaskID: id, Version: l.Version, Transition: task.HonourCancel}).Fenced)
+	require.Equal(t, "IN_PROGRESS", b.text(t, `SELECT status FROM tasks WHERE id = $1`, id))
+}
+
+// Progress never goes backwards within an attempt; a new attempt starts
+// from zero.
+func TestProgressNeverGoesBackwards(t *testing.T) {
+	b := setupStores(t)
+	id := b.pending(t, 3)
+	l := b.claim(t, id, "w1")
+	v := b.apply(t, task.Change{TaskID: id, Version: l.Version, Transition: task.Progress, Progress: 70, State: "a", Lease: time.Hour}).Version
+	b.apply(t, task.Change{TaskID: id, Version: v, Transition: task.Progress, Progress: 30, State: "b", Lease: time.Hour})
+	require.Equal(t, 70, b.count(t, `SELECT progress FROM tasks WHERE id = $1`, id))
+	require.Equal(t, "b", b.text(t, `SELECT state FROM tasks WHERE id = $1`, id))
+}
+
+// Lease renewals and progress reports touch no indexed column, so
+// PostgreSQL makes them heap-only (HOT) updates: no index grows with them.
+func TestRenewalsAndProgressAreHOTUpdates(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	id := b.pending(t, 3)
+	l := b.claim(t, id, "w1")
+	stats := func() (updates, hot int) {
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT pg_stat_get_tuples_updated(c.oid) + pg_stat_get_xact_tuples_updated(c.oid),
+			pg_stat_get_tuples_hot_updated(c.oid) + pg_stat_get_xact_tuples_hot_updated(c.oid)
+			FROM pg_class c WHERE c.relname = 'tasks'`).Scan(&updates, &hot))
+		return updates, hot
+	}
+	// Statistics reach the shared counters when a backend reports them;
+	// wait until the claim's update is counted before taking the baseline.
+	require.Eventually(t, func() bool { u, _ := stats(); return u >= 1 }, 10*time.Second, 50*time.Millisecond)
+	u0, h0 := stats()
+	for i := range 20 {
+		tr := task.Renew
+		if i%2 == 1 {
+			tr = task.Progress
+		}
+		l.Version = b.apply(t, task.Change{TaskID: id, Version: l.Version, Transition: tr, Progress: i, Lease: time.Hour}).Version
+	}
+	require.Eventually(t, func() bool { u, _ := stats(); return u-u0 >= 20 }, 10*time.Second, 50*time.Millisecond)
+	u1, h1 := stats()
+	require.Equal(t, u1-u0, h1-h0, "every renewal and progress report was a HOT update")
+}
+
+func TestScheduledRetryWaitsForItsTime(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	id := b.pending(t, 3)
+	l := b.claim(t, id, "w1")
+	b.apply(t, task.Change{TaskID: id, Version: l.Version, Transition: task.RetryLater, Error: "boom", Delay: time.Hour})
+
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox o JOIN tasks t ON t.id = o.task_id
+		WHERE o.task_id = $1 AND o.available_at = t.next_run_at AND t.next_run_at > now() + interval '59 minutes'`, id))
+	got, err := b.worker.Claim(ctx, []uuid.UUID{id}, "w2", time.Minute)
+	require.NoError(t, err)
+	require.Empty(t, got, "an early delivery is dropped; the scheduled message brings it")
+
+	b.exec(t, `UPDATE tasks SET next_run_at = now() WHERE id = $1`, id)
+	require.Equal(t, 2, b.claim(t, id, "w2").Attempt)
+}
+
+// An outcome PostgreSQL refuses (a result holding \u0000, which jsonb
+// cannot store) fails only its own change: the rest of the batch lands.
+func TestABadOutcomeFailsAloneInItsBatch(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	good, bad := b.pending(t, 3), b.pending(t, 3)
+	lg, lb := b.claim(t, good, "w1"), b.claim(t, bad, "w1")
+	out, errs, err := b.worker.Apply(ctx, []task.Change{
+		{TaskID: good, Version: lg.Version, Transition: task.Complete, Result: json.RawMessage(`{"ok":true}`)},
+		{TaskID: bad, Version: lb.Version, Transition: task.Complete, Result: json.RawMessage(`{"s":"nul\u0000"}`)},
+	})
+	require.NoError(t, err)
+	require.NoError(t, errs[0])
+	require.False(t, out[0].Fenced)
+	require.Error(t, errs[1])
+	require.Equal(t, task.ErrCodeInvalid, task.ErrorCode(errs[1]))
+	require.Equal(t, "COMPLETED", b.text(t, `SELECT status FROM tasks WHERE id = $1`, good))
+	require.Equal(t, "IN_PROGRESS", b.text(t, `SELECT status FROM tasks WHERE id = $1`, bad))
+
+	// Its holder then fails it, with the reason.
+	b.apply(t, task.Change{TaskID: bad, Version: lb.Version, Transition: task.Fail, Error: errs[1].Error()})
+	require.Contains(t, b.text(t, `SELECT error FROM tasks WHERE id = $1`, bad), "Unicode")
+}
+
+func TestWorkerRegistryAndParkedTypes(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	require.NoError(t, b.worker.Register(ctx, registry.Worker{ID: "w1", Hostname: "h", PID: 1, Concurrency: 4, Types: []string{"demo.noop"}}))
+	ok, err := b.worker.Heartbeat(ctx, "w1")
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	id := b.pending(t, 3)
+	b.exec(t, `INSERT INTO outbox (kind, task_id, task_type, attempt, task_version, available_at)
+		VALUES ('task.run', $1, 'demo.noop', 0, 1, 'infinity')`, id)
+	require.NoError(t, b.worker.TypesReady(ctx, []string{"demo.noop"}))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM outbox WHERE available_at = 'infinity'`), "released")
+	require.Equal(t, "demo.noop", b.text(t, `SELECT string_agg(name, ',') FROM task_types`))
+	types, err := b.api.KnownTypes(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"demo.noop"}, types)
+
+	b.exec(t, `UPDATE workers SET last_heartbeat_at = now() - interval '1 hour'`)
+	n, err := b.maint.ReapWorkers(ctx, time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	ok, err = b.worker.Heartbeat(ctx, "w1")
+	require.NoError(t, err)
+	require.False(t, ok, "a worker removed as dead learns it must register again")
+}

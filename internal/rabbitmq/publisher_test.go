@@ -1,0 +1,112 @@
+package rabbitmq_test
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/conveyorhq/conveyor/internal/outbox"
+	"github.com/conveyorhq/conveyor/internal/rabbitmq"
+)
+
+// declareQueue declares taskType's queue, as a worker of the type does.
+func declareQueue(t *testing.T, v vhost, taskType string) {
+	t.Helper()
+	ch := channel(t, v)
+	require.NoError(t, rabbitmq.DeclareExchanges(ch))
+	require.NoError(t, rabbitmq.DeclareTaskQueue(ch, taskType))
+}
+
+// A batch mixing a type whose queue a worker declared and a type with no
+// queue: the first is published, the second unroutable (not failed), the
+// broadcast published; the relay declares no queue, and the declared queue
+// holds exactly the published message.
+func TestPublishReturnsTypesWithoutQueue(t *testing.T) {
+	t.Parallel()
+	v := newVhost(t)
+	declareQueue(t, v, "known")
+	p := dialPublisher(t, v)
+
+	known, unknown, cancel := runMessage(1, "known"), runMessage(2, "unknown"), runMessage(3, "known")
+	cancel.Kind = outbox.KindCancel
+	out := p.Publish(context.Background(), []outbox.Message{known, unknown, cancel})
+
+	require.ElementsMatch(t, []int64{1, 3}, out.Published)
+	require.Len(t, out.Unroutable, 1)
+	require.Contains(t, out.Unroutable[2], "312 NO_ROUTE")
+	require.Empty(t, out.Failed)
+
+	in := rabbitmq.NewInspector(v.url, "test-inspector")
+	defer func() { _ = in.Close() }()
+	_, exists, err := in.QueueReady(context.Background(), "unknown")
+	require.NoError(t, err)
+	require.False(t, exists, "the publisher declared a task queue")
+
+	ch := channel(t, v)
+	d, ok, err := ch.Get(rabbitmq.QueueName("known"), true)
+	require.NoError(t, err)
+	require.True(t, ok, "the published message is not in its queue")
+	_, more, err := ch.Get(rabbitmq.QueueName("known"), true)
+	require.NoError(t, err)
+	require.False(t, more, "the queue holds more than the published message")
+
+	require.Equal(t, "1", d.MessageId)
+	require.Equal(t, string(outbox.KindRun), d.Type)
+	require.Equal(t, "application/json", d.ContentType)
+	require.Equal(t, uint8(amqp.Persistent), d.DeliveryMode)
+	require.Equal(t, known.Priority, d.Priority)
+	require.Equal(t, known.CreatedAt.Unix(), d.Timestamp.Unix())
+	require.Equal(t, known.Headers["traceparent"], d.Headers["traceparent"])
+	var body map[string]any
+	require.NoError(t, json.Unmarshal(d.Body, &body))
+	require.Equal(t, map[string]any{
+		"task_id": known.TaskID.String(), "type": "known", "attempt": 2.0, "version": 5.0,
+	}, body)
+}
+
+// Returns are read while confirms are awaited: a batch with more unroutable
+// messages than the returns buffer holds still reports every one of them
+// (amqp091 would otherwise drop a return it cannot hand over, and the
+// message would pass for published).
+func TestPublishMoreReturnsThanBuffered(t *testing.T) {
+	t.Parallel()
+	v := newVhost(t)
+	declareQueue(t, v, "known")
+	p, err := rabbitmq.DialPublisher(v.url, 1, "test-publisher")
+	require.NoError(t, err)
+	defer func() { _ = p.Close() }()
+
+	var msgs []outbox.Message
+	for i := range 30 {
+		msgs = append(msgs, runMessage(int64(i+1), "type"+strconv.Itoa(i)))
+	}
+	msgs = append(msgs, runMessage(100, "known"))
+	out := p.Publish(context.Background(), msgs)
+
+	require.Equal(t, []int64{100}, out.Published)
+	require.Len(t, out.Unroutable, 30)
+	require.Empty(t, out.Failed)
+}
+
+// What a publisher cannot survive is a channel exception: publishing to an
+// exchange deleted under it closes the channel, and the batch fails whole.
+func TestPublishFailsBatchOnChannelException(t *testing.T) {
+	t.Parallel()
+	v := newVhost(t)
+	declareQueue(t, v, "known")
+	p := dialPublisher(t, v)
+	require.NoError(t, channel(t, v).ExchangeDelete(rabbitmq.TasksExchange, false, false))
+
+	out := p.Publish(context.Background(), []outbox.Message{runMessage(1, "known"), runMessage(2, "known")})
+	require.Empty(t, out.Published)
+	require.Empty(t, out.Unroutable)
+	require.Len(t, out.Failed, 2)
+	within(t, p.Done(), wait, "publisher Done")
+	var ae *amqp.Error
+	require.ErrorAs(t, p.Err(), &ae)
+	require.Equal(t, amqp.NotFound, ae.Code)
+}

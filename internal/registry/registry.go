@@ -1,0 +1,19 @@
+// Package registry describes the worker processes of a deployment as the
+// database records them: who they are, what they run, and who leads the
+// maintenance duties. The worker writes these records and, later, the API
+// and the dashboard read them; neither owns the types.
+package registry
+
+// Worker is one worker process in the registry.
+type Worker struct {
+	ID          string
+	Hostname    string
+	PID         int
+	Concurrency int
+	// Types are the task types it has handlers for.
+	Types   []string
+	Version string
+}
+
+// Maintenance is the name of the maintenance duty in the leaders table.
+const Maintenance = "maintenance"

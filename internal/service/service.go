@@ -1,0 +1,115 @@
+// Package service starts what every Conveyor binary needs, in one place:
+// the logger, tracing and the propagator, the metrics registry, and the
+// database pool. Each binary's run function calls Start and defers Close.
+package service
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/conveyorhq/conveyor/internal/config"
+	"github.com/conveyorhq/conveyor/internal/postgres"
+	"github.com/conveyorhq/conveyor/internal/telemetry"
+	"github.com/conveyorhq/conveyor/internal/wait"
+)
+
+// Options says what a binary needs beyond the common configuration.
+type Options struct {
+	// Name is the service name in logs and traces (conveyor-api, ...).
+	Name string
+	// MaxConns sizes the database pool; 0 takes DATABASE_MAX_CONNS, then
+	// pgx's default.
+	MaxConns int32
+	// StatementTimeout bounds every statement on the server; 0: none.
+	StatementTimeout time.Duration
+	// GenericPlans plans each statement once per connection (see
+	// postgres.PoolConfig).
+	GenericPlans bool
+	// WarmUp names the hot statements to plan on every new connection,
+	// a few of which are opened at once (see postgres.PoolConfig).
+	WarmUp []string
+	// Migrate applies the embedded migrations once connected.
+	Migrate bool
+	// LogAttrs are added to every log record.
+	LogAttrs []any
+}
+
+// Runtime is a started service's shared equipment.
+type Runtime struct {
+	Log            *slog.Logger
+	TracerProvider trace.TracerProvider
+	// Propagator carries W3C trace context between processes; baggage
+	// is deliberately not carried.
+	Propagator propagation.TextMapPropagator
+	Registry   *prometheus.Registry
+	Pool       *pgxpool.Pool
+
+	shutdownTracing func(context.Context) error
+}
+
+// Start sets up logging, tracing, metrics and the database pool.
+func Start(ctx context.Context, cfg config.Common, stdout io.Writer, o Options) (*Runtime, error) {
+	r := &Runtime{
+		Log:        telemetry.NewLogger(stdout, cfg.LogLevel, cfg.LogFormat).With(append([]any{"service", o.Name}, o.LogAttrs...)...),
+		Propagator: propagation.TraceContext{},
+		Registry:   prometheus.NewRegistry(),
+	}
+	r.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	tp, shutdown, err := telemetry.SetupTracing(ctx, telemetry.TraceConfig{ServiceName: o.Name, Export: cfg.ExportTraces()})
+	if err != nil {
+		return nil, err
+	}
+	r.TracerProvider, r.shutdownTracing = tp, shutdown
+	maxConns := o.MaxConns
+	if cfg.DatabaseMaxConns > 0 {
+		maxConns = cfg.DatabaseMaxConns
+	}
+	// A database that is starting or restarting is waited for; one that
+	// will never answer (missing, refusing the credentials) stops the start.
+	b := wait.Backoff(100*time.Millisecond, 5*time.Second)
+	for {
+		err = r.connect(ctx, cfg, o, maxConns)
+		if err == nil {
+			return r, nil
+		}
+		retry := b.NextBackOff()
+		if !postgres.Transient(err) || ctx.Err() != nil {
+			_ = shutdown(context.WithoutCancel(ctx))
+			return nil, err
+		}
+		r.Log.WarnContext(ctx, "database not ready; retrying", "error", err, "retry_in", retry)
+		wait.Sleep(ctx, retry)
+	}
+}
+
+func (r *Runtime) connect(ctx context.Context, cfg config.Common, o Options, maxConns int32) error {
+	pool, err := postgres.Open(ctx, postgres.PoolConfig{
+		URL: cfg.DatabaseURL, MaxConns: maxConns, StatementTimeout: o.StatementTimeout, GenericPlans: o.GenericPlans,
+		WarmUp: o.WarmUp, MinConns: 2, TracerProvider: r.TracerProvider,
+	})
+	if err != nil {
+		return err
+	}
+	if o.Migrate {
+		if _, err := postgres.Migrate(ctx, pool, r.Log); err != nil {
+			pool.Close()
+			return err
+		}
+	}
+	r.Pool = pool
+	return nil
+}
+
+// Close closes the pool and flushes the traces.
+func (r *Runtime) Close(ctx context.Context) {
+	r.Pool.Close()
+	_ = r.shutdownTracing(context.WithoutCancel(ctx))
+}

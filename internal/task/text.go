@@ -1,0 +1,86 @@
+package task
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"unicode/utf8"
+)
+
+// Bounds of the free text a task carries.
+const (
+	// MaxErrorLen bounds a stored error message, in bytes.
+	MaxErrorLen = 4096
+	// MaxStateLen bounds a state label, in bytes.
+	MaxStateLen = 200
+)
+
+// CleanText makes s storable as PostgreSQL text: invalid UTF-8 and NUL
+// bytes (which text columns refuse) become U+FFFD, and the result is cut to
+// at most max bytes on a character boundary.
+func CleanText(s string, max int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = strings.ReplaceAll(s, "\x00", "\uFFFD")
+	if len(s) <= max {
+		return s
+	}
+	s = s[:max]
+	for !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+// StorableJSON reports why doc cannot be stored as jsonb, or nil: it must be
+// valid JSON in valid UTF-8, and its strings must not hold the escape
+// \u0000 or a lone UTF-16 surrogate, which jsonb refuses.
+func StorableJSON(doc []byte) error {
+	if !utf8.Valid(doc) {
+		return errors.New("not valid UTF-8")
+	}
+	if !json.Valid(doc) {
+		return errors.New("not valid JSON")
+	}
+	for i := 0; i < len(doc); i++ {
+		if doc[i] == '\\' && i+1 < len(doc) {
+			if doc[i+1] != 'u' {
+				i++ // an escape such as \\ or \": skip its second byte
+				continue
+			}
+			code := hex4(doc[i+2:])
+			switch {
+			case code == 0:
+				return errors.New(`a string holds \u0000 (NUL), which is rejected: PostgreSQL cannot store it`)
+			case code >= 0xD800 && code < 0xDC00:
+				if i+11 < len(doc) && doc[i+6] == '\\' && doc[i+7] == 'u' {
+					if low := hex4(doc[i+8:]); low >= 0xDC00 && low < 0xE000 {
+						i += 11
+						continue
+					}
+				}
+				return errors.New("a string holds an unpaired UTF-16 surrogate escape")
+			case code >= 0xDC00 && code < 0xE000:
+				return errors.New("a string holds an unpaired UTF-16 surrogate escape")
+			}
+			i += 5
+		}
+	}
+	return nil
+}
+
+// hex4 reads the four hex digits of a \u escape (json.Valid checked them).
+func hex4(b []byte) int {
+	n := 0
+	for _, c := range b[:4] {
+		n <<= 4
+		switch {
+		case c >= '0' && c <= '9':
+			n |= int(c - '0')
+		case c >= 'a' && c <= 'f':
+			n |= int(c-'a') + 10
+		case c >= 'A' && c <= 'F':
+			n |= int(c-'A') + 10
+		}
+	}
+	return n
+}

@@ -1,0 +1,226 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/conveyorhq/conveyor/internal/outbox"
+	"github.com/conveyorhq/conveyor/internal/registry"
+	"github.com/conveyorhq/conveyor/internal/task"
+)
+
+// fakeStore keeps tasks in memory and applies the lifecycle's rules the way
+// the PostgreSQL store does (fenced by version, From status and pending
+// cancel), so the worker's logic can be tested alone. The real store is
+// tested against PostgreSQL in internal/postgres.
+type fakeStore struct {
+	mu      sync.Mutex
+	tasks   map[uuid.UUID]*task.Task
+	results map[uuid.UUID]json.RawMessage
+	applied []task.Change
+	// refuse makes Apply refuse a change for its data, as PostgreSQL does.
+	refuse func(task.Change) error
+}
+
+func newFakeStore() *fakeStore {
+	return &fakeStore{tasks: map[uuid.UUID]*task.Task{}, results: map[uuid.UUID]json.RawMessage{}}
+}
+
+func (s *fakeStore) add(typ string, maxAttempts int) uuid.UUID {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id := uuid.Must(uuid.NewV7())
+	s.tasks[id] = &task.Task{ID: id, Type: typ, Status: task.StatusPending, State: task.StateQueued,
+		Version: 1, MaxAttempts: maxAttempts, Payload: json.RawMessage(`{}`), NextRunAt: time.Now()}
+	return id
+}
+
+func (s *fakeStore) get(id uuid.UUID) task.Task {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return *s.tasks[id]
+}
+
+// requestCancel does what the API does to a running task.
+func (s *fakeStore) requestCancel(id uuid.UUID) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.tasks[id]
+	now := time.Now()
+	t.CancelRequestedAt, t.State = &now, task.StateCancelRequested
+	t.Version++
+	return t.Version
+}
+
+func (s *fakeStore) Claim(_ context.Context, ids []uuid.UUID, workerID string, _ time.Duration) ([]task.Task, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []task.Task
+	for _, id := range ids {
+		t := s.tasks[id]
+		if t == nil || t.Status != task.StatusPending {
+			continue
+		}
+		now := time.Now()
+		t.Status, t.State, t.Progress, t.WorkerID, t.StartedAt = task.StatusInProgress, task.StateRunning, 0, workerID, &now
+		t.Attempt++
+		t.Version++
+		out = append(out, *t)
+	}
+	return out, nil
+}
+
+func (s *fakeStore) Apply(_ context.Context, changes []task.Change) ([]task.Applied, []error, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out, errs := make([]task.Applied, len(changes)), make([]error, len(changes))
+	for i, c := range changes {
+		r, err := c.Rule()
+		if err != nil {
+			return nil, nil, err
+		}
+		if s.refuse != nil {
+			if errs[i] = s.refuse(c); errs[i] != nil {
+				continue
+			}
+		}
+		t := s.tasks[c.TaskID]
+		if t == nil || t.Version != c.Version || !t.Status.In(r.From) || (r.NeedsCancel && t.CancelRequestedAt == nil) {
+			out[i].Fenced = true
+			continue
+		}
+		s.applied = append(s.applied, c)
+		t.Status = r.To
+		switch {
+		case r.State != "":
+			t.State = r.State
+		case c.State != "":
+			t.State = c.State
+		}
+		switch r.Progress {
+		case task.Set:
+			t.Progress = max(t.Progress, c.Progress)
+		case task.Fill:
+			t.Progress = 100
+		case task.Clear:
+			t.Progress = 0
+		}
+		switch r.Error {
+		case task.Set:
+			t.Error = c.Error
+		case task.Clear:
+			t.Error = ""
+		}
+		if r.Attempt == task.GiveBack {
+			t.Attempt--
+		}
+		if r.Result {
+			s.results[t.ID] = c.Result
+		}
+		t.Version++
+		out[i].Version = t.Version
+	}
+	return out, errs, nil
+}
+
+func (s *fakeStore) Inspect(_ context.Context, id uuid.UUID) (task.Hold, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.tasks[id]
+	if t == nil {
+		return task.Hold{}, task.ErrNotFound
+	}
+	return task.Hold{Status: t.Status, Version: t.Version, WorkerID: t.WorkerID, Attempt: t.Attempt,
+		CancelRequested: t.CancelRequestedAt != nil}, nil
+}
+
+func (s *fakeStore) transitions(id uuid.UUID) []task.Transition {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []task.Transition
+	for _, c := range s.applied {
+		if c.TaskID == id {
+			out = append(out, c.Transition)
+		}
+	}
+	return out
+}
+
+func (s *fakeStore) Register(context.Context, registry.Worker) error { return nil }
+func (s *fakeStore) Heartbeat(context.Context, string) (bool, error) { return true, nil }
+func (s *fakeStore) Leave(context.Context, string) error             { return nil }
+func (s *fakeStore) TypesReady(context.Context, []string) error      { return nil }
+
+// fakeBroker hands out fake sources; the test sends deliveries into the
+// current one.
+type fakeBroker struct {
+	mu      sync.Mutex
+	sources []*fakeSource
+	made    chan *fakeSource
+}
+
+func newFakeBroker() *fakeBroker { return &fakeBroker{made: make(chan *fakeSource, 16)} }
+
+func (b *fakeBroker) Consume(_ context.Context, _ []string, prefetch int) (Source, error) {
+	s := &fakeSource{deliveries: make(chan outbox.Delivery), cancels: make(chan outbox.Cancel, 16), done: make(chan struct{})}
+	s.prefetch.Store(int32(prefetch))
+	b.mu.Lock()
+	b.sources = append(b.sources, s)
+	b.mu.Unlock()
+	b.made <- s
+	return s, nil
+}
+
+type fakeSource struct {
+	prefetch   atomic.Int32
+	deliveries chan outbox.Delivery
+	cancels    chan outbox.Cancel
+	done       chan struct{}
+	once       sync.Once
+	err        error
+}
+
+func (s *fakeSource) Deliveries() <-chan outbox.Delivery { return s.deliveries }
+func (s *fakeSource) Cancels() <-chan outbox.Cancel      { return s.cancels }
+func (s *fakeSource) Done() <-chan struct{}              { return s.done }
+func (s *fakeSource) Err() error                         { return s.err }
+func (s *fakeSource) StopConsuming()                     {}
+func (s *fakeSource) SetPrefetch(n int) error            { s.prefetch.Store(int32(n)); return nil }
+func (s *fakeSource) Close() error                       { s.stop(errors.New("closed")); return nil }
+func (s *fakeSource) stop(err error)                     { s.once.Do(func() { s.err = err; close(s.done) }) }
+
+// acker records how a delivery was settled.
+type acker struct {
+	mu      sync.Mutex
+	settled string
+	at      time.Time
+	done    chan struct{}
+}
+
+func newAcker() *acker { return &acker{done: make(chan struct{})} }
+
+func (a *acker) settle(how string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.settled == "" {
+		a.settled, a.at = how, time.Now()
+		close(a.done)
+	}
+	return nil
+}
+
+func (a *acker) Ack() error     { return a.settle("ack") }
+func (a *acker) Requeue() error { return a.settle("requeue") }
+func (a *acker) Reject() error  { return a.settle("reject") }
+
+func (a *acker) how() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.settled
+}

@@ -1,0 +1,391 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/conveyorhq/conveyor"
+	"github.com/conveyorhq/conveyor/internal/outbox"
+	"github.com/conveyorhq/conveyor/internal/registry"
+	"github.com/conveyorhq/conveyor/internal/task"
+)
+
+// These tests run the worker's real logic against an in-memory store and a
+// fake broker, and wait on the worker's test signals rather than on time.
+
+const waitLimit = 10 * time.Second
+
+type testBundle struct {
+	store  *fakeStore
+	broker *fakeBroker
+	w      *Worker
+	src    *fakeSource
+	cancel context.CancelFunc
+	done   chan struct{}
+	// outcomes holds finish signals read while waiting for another task.
+	outcomes map[uuid.UUID]string
+}
+
+type testConfig struct {
+	concurrency int
+	maxRunTime  time.Duration
+	readAhead   int
+	longAfter   time.Duration
+	handlers    []conveyor.Handler
+}
+
+func setup(t *testing.T, tc testConfig) *testBundle {
+	t.Helper()
+	t.Parallel()
+	if tc.concurrency == 0 {
+		tc.concurrency = 4
+	}
+	if tc.maxRunTime == 0 {
+		tc.maxRunTime = time.Hour
+	}
+	if tc.longAfter == 0 {
+		tc.longAfter = time.Hour
+	}
+	b := &testBundle{store: newFakeStore(), broker: newFakeBroker(), done: make(chan struct{}), outcomes: map[uuid.UUID]string{}}
+	w, err := New(Config{
+		Info:        registry.Worker{ID: "w1"},
+		Concurrency: tc.concurrency, Lease: 2 * time.Second, Heartbeat: 100 * time.Millisecond,
+		ProgressInterval: 10 * time.Millisecond, BackoffBase: time.Millisecond, BackoffMax: 10 * time.Millisecond,
+		ShutdownTimeout: time.Second, MaxRunTime: tc.maxRunTime, ReadAhead: tc.readAhead, LongAfter: tc.longAfter,
+		ReconnectBackoffMax: 10 * time.Millisecond,
+	}, Deps{
+		Store: b.store, Broker: b.broker, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		TracerProvider: noop.NewTracerProvider(), Propagator: propagation.TraceContext{},
+		Metrics: NewMetrics(prometheus.NewRegistry()),
+	}, tc.handlers)
+	require.NoError(t, err)
+	w.signals = signals{
+		connected: make(signal[struct{}], 16), started: make(signal[uuid.UUID], 100),
+		dropped: make(signal[uuid.UUID], 100), finished: make(signal[finished], 100),
+		prefetch: make(signal[int], 100),
+	}
+	b.w = w
+	ctx, cancel := context.WithCancel(context.Background())
+	b.cancel = cancel
+	go func() { defer close(b.done); _ = w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-b.done })
+	b.src = receive(t, b.broker.made)
+	receive(t, w.signals.connected)
+	return b
+}
+
+func receive[T any](t *testing.T, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(waitLimit):
+		t.Fatalf("no signal within %s", waitLimit)
+		panic("unreachable")
+	}
+}
+
+// deliver sends a delivery of the task to the worker and returns its acker.
+func (b *testBundle) deliver(t *testing.T, id uuid.UUID) *acker {
+	t.Helper()
+	a := newAcker()
+	d := outbox.Delivery{Body: outbox.Body{TaskID: id, Type: b.store.get(id).Type}, Acknowledger: a}
+	select {
+	case b.src.deliveries <- d:
+	case <-time.After(waitLimit):
+		t.Fatal("the worker took no delivery")
+	}
+	return a
+}
+
+func (b *testBundle) finished(t *testing.T, id uuid.UUID) string {
+	t.Helper()
+	for {
+		if o, ok := b.outcomes[id]; ok {
+			delete(b.outcomes, id)
+			return o
+		}
+		f := receive(t, b.w.signals.finished)
+		b.outcomes[f.taskID] = f.outcome
+	}
+}
+
+// blocking is a handler that runs until released or cancelled.
+type blocking struct {
+	release chan struct{}
+	entered chan struct{}
+	ignore  bool // ignore the context
+}
+
+func newBlocking() *blocking {
+	return &blocking{release: make(chan struct{}), entered: make(chan struct{}, 16)}
+}
+
+func (h *blocking) handle(ctx context.Context, _ conveyor.Task, r conveyor.Reporter) (any, error) {
+	h.entered <- struct{}{}
+	if h.ignore {
+		<-h.release
+		return "late", nil
+	}
+	select {
+	case <-h.release:
+		return map[string]bool{"ok": true}, nil
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
+}
+
+func TestWorkerCompletesATaskAndAcksAfterTheOutcome(t *testing.T) {
+	h := newBlocking()
+	b := setup(t, testConfig{handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	id := b.store.add("t.block", 3)
+	a := b.deliver(t, id)
+	receive(t, h.entered)
+	require.Empty(t, a.how(), "the delivery stays unsettled while its task runs")
+	close(h.release)
+	require.Equal(t, "completed", b.finished(t, id))
+	receive(t, a.done)
+	require.Equal(t, "ack", a.how())
+	got := b.store.get(id)
+	require.Equal(t, task.StatusCompleted, got.Status)
+	require.Equal(t, 100, got.Progress)
+	require.JSONEq(t, `{"ok":true}`, string(b.store.results[id]))
+}
+
+// The worker takes a delivery only when a slot is free: a message never
+// waits inside a busy worker (and times out there) while another worker
+// could run it.
+func TestWorkerTakesNoDeliveryWithoutAFreeSlot(t *testing.T) {
+	h := newBlocking()
+	b := setup(t, testConfig{concurrency: 1, handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	first, second := b.store.add("t.block", 3), b.store.add("t.block", 3)
+	b.deliver(t, first)
+	receive(t, h.entered)
+	d := outbox.Delivery{Body: outbox.Body{TaskID: second, Type: "t.block"}, Acknowledger: newAcker()}
+	select {
+	case b.src.deliveries <- d:
+		t.Fatal("a delivery was taken while every slot was busy")
+	default:
+	}
+	close(h.release)
+	require.Equal(t, "completed", b.finished(t, first))
+	b.deliver(t, second)
+	require.Equal(t, "completed", b.finished(t, second))
+}
+
+// A source that stops for any reason — a closed channel, a consumer the
+// broker cancelled — is replaced: the worker never stops consuming while
+// it looks healthy.
+func TestWorkerReconnectsWhenItsSourceStops(t *testing.T) {
+	h := newBlocking()
+	close(h.release)
+	b := setup(t, testConfig{handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	b.src.stop(errors.New("consumer cancelled by the broker"))
+	b.src = receive(t, b.broker.made)
+	receive(t, b.w.signals.connected)
+	require.True(t, b.w.Ready())
+	id := b.store.add("t.block", 3)
+	b.deliver(t, id)
+	require.Equal(t, "completed", b.finished(t, id))
+}
+
+// A cancel broadcast names the version of its request: one that predates
+// the current run (a late broadcast of a cancel that was followed by a
+// retry) does not stop it; a current one does.
+func TestWorkerIgnoresACancelOfAnEarlierRun(t *testing.T) {
+	h := newBlocking()
+	b := setup(t, testConfig{handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	id := b.store.add("t.block", 3)
+	b.deliver(t, id)
+	receive(t, h.entered)
+	claimed := b.store.get(id).Version
+
+	b.src.cancels <- outbox.Cancel{TaskID: id, Version: claimed - 1}
+	v := b.store.requestCancel(id) // what the API does
+	// The stale broadcast was handled before the current one, which
+	// stops the handler: the attempt ends CANCELLED, not earlier.
+	b.src.cancels <- outbox.Cancel{TaskID: id, Version: v}
+	require.Equal(t, "cancelled", b.finished(t, id))
+	require.Equal(t, task.StatusCancelled, b.store.get(id).Status)
+}
+
+func TestWorkerStaleCancelAloneDoesNotStopTheRun(t *testing.T) {
+	h := newBlocking()
+	b := setup(t, testConfig{handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	id := b.store.add("t.block", 3)
+	b.deliver(t, id)
+	receive(t, h.entered)
+	b.src.cancels <- outbox.Cancel{TaskID: id, Version: b.store.get(id).Version - 1}
+	// Let the worker renew the lease twice: it is still running.
+	before := len(b.store.transitions(id))
+	require.Eventually(t, func() bool { return len(b.store.transitions(id)) >= before+2 }, waitLimit, time.Millisecond)
+	require.Equal(t, task.StatusInProgress, b.store.get(id).Status)
+	close(h.release)
+	require.Equal(t, "completed", b.finished(t, id))
+}
+
+// A handler that ignores its context cannot keep a task forever: past the
+// maximum run time the attempt fails as timed out, the lease is no longer
+// renewed, and the task is retried.
+func TestWorkerTimesOutAHandlerThatIgnoresItsContext(t *testing.T) {
+	h := newBlocking()
+	h.ignore = true
+	b := setup(t, testConfig{maxRunTime: 50 * time.Millisecond, handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	id := b.store.add("t.block", 3)
+	b.deliver(t, id)
+	receive(t, h.entered)
+	require.Equal(t, "retried", b.finished(t, id))
+	got := b.store.get(id)
+	require.Equal(t, task.StatusPending, got.Status)
+	require.Contains(t, got.Error, "timed out")
+	n := len(b.store.transitions(id))
+	close(h.release) // the late handler's result is dropped
+	require.Equal(t, n, len(b.store.transitions(id)))
+}
+
+// A handler that honours its context times out as a failed attempt too.
+func TestWorkerTimesOutAHandler(t *testing.T) {
+	h := newBlocking()
+	b := setup(t, testConfig{maxRunTime: 20 * time.Millisecond, handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	id := b.store.add("t.block", 1)
+	b.deliver(t, id)
+	require.Equal(t, "failed", b.finished(t, id))
+	require.Contains(t, b.store.get(id).Error, "timed out after 20ms")
+}
+
+// An outcome the database cannot store (a result holding NUL) fails its own
+// task with the real reason; the tasks completing beside it are not
+// affected.
+func TestWorkerFailsAnUnstorableResultAlone(t *testing.T) {
+	var mu sync.Mutex
+	b := setup(t, testConfig{handlers: []conveyor.Handler{
+		conveyor.Handle("t.nul", func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return map[string]string{"s": "a\x00b"}, nil
+		}),
+		conveyor.Handle("t.ok", func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) { return 1, nil }),
+	}})
+	bad, good := b.store.add("t.nul", 3), b.store.add("t.ok", 3)
+	b.deliver(t, bad)
+	b.deliver(t, good)
+	require.Equal(t, "failed", b.finished(t, bad))
+	require.Equal(t, "completed", b.finished(t, good))
+	got := b.store.get(bad)
+	require.Equal(t, task.StatusFailed, got.Status, "permanent: the same result cannot be stored on a retry")
+	require.Contains(t, got.Error, `\u0000`)
+}
+
+// An outcome PostgreSQL refuses for a reason the worker did not foresee
+// fails the attempt with PostgreSQL's own reason, instead of leaving the
+// task to the lease reaper.
+func TestWorkerFailsAnOutcomeTheDatabaseRefuses(t *testing.T) {
+	b := setup(t, testConfig{handlers: []conveyor.Handler{
+		conveyor.Handle("t.ok", func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) { return 1, nil }),
+	}})
+	b.store.mu.Lock()
+	b.store.refuse = func(c task.Change) error {
+		if c.Transition == task.Complete {
+			return &task.Error{Code: task.ErrCodeInvalid, Message: "input rejected by the database: boom"}
+		}
+		return nil
+	}
+	b.store.mu.Unlock()
+	id := b.store.add("t.ok", 3)
+	b.deliver(t, id)
+	require.Equal(t, "failed", b.finished(t, id))
+	require.Contains(t, b.store.get(id).Error, "boom")
+}
+
+// A task the store does not give (already running elsewhere, terminal) is
+// acknowledged and dropped: that is how duplicate deliveries die.
+func TestWorkerDropsADeliveryItCannotClaim(t *testing.T) {
+	b := setup(t, testConfig{handlers: []conveyor.Handler{
+		conveyor.Handle("t.ok", func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) { return 1, nil }),
+	}})
+	id := b.store.add("t.ok", 3)
+	b.deliver(t, id)
+	require.Equal(t, "completed", b.finished(t, id))
+	a := b.deliver(t, id)
+	require.Equal(t, id, receive(t, b.w.signals.dropped))
+	receive(t, a.done)
+	require.Equal(t, "ack", a.how())
+}
+
+// Progress reports land, rate-limited, and a state too long or not text is
+// cleaned before it is stored.
+func TestWorkerStoresProgress(t *testing.T) {
+	release := make(chan struct{})
+	b := setup(t, testConfig{handlers: []conveyor.Handler{
+		conveyor.Handle("t.progress", func(ctx context.Context, _ conveyor.Task, r conveyor.Reporter) (any, error) {
+			require.Error(t, r.Progress(ctx, 101, "no"))
+			require.NoError(t, r.Progress(ctx, 60, strings.Repeat("é", 300)+"\x00"))
+			<-release
+			return nil, nil
+		}),
+	}})
+	id := b.store.add("t.progress", 3)
+	b.deliver(t, id)
+	require.Eventually(t, func() bool { return b.store.get(id).Progress == 60 }, waitLimit, time.Millisecond)
+	require.LessOrEqual(t, len(b.store.get(id).State), task.MaxStateLen)
+	close(release)
+	require.Equal(t, "completed", b.finished(t, id))
+	b.store.mu.Lock()
+	result := b.store.results[id]
+	b.store.mu.Unlock()
+	require.JSONEq(t, `null`, string(result))
+}
+
+// While a handler runs long and every slot is taken, the broker gets no
+// credit for more (the read-ahead is withdrawn), and a delivery that still
+// arrives goes back to the queue, for a worker that can start it: no
+// message waits behind a long handler.
+func TestWorkerSendsBackWhatItCannotStartBehindALongHandler(t *testing.T) {
+	h := newBlocking()
+	b := setup(t, testConfig{concurrency: 1, readAhead: 2, longAfter: 20 * time.Millisecond,
+		handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	require.EqualValues(t, 3, b.src.prefetch.Load(), "concurrency plus read-ahead")
+	long, next := b.store.add("t.block", 3), b.store.add("t.block", 3)
+	b.deliver(t, long)
+	receive(t, h.entered)
+	require.Equal(t, 1, receive(t, b.w.signals.prefetch), "read-ahead withdrawn once the handler runs long")
+
+	a := b.deliver(t, next)
+	receive(t, a.done)
+	require.Equal(t, "requeue", a.how())
+
+	close(h.release)
+	require.Equal(t, "completed", b.finished(t, long))
+	require.Equal(t, 3, receive(t, b.w.signals.prefetch), "read-ahead back once no handler runs long")
+	b.deliver(t, next)
+	require.Equal(t, "completed", b.finished(t, next))
+}
+
+// After a reconnect, the tasks still running hold their slots but their
+// deliveries are gone with the old connection: the new connection's credit
+// leaves them out, and grows back as they end.
+func TestWorkerCountsTasksOfAnEarlierConnection(t *testing.T) {
+	h := newBlocking()
+	b := setup(t, testConfig{concurrency: 2, readAhead: 0, handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	id := b.store.add("t.block", 3)
+	b.deliver(t, id)
+	receive(t, h.entered)
+	b.src.stop(errors.New("connection lost"))
+	b.src = receive(t, b.broker.made)
+	require.EqualValues(t, 1, b.src.prefetch.Load(), "one slot is held by a task of the old connection")
+	close(h.release)
+	require.Equal(t, "completed", b.finished(t, id))
+	require.Equal(t, 2, receive(t, b.w.signals.prefetch))
+}
