@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/conveyorhq/conveyor/internal/auth"
 	"github.com/conveyorhq/conveyor/internal/config"
 	"github.com/conveyorhq/conveyor/internal/httpapi"
 	"github.com/conveyorhq/conveyor/internal/postgres"
@@ -20,7 +21,7 @@ import (
 // run serves the API until ctx is done, then shuts down within the timeout.
 func run(ctx context.Context, cfg config.API, stdout io.Writer) error {
 	rt, err := service.Start(ctx, cfg.Common, stdout, service.Options{
-		Name: "conveyor-api", StatementTimeout: cfg.RequestTimeout, Migrate: true,
+		Name: "conveyor-api", StatementTimeout: cfg.RequestTimeout, Migrate: true, TenantPool: true,
 	})
 	if err != nil {
 		return err
@@ -29,14 +30,23 @@ func run(ctx context.Context, cfg config.API, stdout io.Writer) error {
 	log := rt.Log
 
 	notifier := postgres.NewNotifier(rt.Pool, cfg.NotifyDebounce, log)
+	authn, touch, err := authenticator(ctx, cfg, rt)
+	if err != nil {
+		return err
+	}
+	store := postgres.NewAPIStore(rt.TenantPool, notifier.Poke)
 	handler := httpapi.NewHandler(httpapi.Config{
 		MaxBodyBytes:      cfg.MaxBodyBytes,
 		Defaults:          task.Defaults{MaxAttempts: cfg.DefaultMaxAttempts},
 		JaegerUIURL:       cfg.JaegerUIURL,
 		RequestTimeout:    cfg.RequestTimeout,
 		TrustTraceContext: cfg.TrustTraceContext,
+		RateLimit:         cfg.RateLimit,
+		RateBurst:         cfg.RateBurst,
 	}, httpapi.Deps{
-		Store:          postgres.NewAPIStore(rt.Pool, notifier.Poke),
+		Store:          store,
+		Admin:          store,
+		Auth:           authn,
 		Log:            log,
 		TracerProvider: rt.TracerProvider,
 		Propagator:     rt.Propagator,
@@ -65,6 +75,7 @@ func run(ctx context.Context, cfg config.API, stdout io.Writer) error {
 		return nil
 	})
 	g.Go(func() error { return notifier.Run(gctx) })
+	g.Go(func() error { return touch(gctx) })
 	g.Go(func() error {
 		<-gctx.Done()
 		log.InfoContext(ctx, "api shutting down")
@@ -73,4 +84,27 @@ func run(ctx context.Context, cfg config.API, stdout io.Writer) error {
 		return srv.Shutdown(sctx)
 	})
 	return g.Wait()
+}
+
+// authenticator returns how requests are let in, and the loop that records
+// when keys were last used.
+func authenticator(ctx context.Context, cfg config.API, rt *service.Runtime) (httpapi.Authenticator, func(context.Context) error, error) {
+	dir := postgres.NewDirectory(rt.Pool)
+	if cfg.AuthDisabled {
+		org, err := dir.EnsureOrg(ctx, cfg.DevOrg)
+		if err != nil {
+			return nil, nil, fmt.Errorf("AUTH_DISABLED: org %q: %w", cfg.DevOrg, err)
+		}
+		rt.Log.WarnContext(ctx, "AUTHENTICATION IS DISABLED (AUTH_DISABLED=true): every request, from anyone, "+
+			"acts as an admin of org "+cfg.DevOrg+". Never run this outside a developer's machine.", "org", cfg.DevOrg)
+		p := auth.Principal{Kind: auth.KindDev, Name: "AUTH_DISABLED", OrgID: org, OrgSlug: cfg.DevOrg, Role: auth.Admin}
+		return httpapi.DevMode(p), func(ctx context.Context) error { <-ctx.Done(); return nil }, nil
+	}
+	var verifier auth.Verifier
+	if cfg.OIDCIssuerURL != "" {
+		verifier = auth.NewOIDC(cfg.OIDCIssuerURL, cfg.OIDCAudience)
+		rt.Log.InfoContext(ctx, "accepting OpenID Connect tokens", "issuer", cfg.OIDCIssuerURL, "audience", cfg.OIDCAudience)
+	}
+	a := auth.New(dir, auth.Config{CacheTTL: cfg.AuthCacheTTL, OIDC: verifier, Log: rt.Log})
+	return a, a.Run, nil
 }

@@ -24,6 +24,9 @@ type testBundle struct {
 	db     *testdb.DB
 	base   string
 	client *http.Client
+	// token is an admin key of the org "test", sent with every request
+	// unless the request names an Authorization of its own.
+	token string
 }
 
 // setup starts run() on a free port against a fresh database and waits
@@ -39,6 +42,7 @@ func setup(t *testing.T, opts ...func(*config.API)) *testBundle {
 		Addr: addr, JaegerUIURL: "http://jaeger.example:16686", MaxBodyBytes: 1 << 20, DefaultMaxAttempts: 3,
 		ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second,
 		IdleTimeout: time.Minute, NotifyDebounce: time.Millisecond, RequestTimeout: 5 * time.Second,
+		AuthCacheTTL: 500 * time.Millisecond, RateBurst: 1,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -48,6 +52,7 @@ func setup(t *testing.T, opts ...func(*config.API)) *testBundle {
 	errc := make(chan error, 1)
 	go func() { errc <- run(ctx, cfg, io.Discard) }()
 	b := &testBundle{db: db, base: "http://" + addr, client: &http.Client{Timeout: 10 * time.Second}}
+	b.token, _ = db.Admin(t)
 	t.Cleanup(func() {
 		// Connections the client dialled but never used count as active
 		// for a while during shutdown; close them first.
@@ -89,8 +94,12 @@ func (b *testBundle) do(t *testing.T, method, path, contentType, body string, he
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
 	}
+	req.Header.Set("Authorization", "Bearer "+b.token)
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
+	}
+	if req.Header.Get("Authorization") == "" {
+		delete(req.Header, "Authorization")
 	}
 	resp, err := b.client.Do(req)
 	require.NoError(t, err)
@@ -188,6 +197,7 @@ func TestConcurrentIdenticalSubmitsMakeOneTask(t *testing.T) {
 			req, _ := http.NewRequest(http.MethodPost, b.base+"/v1/tasks",
 				strings.NewReader(`{"type":"demo.sleep","payload":{"steps":1,"step_ms":1}}`))
 			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Authorization", "Bearer "+b.token)
 			resp, err := b.client.Do(req)
 			if err != nil {
 				return

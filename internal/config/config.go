@@ -68,6 +68,22 @@ type API struct {
 	// TrustTraceContext continues the trace of a caller's traceparent;
 	// off, every request starts its own trace, linked to the caller's.
 	TrustTraceContext bool `envconfig:"API_TRUST_TRACE_CONTEXT" default:"false"`
+
+	// OIDCIssuerURL and OIDCAudience accept people's tokens (JWTs) of one
+	// OpenID Connect issuer; unset, only API keys are accepted.
+	OIDCIssuerURL string `envconfig:"OIDC_ISSUER_URL"`
+	OIDCAudience  string `envconfig:"OIDC_AUDIENCE"`
+	// AuthCacheTTL is how long a looked-up key or user is trusted: a
+	// revoked key is refused by every instance within it.
+	AuthCacheTTL time.Duration `envconfig:"AUTH_CACHE_TTL" default:"500ms"`
+	// RateLimit is the requests per second each key or user may make,
+	// with bursts of RateBurst; 0 turns the limit off.
+	RateLimit float64 `envconfig:"API_RATE_LIMIT" default:"1000"`
+	RateBurst int     `envconfig:"API_RATE_BURST" default:"2000"`
+	// AuthDisabled lets every request in as an admin of the org DevOrg:
+	// for a developer's machine only, and loudly warned about.
+	AuthDisabled bool   `envconfig:"AUTH_DISABLED" default:"false"`
+	DevOrg       string `envconfig:"AUTH_DEV_ORG" default:"dev"`
 }
 
 // Validate checks the API's configuration.
@@ -95,6 +111,15 @@ func (c API) Validate() error {
 	}
 	if c.RequestTimeout >= c.WriteTimeout {
 		return fmt.Errorf("API_REQUEST_TIMEOUT: must be shorter than API_WRITE_TIMEOUT (%s), got %s", c.WriteTimeout, c.RequestTimeout)
+	}
+	if (c.OIDCIssuerURL == "") != (c.OIDCAudience == "") {
+		return fmt.Errorf("OIDC_ISSUER_URL and OIDC_AUDIENCE: set both or neither")
+	}
+	if c.AuthCacheTTL <= 0 || c.AuthCacheTTL > time.Second {
+		return fmt.Errorf("AUTH_CACHE_TTL: must be more than 0 and at most 1s (a revoked key must be refused within a second), got %s", c.AuthCacheTTL)
+	}
+	if c.RateLimit < 0 || c.RateBurst < 1 {
+		return fmt.Errorf("API_RATE_LIMIT and API_RATE_BURST: the limit must not be negative and the burst at least 1, got %v and %d", c.RateLimit, c.RateBurst)
 	}
 	if c.NotifyDebounce < 0 {
 		return fmt.Errorf("OUTBOX_NOTIFY_DEBOUNCE: must not be negative, got %s", c.NotifyDebounce)

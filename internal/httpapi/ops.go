@@ -46,6 +46,8 @@ func (s *server) handleReadyz() http.HandlerFunc {
 type metrics struct {
 	submittedTotal *prometheus.CounterVec
 	requests       *prometheus.HistogramVec
+	authFailures   *prometheus.CounterVec
+	rateLimited    prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -61,6 +63,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"route", "method", "code"}),
 	}
 	reg.MustRegister(m.submittedTotal, m.requests)
+	m.authFailures, m.rateLimited = newAuthMetrics(reg)
 	return m
 }
 

@@ -18,6 +18,7 @@ var statusOf = map[task.Code]int{
 	task.ErrCodeIdempotencyMismatch: http.StatusUnprocessableEntity,
 	task.ErrCodeNotFound:            http.StatusNotFound,
 	task.ErrCodeConflict:            http.StatusConflict,
+	task.ErrCodeForbidden:           http.StatusForbidden,
 	task.ErrCodeUnavailable:         http.StatusServiceUnavailable,
 	task.ErrCodeInternal:            http.StatusInternalServerError,
 }

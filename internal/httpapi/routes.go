@@ -7,6 +7,8 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+
+	"github.com/conveyorhq/conveyor/internal/auth"
 )
 
 // routes is the API's handler: the router inside the tracing middleware.
@@ -39,13 +41,40 @@ func (s *server) router() chi.Router {
 	r.NotFound(s.handleNotFound())
 	r.MethodNotAllowed(s.handleMethodNotAllowed())
 
-	r.Post("/v1/tasks", s.handleSubmit())
-	r.Post("/v1/tasks/batch", s.handleSubmitBatch())
-	r.Get("/v1/tasks", s.handleList())
-	r.Get("/v1/tasks/{id}", s.handleGet())
-	r.Get("/v1/tasks/{id}/events", s.handleEvents())
-	r.Post("/v1/tasks/{id}/cancel", s.handleCancel())
-	r.Post("/v1/tasks/{id}/retry", s.handleRetry())
+	// Every /v1 route needs a principal; each group, a role.
+	r.Route("/v1", func(r chi.Router) {
+		r.Use(s.authenticate)
+		r.Group(func(r chi.Router) {
+			r.Use(s.require(auth.Reader))
+			r.Get("/whoami", s.handleWhoami())
+			r.Get("/tasks", s.handleList())
+			r.Get("/tasks/{id}", s.handleGet())
+			r.Get("/tasks/{id}/events", s.handleEvents())
+		})
+		r.Group(func(r chi.Router) {
+			r.Use(s.require(auth.Writer))
+			r.Post("/tasks", s.handleSubmit())
+			r.Post("/tasks/batch", s.handleSubmitBatch())
+			r.Post("/tasks/{id}/cancel", s.handleCancel())
+			r.Post("/tasks/{id}/retry", s.handleRetry())
+		})
+		r.Group(func(r chi.Router) {
+			r.Use(s.require(auth.Admin))
+			r.Post("/keys", s.handleCreateKey())
+			r.Get("/keys", s.handleListKeys())
+			r.Delete("/keys/{id}", s.handleRevokeKey())
+			r.Post("/users", s.handleCreateUser())
+			r.Get("/users", s.handleListUsers())
+			r.Patch("/users/{id}", s.handleUpdateUser())
+			r.Delete("/users/{id}", s.handleDeleteUser())
+			r.Post("/roles", s.handleCreateRole())
+			r.Get("/roles", s.handleListRoles())
+			r.Delete("/roles/{slug}", s.handleDeleteRole())
+			r.Get("/roles/{slug}/members", s.handleListMembers())
+			r.Put("/roles/{slug}/members/{user_id}", s.handleMember(true))
+			r.Delete("/roles/{slug}/members/{user_id}", s.handleMember(false))
+		})
+	})
 
 	r.Get("/healthz", s.handleHealthz())
 	r.Get("/readyz", s.handleReadyz())

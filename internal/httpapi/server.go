@@ -14,21 +14,26 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/conveyorhq/conveyor/internal/auth"
 	"github.com/conveyorhq/conveyor/internal/task"
 )
 
 // Store is what the API needs from the database. trace is the W3C context
 // of the request's span, which becomes the task's trace where the lifecycle
 // says so and travels with the outbox message.
+//
+// Every call acts for a principal: it sees and changes only the rows of the
+// principal's org, and of its tasks those the principal may see; any other
+// task is task.ErrNotFound.
 type Store interface {
-	Submit(ctx context.Context, sub task.Submission, trace task.Carrier) (task.Submitted, error)
-	SubmitBatch(ctx context.Context, subs []task.Submission, trace task.Carrier) ([]task.Submitted, error)
-	Get(ctx context.Context, id uuid.UUID) (task.Task, error)
+	Submit(ctx context.Context, p auth.Principal, sub task.Submission, trace task.Carrier) (task.Submitted, error)
+	SubmitBatch(ctx context.Context, p auth.Principal, subs []task.Submission, trace task.Carrier) ([]task.Submitted, error)
+	Get(ctx context.Context, p auth.Principal, id uuid.UUID) (task.Task, error)
 	// List returns summaries: no payload, metadata or result.
-	List(ctx context.Context, f task.ListFilter) ([]task.Task, error)
-	Events(ctx context.Context, id uuid.UUID, limit int) ([]task.Event, error)
-	Cancel(ctx context.Context, id uuid.UUID, trace task.Carrier) (task.Task, task.CancelOutcome, error)
-	Retry(ctx context.Context, id uuid.UUID, trace task.Carrier) (task.Task, error)
+	List(ctx context.Context, p auth.Principal, f task.ListFilter) ([]task.Task, error)
+	Events(ctx context.Context, p auth.Principal, id uuid.UUID, limit int) ([]task.Event, error)
+	Cancel(ctx context.Context, p auth.Principal, id uuid.UUID, trace task.Carrier) (task.Task, task.CancelOutcome, error)
+	Retry(ctx context.Context, p auth.Principal, id uuid.UUID, trace task.Carrier) (task.Task, error)
 	// KnownTypes lists the types some worker has declared a queue for.
 	KnownTypes(ctx context.Context) ([]string, error)
 	Ping(ctx context.Context) error
@@ -47,11 +52,17 @@ type Config struct {
 	// each request starts a trace of its own, linked to the caller's.
 	// Baggage from callers is never taken.
 	TrustTraceContext bool
+	// RateLimit is the requests per second each principal may make, with
+	// bursts of RateBurst; 0 turns the limit off.
+	RateLimit float64
+	RateBurst int
 }
 
 // Deps are the collaborators of the HTTP handler.
 type Deps struct {
 	Store          Store
+	Admin          AdminStore
+	Auth           Authenticator
 	Log            *slog.Logger
 	TracerProvider trace.TracerProvider
 	Propagator     propagation.TextMapPropagator
@@ -60,7 +71,8 @@ type Deps struct {
 
 // NewHandler returns the API's HTTP handler with every route of routes.go.
 func NewHandler(cfg Config, deps Deps) http.Handler {
-	s := &server{cfg: cfg, Deps: deps, metrics: newMetrics(deps.Registry)}
+	s := &server{cfg: cfg, Deps: deps, metrics: newMetrics(deps.Registry),
+		limits: newLimiters(cfg.RateLimit, cfg.RateBurst)}
 	s.types = &typeLabels{load: deps.Store.KnownTypes, log: deps.Log}
 	return s.routes()
 }
@@ -70,4 +82,5 @@ type server struct {
 	cfg     Config
 	metrics *metrics
 	types   *typeLabels
+	limits  *limiters
 }

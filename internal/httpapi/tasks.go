@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/propagation"
 
+	"github.com/conveyorhq/conveyor/internal/auth"
 	"github.com/conveyorhq/conveyor/internal/task"
 )
 
@@ -23,6 +24,7 @@ type submitRequest struct {
 	Metadata    json.RawMessage `json:"metadata"`
 	MaxAttempts *int            `json:"max_attempts"`
 	Dedupe      *bool           `json:"dedupe"`
+	Visibility  []string        `json:"visibility"`
 }
 
 // batchEntry is one entry of POST /v1/tasks/batch; it carries its own
@@ -34,7 +36,8 @@ type batchEntry struct {
 
 func toSubmitInput(req submitRequest, key string) task.SubmitInput {
 	return task.SubmitInput{Type: req.Type, Payload: req.Payload, Priority: req.Priority,
-		Metadata: req.Metadata, MaxAttempts: req.MaxAttempts, Dedupe: req.Dedupe, IdempotencyKey: key}
+		Metadata: req.Metadata, MaxAttempts: req.MaxAttempts, Dedupe: req.Dedupe, IdempotencyKey: key,
+		Visibility: req.Visibility}
 }
 
 func (s *server) handleSubmit() http.HandlerFunc {
@@ -50,11 +53,14 @@ func (s *server) handleSubmit() http.HandlerFunc {
 			return
 		}
 		sub, err := task.NewSubmission(toSubmitInput(req, key), s.cfg.Defaults, "")
+		if err == nil {
+			err = mayRestrict(principal(r), sub, "")
+		}
 		if err != nil {
 			s.writeError(w, r, err)
 			return
 		}
-		res, err := s.Store.Submit(r.Context(), sub, s.carrier(r))
+		res, err := s.Store.Submit(r.Context(), principal(r), sub, s.carrier(r))
 		if err != nil {
 			s.writeError(w, r, err)
 			return
@@ -92,14 +98,18 @@ func (s *server) handleSubmitBatch() http.HandlerFunc {
 		}
 		subs := make([]task.Submission, len(req.Tasks))
 		for i, item := range req.Tasks {
-			sub, err := task.NewSubmission(toSubmitInput(item.submitRequest, item.IdempotencyKey), s.cfg.Defaults, fmt.Sprintf("tasks[%d].", i))
+			field := fmt.Sprintf("tasks[%d].", i)
+			sub, err := task.NewSubmission(toSubmitInput(item.submitRequest, item.IdempotencyKey), s.cfg.Defaults, field)
+			if err == nil {
+				err = mayRestrict(principal(r), sub, field)
+			}
 			if err != nil {
 				s.writeError(w, r, err)
 				return
 			}
 			subs[i] = sub
 		}
-		results, err := s.Store.SubmitBatch(r.Context(), subs, s.carrier(r))
+		results, err := s.Store.SubmitBatch(r.Context(), principal(r), subs, s.carrier(r))
 		if err != nil {
 			s.writeError(w, r, err)
 			return
@@ -123,7 +133,7 @@ func (s *server) handleGet() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
-		t, err := s.Store.Get(r.Context(), id)
+		t, err := s.Store.Get(r.Context(), principal(r), id)
 		if err != nil {
 			s.writeError(w, r, err)
 			return
@@ -172,7 +182,7 @@ func (s *server) handleList() http.HandlerFunc {
 				return
 			}
 		}
-		tasks, err := s.Store.List(r.Context(), f)
+		tasks, err := s.Store.List(r.Context(), principal(r), f)
 		if err != nil {
 			s.writeError(w, r, err)
 			return
@@ -205,7 +215,7 @@ func (s *server) handleEvents() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
-		events, err := s.Store.Events(r.Context(), id, limit)
+		events, err := s.Store.Events(r.Context(), principal(r), id, limit)
 		if err != nil {
 			s.writeError(w, r, err)
 			return
@@ -221,7 +231,7 @@ func (s *server) handleCancel() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
-		t, outcome, err := s.Store.Cancel(r.Context(), id, s.carrier(r))
+		t, outcome, err := s.Store.Cancel(r.Context(), principal(r), id, s.carrier(r))
 		if err != nil {
 			s.writeError(w, r, err)
 			return
@@ -241,13 +251,23 @@ func (s *server) handleRetry() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
-		t, err := s.Store.Retry(r.Context(), id, s.carrier(r))
+		t, err := s.Store.Retry(r.Context(), principal(r), id, s.carrier(r))
 		if err != nil {
 			s.writeError(w, r, err)
 			return
 		}
 		s.respond(w, r, http.StatusOK, s.toTaskView(t))
 	}
+}
+
+// mayRestrict refuses a submission restricted to org roles the caller
+// does not hold: whoever submits a task must be able to see it.
+func mayRestrict(p auth.Principal, sub task.Submission, field string) error {
+	if p.MayRestrictTo(sub.Visibility) {
+		return nil
+	}
+	return &task.Error{Code: task.ErrCodeForbidden, Field: field + "visibility",
+		Message: "a task may be restricted only to org roles its submitter holds"}
 }
 
 // carrier captures the trace context of the request's own span (never the

@@ -11,7 +11,8 @@ import (
 // taskView is the JSON shape of a task.
 type taskView struct {
 	ID                string          `json:"id"`
-	TenantID          string          `json:"tenant_id"`
+	OrgID             string          `json:"org_id"`
+	Visibility        []string        `json:"visibility"`
 	Type              string          `json:"type"`
 	Status            task.Status     `json:"status"`
 	State             string          `json:"state"`
@@ -41,8 +42,8 @@ type taskView struct {
 // toTaskView converts a domain task to its JSON shape.
 func (s *server) toTaskView(t task.Task) taskView {
 	v := taskView{
-		ID: t.ID.String(), TenantID: t.TenantID, Type: t.Type, Status: t.Status, State: t.State,
-		Progress: t.Progress, Priority: t.Priority, Payload: t.Payload, Metadata: t.Metadata,
+		ID: t.ID.String(), OrgID: t.OrgID.String(), Visibility: visibilityOf(t), Type: t.Type, Status: t.Status,
+		State: t.State, Progress: t.Progress, Priority: t.Priority, Payload: t.Payload, Metadata: t.Metadata,
 		Attempt: t.Attempt, MaxAttempts: t.MaxAttempts, Error: t.Error, IdempotencyKey: t.IdempotencyKey,
 		InputHash: t.InputHash, Version: t.Version, WorkerID: t.WorkerID, LeaseExpiresAt: t.LeaseExpiresAt,
 		NextRunAt: t.NextRunAt, CancelRequestedAt: t.CancelRequestedAt, CreatedAt: t.CreatedAt,
@@ -60,7 +61,8 @@ func (s *server) toTaskView(t task.Task) taskView {
 // GET returns.
 type taskSummary struct {
 	ID                string      `json:"id"`
-	TenantID          string      `json:"tenant_id"`
+	OrgID             string      `json:"org_id"`
+	Visibility        []string    `json:"visibility"`
 	Type              string      `json:"type"`
 	Status            task.Status `json:"status"`
 	State             string      `json:"state"`
@@ -85,8 +87,8 @@ func toTaskSummaries(ts []task.Task) []taskSummary {
 	out := make([]taskSummary, len(ts))
 	for i, t := range ts {
 		out[i] = taskSummary{
-			ID: t.ID.String(), TenantID: t.TenantID, Type: t.Type, Status: t.Status, State: t.State,
-			Progress: t.Progress, Priority: t.Priority, Attempt: t.Attempt, MaxAttempts: t.MaxAttempts,
+			ID: t.ID.String(), OrgID: t.OrgID.String(), Visibility: visibilityOf(t), Type: t.Type, Status: t.Status,
+			State: t.State, Progress: t.Progress, Priority: t.Priority, Attempt: t.Attempt, MaxAttempts: t.MaxAttempts,
 			Error: t.Error, IdempotencyKey: t.IdempotencyKey, Version: t.Version, WorkerID: t.WorkerID,
 			NextRunAt: t.NextRunAt, CancelRequestedAt: t.CancelRequestedAt, CreatedAt: t.CreatedAt,
 			UpdatedAt: t.UpdatedAt, StartedAt: t.StartedAt, CompletedAt: t.CompletedAt,
@@ -94,6 +96,14 @@ func toTaskSummaries(ts []task.Task) []taskSummary {
 		}
 	}
 	return out
+}
+
+// visibilityOf is a task's visibility, [] rather than null when open.
+func visibilityOf(t task.Task) []string {
+	if t.Visibility == nil {
+		return []string{}
+	}
+	return t.Visibility
 }
 
 // traceID extracts the trace id of a W3C traceparent (version-traceid-spanid-flags).
@@ -114,6 +124,7 @@ type eventView struct {
 	Progress  int             `json:"progress"`
 	Detail    json.RawMessage `json:"detail,omitempty"`
 	Actor     task.Actor      `json:"actor"`
+	By        *task.Principal `json:"by,omitempty"`
 	CreatedAt time.Time       `json:"created_at"`
 }
 
@@ -121,7 +132,7 @@ func toEventViews(es []task.Event) []eventView {
 	out := make([]eventView, len(es))
 	for i, e := range es {
 		out[i] = eventView{ID: e.ID, TaskID: e.TaskID.String(), Status: e.Status, State: e.State,
-			Progress: e.Progress, Detail: e.Detail, Actor: e.Actor, CreatedAt: e.CreatedAt}
+			Progress: e.Progress, Detail: e.Detail, Actor: e.Actor, By: e.By, CreatedAt: e.CreatedAt}
 	}
 	return out
 }

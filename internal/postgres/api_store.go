@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/conveyorhq/conveyor/internal/auth"
 	"github.com/conveyorhq/conveyor/internal/task"
 )
 
@@ -22,14 +24,14 @@ import (
 // insert do nothing and return no row.
 var sqlSubmit = statement("tasks.submit", `
 WITH ins AS (
-	INSERT INTO tasks (id, tenant_id, type, status, state, priority, payload, metadata, input_hash,
-		idempotency_key, max_attempts, traceparent)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::jsonb->>'traceparent')
+	INSERT INTO tasks (id, org_id, type, status, state, priority, payload, metadata, input_hash,
+		idempotency_key, max_attempts, traceparent, visibility)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::jsonb->>'traceparent', $15)
 	ON CONFLICT DO NOTHING
 	RETURNING `+taskColumns+`
 ), event AS (
-	INSERT INTO task_events (task_id, status, state, progress, actor)
-	SELECT id, status, state, progress, $13 FROM ins
+	INSERT INTO task_events (task_id, org_id, status, state, progress, actor, principal)
+	SELECT id, org_id, status, state, progress, $13, $16 FROM ins
 ), queued AS (
 	SELECT ins.*, $14::text AS message, $12::jsonb AS headers FROM ins
 ), message AS (
@@ -38,20 +40,20 @@ WITH ins AS (
 SELECT * FROM ins`)
 
 var sqlTaskByInputHash = statement("tasks.by_input_hash", `SELECT `+taskColumns+` FROM tasks
-	WHERE tenant_id = $1 AND type = $2 AND input_hash = $3`)
+	WHERE org_id = $1 AND type = $2 AND input_hash = $3`)
 
 // sqlKeysLookup finds the idempotency keys a batch names, with the task each
 // names; same_payload serves keys recorded before request hashes were.
 var sqlKeysLookup = statement("idempotency_keys.lookup", `
 SELECT t.*, k.type, k.key, coalesce(k.request_hash, ''), t.payload = u.payload::jsonb
 FROM unnest($2::text[], $3::text[], $4::text[]) AS u(type, key, payload)
-JOIN task_idempotency_keys k ON k.tenant_id = $1 AND k.type = u.type AND k.key = u.key
-CROSS JOIN LATERAL (SELECT `+taskColumns+` FROM tasks WHERE tasks.id = k.task_id) t`)
+JOIN task_idempotency_keys k ON k.org_id = $1 AND k.type = u.type AND k.key = u.key
+CROSS JOIN LATERAL (SELECT `+taskColumns+` FROM tasks WHERE tasks.id = k.task_id AND tasks.org_id = $1) t`)
 
 // sqlKeysInsert binds new idempotency keys to their tasks, in key order; a
 // key another transaction bound meanwhile is not returned.
 var sqlKeysInsert = statement("idempotency_keys.insert", `
-INSERT INTO task_idempotency_keys (tenant_id, type, key, task_id, request_hash)
+INSERT INTO task_idempotency_keys (org_id, type, key, task_id, request_hash)
 SELECT $1, u.type, u.key, u.task_id, u.request_hash
 FROM unnest($2::text[], $3::text[], $4::uuid[], $5::text[]) AS u(type, key, task_id, request_hash)
 ORDER BY u.type, u.key
@@ -60,7 +62,7 @@ RETURNING type, key`)
 
 var sqlGetTask = statement("tasks.get", `SELECT `+taskColumns+`,
 	(SELECT r.payload FROM task_results r WHERE r.task_id = tasks.id AND tasks.`+isCompleted+`)
-	FROM tasks WHERE id = $1`)
+	FROM tasks WHERE id = $1 AND org_id = $2`)
 
 // summaryColumns are taskColumns without the client's documents: a listing
 // of 500 tasks must not carry 500 payloads.
@@ -68,16 +70,19 @@ var summaryColumns = strings.Replace(taskColumns, "payload, metadata",
 	"NULL::jsonb AS payload, NULL::jsonb AS metadata", 1)
 
 var sqlListTasks = statement("tasks.list", `SELECT `+summaryColumns+` FROM tasks
-	WHERE ($1 = '' OR status = $1) AND ($2 = '' OR type = $2) AND ($3::uuid IS NULL OR id < $3)
+	WHERE org_id = $5 AND ($1 = '' OR status = $1) AND ($2 = '' OR type = $2) AND ($3::uuid IS NULL OR id < $3)
 	ORDER BY id DESC LIMIT $4`)
 
-var sqlTaskExists = statement("tasks.exists", `SELECT EXISTS (SELECT 1 FROM tasks WHERE id = $1)`)
-
-var sqlTaskEvents = statement("task_events.list", `SELECT id, task_id, status, state, progress, detail, actor, created_at
-	FROM task_events WHERE task_id = $1 ORDER BY id DESC LIMIT $2`)
+// sqlTaskEvents answers no row at all when the task is not there (or not
+// the caller's to see), and a row with a NULL event id when it has no events.
+var sqlTaskEvents = statement("task_events.list", `SELECT e.id, t.id, e.status, e.state, e.progress, e.detail,
+		e.actor, e.principal, e.created_at
+	FROM tasks t LEFT JOIN LATERAL (
+		SELECT * FROM task_events WHERE task_id = t.id AND org_id = $3 ORDER BY id DESC LIMIT $2) e ON true
+	WHERE t.id = $1 AND t.org_id = $3`)
 
 var sqlTaskStanding = statement("tasks.standing", `SELECT status, version, cancel_requested_at IS NOT NULL
-	FROM tasks WHERE id = $1`)
+	FROM tasks WHERE id = $1 AND org_id = $2`)
 
 var sqlKnownTypes = statement("task_types.list", `SELECT name FROM task_types ORDER BY name`)
 
@@ -100,12 +105,14 @@ func NewAPIStore(pool *pgxpool.Pool, onOutbox func()) *APIStore {
 	return &APIStore{pool: pool, onOutbox: onOutbox}
 }
 
-// Submit stores a task, its PENDING event and its task.run message, or
-// returns the task the submission duplicates. trace is the W3C context of
-// the request: it becomes the task's trace and travels with its message.
-func (s *APIStore) Submit(ctx context.Context, sub task.Submission, trace task.Carrier) (task.Submitted, error) {
+// Submit stores a task of the principal's org, its PENDING event and its
+// task.run message, or returns the task the submission duplicates. trace is
+// the W3C context of the request: it becomes the task's trace and travels
+// with its message.
+func (s *APIStore) Submit(ctx context.Context, p auth.Principal, sub task.Submission, trace task.Carrier) (task.Submitted, error) {
+	sub.OrgID = p.OrgID
 	if sub.IdempotencyKey != "" {
-		out, err := s.SubmitBatch(ctx, []task.Submission{sub}, trace)
+		out, err := s.SubmitBatch(ctx, p, []task.Submission{sub}, trace)
 		if err != nil {
 			return task.Submitted{}, err
 		}
@@ -117,7 +124,7 @@ func (s *APIStore) Submit(ctx context.Context, sub task.Submission, trace task.C
 		if err != nil {
 			return task.Submitted{}, fmt.Errorf("new task id: %w", err)
 		}
-		t, err := scanTask(s.pool.QueryRow(ctx, sqlSubmit, submitArgs(id, sub, trace)...))
+		t, err := scanTask(scopedRow(ctx, s.pool, p.Scope(), sqlSubmit, submitArgs(id, sub, p.Actor(), trace)...))
 		if err == nil {
 			s.onOutbox()
 			return task.Submitted{Task: t, Created: true}, nil
@@ -125,7 +132,7 @@ func (s *APIStore) Submit(ctx context.Context, sub task.Submission, trace task.C
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return task.Submitted{}, translate(err)
 		}
-		existing, err := scanTask(s.pool.QueryRow(ctx, sqlTaskByInputHash, sub.TenantID, sub.Type, sub.InputHash))
+		existing, err := scanTask(scopedRow(ctx, s.pool, p.Scope(), sqlTaskByInputHash, sub.OrgID, sub.Type, sub.InputHash))
 		if err == nil {
 			return task.Submitted{Task: existing}, nil
 		}
@@ -149,13 +156,17 @@ var errRaced = errors.New("idempotency key bound concurrently")
 // by (type, key) — so that two batches sharing inputs wait for each other
 // instead of deadlocking; a transaction that still loses a deadlock or a
 // race for a key runs again.
-func (s *APIStore) SubmitBatch(ctx context.Context, subs []task.Submission, trace task.Carrier) ([]task.Submitted, error) {
+func (s *APIStore) SubmitBatch(ctx context.Context, p auth.Principal, subs []task.Submission, trace task.Carrier) ([]task.Submitted, error) {
+	subs = slices.Clone(subs)
+	for i := range subs {
+		subs[i].OrgID = p.OrgID
+	}
 	var out []task.Submitted
 	var created bool
 	var err error
 	for range 5 {
-		err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-			out, created, err = submitAll(ctx, tx, subs, trace)
+		err = inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
+			out, created, err = submitAll(ctx, tx, p.Actor(), subs, trace)
 			return err
 		})
 		if code := pgCode(err); !errors.Is(err, errRaced) && code != codeDeadlock && code != codeSerialization {
@@ -171,13 +182,13 @@ func (s *APIStore) SubmitBatch(ctx context.Context, subs []task.Submission, trac
 	return out, nil
 }
 
-// keyOf names an idempotency key within a tenant.
+// keyOf names an idempotency key within an org.
 type keyOf struct{ typ, key string }
 
-func submitAll(ctx context.Context, tx pgx.Tx, subs []task.Submission, trace task.Carrier) ([]task.Submitted, bool, error) {
+func submitAll(ctx context.Context, tx pgx.Tx, by *task.Principal, subs []task.Submission, trace task.Carrier) ([]task.Submitted, bool, error) {
 	out := make([]task.Submitted, len(subs))
 	done := make([]bool, len(subs))
-	tenant := subs[0].TenantID
+	org := subs[0].OrgID
 
 	// Keys first: a key already bound answers with its task, or refuses a
 	// different request. Within the batch, the first use of a key binds it.
@@ -185,8 +196,8 @@ func submitAll(ctx context.Context, tx pgx.Tx, subs []task.Submission, trace tas
 	var lookup []keyOf
 	var payloads []string
 	for i, sub := range subs {
-		if sub.TenantID != tenant {
-			return nil, false, errors.New("submit: a batch spans tenants")
+		if sub.OrgID != org {
+			return nil, false, errors.New("submit: a batch spans orgs")
 		}
 		if sub.IdempotencyKey == "" {
 			continue
@@ -204,7 +215,7 @@ func submitAll(ctx context.Context, tx pgx.Tx, subs []task.Submission, trace tas
 		for i, k := range lookup {
 			types[i], keys[i] = k.typ, k.key
 		}
-		rows, err := tx.Query(ctx, sqlKeysLookup, tenant, types, keys, payloads)
+		rows, err := tx.Query(ctx, sqlKeysLookup, org, types, keys, payloads)
 		if err != nil {
 			return nil, false, err
 		}
@@ -263,7 +274,7 @@ func submitAll(ctx context.Context, tx pgx.Tx, subs []task.Submission, trace tas
 		if err != nil {
 			return nil, false, fmt.Errorf("new task id: %w", err)
 		}
-		batch.Queue(sqlSubmit, submitArgs(id, subs[i], trace)...)
+		batch.Queue(sqlSubmit, submitArgs(id, subs[i], by, trace)...)
 	}
 	created := false
 	var dups []int
@@ -285,7 +296,7 @@ func submitAll(ctx context.Context, tx pgx.Tx, subs []task.Submission, trace tas
 	}
 	for _, i := range dups {
 		sub := subs[i]
-		t, err := scanTask(tx.QueryRow(ctx, sqlTaskByInputHash, sub.TenantID, sub.Type, sub.InputHash))
+		t, err := scanTask(tx.QueryRow(ctx, sqlTaskByInputHash, sub.OrgID, sub.Type, sub.InputHash))
 		if err != nil {
 			// Without dedupe nothing conflicts; a conflict whose task is
 			// gone was removed by retention meanwhile: run again.
@@ -309,7 +320,7 @@ func submitAll(ctx context.Context, tx pgx.Tx, subs []task.Submission, trace tas
 		taskIDs, requestHashes = append(taskIDs, out[i].Task.ID), append(requestHashes, subs[i].RequestHash)
 	}
 	if len(keys) > 0 {
-		rows, err := tx.Query(ctx, sqlKeysInsert, tenant, types, keys, taskIDs, requestHashes)
+		rows, err := tx.Query(ctx, sqlKeysInsert, org, types, keys, taskIDs, requestHashes)
 		if err != nil {
 			return nil, false, err
 		}
@@ -340,7 +351,7 @@ func keyMismatch(sub task.Submission, existing uuid.UUID) error {
 	return &task.Error{Code: task.ErrCodeIdempotencyMismatch, Field: "Idempotency-Key", Message: msg}
 }
 
-func submitArgs(id uuid.UUID, sub task.Submission, trace task.Carrier) []any {
+func submitArgs(id uuid.UUID, sub task.Submission, by *task.Principal, trace task.Carrier) []any {
 	var hash, key *string
 	if sub.Dedupe {
 		hash = &sub.InputHash
@@ -349,14 +360,24 @@ func submitArgs(id uuid.UUID, sub task.Submission, trace task.Carrier) []any {
 		key = &sub.IdempotencyKey
 	}
 	r := task.Lifecycle[task.Submit]
-	return []any{id, sub.TenantID, sub.Type, string(r.To), r.State, sub.Priority, sub.Payload, sub.Metadata,
-		hash, key, sub.MaxAttempts, headersArg(trace), string(r.Actor), string(r.Message)}
+	visibility := sub.Visibility
+	if visibility == nil {
+		visibility = []string{}
+	}
+	return []any{id, sub.OrgID, sub.Type, string(r.To), r.State, sub.Priority, sub.Payload, sub.Metadata,
+		hash, key, sub.MaxAttempts, headersArg(trace), string(r.Actor), string(r.Message), visibility, by}
 }
 
-// Get returns the task with its result once it has one.
-func (s *APIStore) Get(ctx context.Context, id uuid.UUID) (task.Task, error) {
+// Get returns the task with its result once it has one: a task of the
+// principal's org it may see, or task.ErrNotFound.
+func (s *APIStore) Get(ctx context.Context, p auth.Principal, id uuid.UUID) (task.Task, error) {
+	return get(ctx, scopedRow, s.pool, p.Scope(), id)
+}
+
+func get[Q any](ctx context.Context, row func(context.Context, Q, auth.Scope, string, ...any) pgx.Row,
+	q Q, sc auth.Scope, id uuid.UUID) (task.Task, error) {
 	var result []byte
-	t, err := scanTask(s.pool.QueryRow(ctx, sqlGetTask, id), &result)
+	t, err := scanTask(row(ctx, q, sc, sqlGetTask, id, sc.OrgID), &result)
 	if err != nil {
 		return task.Task{}, translate(err)
 	}
@@ -366,48 +387,48 @@ func (s *APIStore) Get(ctx context.Context, id uuid.UUID) (task.Task, error) {
 
 // List returns task summaries (no payload, metadata or result), newest
 // first.
-func (s *APIStore) List(ctx context.Context, f task.ListFilter) ([]task.Task, error) {
+func (s *APIStore) List(ctx context.Context, p auth.Principal, f task.ListFilter) ([]task.Task, error) {
 	var after *uuid.UUID
 	if f.After != uuid.Nil {
 		after = &f.After
 	}
-	rows, err := s.pool.Query(ctx, sqlListTasks, string(f.Status), f.Type, after, f.Limit)
-	if err != nil {
-		return nil, translate(err)
-	}
-	tasks, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (task.Task, error) { return scanTask(row) })
+	tasks, err := scopedRows(ctx, s.pool, p.Scope(), func(row pgx.CollectableRow) (task.Task, error) { return scanTask(row) },
+		sqlListTasks, string(f.Status), f.Type, after, f.Limit, p.OrgID)
 	return tasks, translate(err)
 }
 
 // Events returns a task's most recent events, newest first.
-func (s *APIStore) Events(ctx context.Context, id uuid.UUID, limit int) ([]task.Event, error) {
-	var exists bool
-	if err := s.pool.QueryRow(ctx, sqlTaskExists, id).Scan(&exists); err != nil {
-		return nil, translate(err)
-	}
-	if !exists {
-		return nil, task.ErrNotFound
-	}
-	rows, err := s.pool.Query(ctx, sqlTaskEvents, id, limit)
+func (s *APIStore) Events(ctx context.Context, p auth.Principal, id uuid.UUID, limit int) ([]task.Event, error) {
+	events, err := scopedRows(ctx, s.pool, p.Scope(), func(row pgx.CollectableRow) (task.Event, error) {
+		var e task.Event
+		var eventID *int64
+		var status, actor *string
+		var state *string
+		var progress *int
+		err := row.Scan(&eventID, &e.TaskID, &status, &state, &progress, &e.Detail, &actor, &e.By, &e.CreatedAt)
+		if eventID != nil {
+			e.ID, e.Status, e.State, e.Progress, e.Actor = *eventID, task.Status(*status), *state, *progress, task.Actor(*actor)
+		}
+		return e, err
+	}, sqlTaskEvents, id, limit, p.OrgID)
 	if err != nil {
 		return nil, translate(err)
 	}
-	events, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (task.Event, error) {
-		var e task.Event
-		var status, actor string
-		err := row.Scan(&e.ID, &e.TaskID, &status, &e.State, &e.Progress, &e.Detail, &actor, &e.CreatedAt)
-		e.Status, e.Actor = task.Status(status), task.Actor(actor)
-		return e, err
-	})
-	return events, translate(err)
+	if len(events) == 0 {
+		return nil, task.ErrNotFound
+	}
+	if events[0].ID == 0 {
+		return []task.Event{}, nil
+	}
+	return events, nil
 }
 
 // Cancel cancels a PENDING task at once, or asks the worker running an
 // IN_PROGRESS task to stop (task.OnCancel decides). A terminal task is a
 // conflict.
-func (s *APIStore) Cancel(ctx context.Context, id uuid.UUID, trace task.Carrier) (task.Task, task.CancelOutcome, error) {
+func (s *APIStore) Cancel(ctx context.Context, p auth.Principal, id uuid.UUID, trace task.Carrier) (task.Task, task.CancelOutcome, error) {
 	var outcome task.CancelOutcome
-	t, err := s.transition(ctx, id, trace, func(status task.Status, cancelPending bool) (task.Transition, error) {
+	t, err := s.transition(ctx, p, id, trace, func(status task.Status, cancelPending bool) (task.Transition, error) {
 		tr, o, err := task.OnCancel(status, cancelPending)
 		outcome = o
 		return tr, err
@@ -417,46 +438,65 @@ func (s *APIStore) Cancel(ctx context.Context, id uuid.UUID, trace task.Carrier)
 
 // Retry puts a FAILED or CANCELLED task back to PENDING with attempt 0 and
 // queues it again, under the retrying request's trace.
-func (s *APIStore) Retry(ctx context.Context, id uuid.UUID, trace task.Carrier) (task.Task, error) {
-	return s.transition(ctx, id, trace, func(status task.Status, _ bool) (task.Transition, error) {
+func (s *APIStore) Retry(ctx context.Context, p auth.Principal, id uuid.UUID, trace task.Carrier) (task.Task, error) {
+	return s.transition(ctx, p, id, trace, func(status task.Status, _ bool) (task.Transition, error) {
 		return task.OnRetry(status)
 	})
 }
 
 // transition reads where a task stands, lets decide pick the transition,
-// and applies it at the version read; if another writer moved the task
-// meanwhile, it reads again. An empty transition changes nothing.
-func (s *APIStore) transition(ctx context.Context, id uuid.UUID, trace task.Carrier,
+// and applies it at the version read, in one transaction of the caller's
+// scope; if another writer moved the task meanwhile, it reads again. An
+// empty transition changes nothing.
+func (s *APIStore) transition(ctx context.Context, p auth.Principal, id uuid.UUID, trace task.Carrier,
 	decide func(task.Status, bool) (task.Transition, error)) (task.Task, error) {
 	for range 20 {
-		var status string
-		var version int
-		var cancelPending bool
-		if err := s.pool.QueryRow(ctx, sqlTaskStanding, id).Scan(&status, &version, &cancelPending); err != nil {
-			return task.Task{}, translate(err)
-		}
-		tr, err := decide(task.Status(status), cancelPending)
+		var t task.Task
+		var fenced, queued bool
+		err := inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
+			var status string
+			var version int
+			var cancelPending bool
+			if err := tx.QueryRow(ctx, sqlTaskStanding, id, p.OrgID).Scan(&status, &version, &cancelPending); err != nil {
+				return translate(err)
+			}
+			tr, err := decide(task.Status(status), cancelPending)
+			if err != nil {
+				return err
+			}
+			if tr != "" {
+				change := task.Change{TaskID: id, Version: version, Transition: tr, Trace: trace, By: p.Actor()}
+				applied, errs, q, err := apply(ctx, tx, []task.Change{change})
+				if err == nil {
+					err = errs[0]
+				}
+				if err != nil {
+					return err
+				}
+				if fenced, queued = applied[0].Fenced, q; fenced {
+					return nil
+				}
+			}
+			t, err = get(ctx, txRow, tx, p.Scope(), id)
+			return err
+		})
 		if err != nil {
 			return task.Task{}, err
 		}
-		if tr != "" {
-			applied, errs, queued, err := apply(ctx, s.pool, []task.Change{{TaskID: id, Version: version, Transition: tr, Trace: trace}})
-			if err == nil {
-				err = errs[0]
-			}
-			if err != nil {
-				return task.Task{}, err
-			}
-			if applied[0].Fenced {
-				continue
-			}
-			if queued {
-				s.onOutbox()
-			}
+		if fenced {
+			continue
 		}
-		return s.Get(ctx, id)
+		if queued {
+			s.onOutbox()
+		}
+		return t, nil
 	}
 	return task.Task{}, task.Errorf(task.ErrCodeUnavailable, "task %s keeps changing; try again", id)
+}
+
+// txRow runs a statement in a transaction whose scope is already set.
+func txRow(ctx context.Context, tx pgx.Tx, _ auth.Scope, sql string, args ...any) pgx.Row {
+	return tx.QueryRow(ctx, sql, args...)
 }
 
 // KnownTypes lists the task types some worker has declared a queue for.

@@ -50,6 +50,10 @@ func translate(err error) error {
 			return &task.Error{Code: task.ErrCodeInvalid, Message: "input rejected by the database: " + pgErr.Message}
 		case pgErr.Code == "23514": // check_violation
 			return &task.Error{Code: task.ErrCodeInvalid, Message: "input breaks a rule: " + pgErr.ConstraintName}
+		case pgErr.Code == "23505": // unique_violation
+			return &task.Error{Code: task.ErrCodeConflict, Message: "already exists: " + pgErr.ConstraintName}
+		case pgErr.Code == "42501": // insufficient_privilege, row-level security included
+			return &task.Error{Code: task.ErrCodeForbidden, Message: "not allowed"}
 		case pgErr.Code == "57014": // query_canceled: statement_timeout or a cancelled request
 			return &task.Error{Code: task.ErrCodeUnavailable, Message: "the database did not answer in time; try again"}
 		}

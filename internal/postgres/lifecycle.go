@@ -18,7 +18,7 @@ import (
 
 // taskColumns are the columns scanTask reads, in its order, named so that a
 // CTE returning them can feed enqueue.
-const taskColumns = `id, tenant_id, type, status, state, progress, priority, payload, metadata,
+const taskColumns = `id, org_id, visibility, type, status, state, progress, priority, payload, metadata,
 	coalesce(input_hash, '') AS input_hash, coalesce(idempotency_key, '') AS idempotency_key,
 	coalesce(error, '') AS error, attempt, max_attempts, version, coalesce(worker_id, '') AS worker_id,
 	lease_expires_at, next_run_at, cancel_requested_at, coalesce(traceparent, '') AS traceparent,
@@ -29,7 +29,7 @@ func scanTask(row pgx.Row, extra ...any) (task.Task, error) {
 	var t task.Task
 	var status string
 	var payload, metadata []byte
-	dest := []any{&t.ID, &t.TenantID, &t.Type, &status, &t.State, &t.Progress, &t.Priority,
+	dest := []any{&t.ID, &t.OrgID, &t.Visibility, &t.Type, &status, &t.State, &t.Progress, &t.Priority,
 		&payload, &metadata, &t.InputHash, &t.IdempotencyKey, &t.Error, &t.Attempt, &t.MaxAttempts,
 		&t.Version, &t.WorkerID, &t.LeaseExpiresAt, &t.NextRunAt, &t.CancelRequestedAt, &t.Traceparent,
 		&t.PublishedAt, &t.CreatedAt, &t.UpdatedAt, &t.StartedAt, &t.CompletedAt}
@@ -46,10 +46,11 @@ func scanTask(row pgx.Row, extra ...any) (task.Task, error) {
 // task's identity at its new version, and the row's trace headers or, when
 // it has none, the task's own trace. src has the columns id, type, attempt,
 // version, priority, next_run_at, traceparent, message and headers. A
-// task.run message becomes available when the task is due.
+// task.run message becomes available when the task is due. src has org_id
+// too.
 func enqueue(src string) string {
-	return `INSERT INTO outbox (kind, task_id, task_type, attempt, task_version, priority, headers, available_at)
-	SELECT m.message, m.id, m.type, m.attempt, m.version, m.priority,
+	return `INSERT INTO outbox (kind, org_id, task_id, task_type, attempt, task_version, priority, headers, available_at)
+	SELECT m.message, m.org_id, m.id, m.type, m.attempt, m.version, m.priority,
 		coalesce(m.headers, CASE WHEN nullif(m.traceparent, '') IS NULL THEN '{}'::jsonb
 			ELSE jsonb_build_object('traceparent', m.traceparent) END),
 		CASE WHEN m.message = '` + string(outbox.KindRun) + `' THEN greatest(m.next_run_at, now()) ELSE now() END
@@ -97,9 +98,9 @@ WITH rule (transition, from_statuses, to_status, state, actor, event, message, a
 		`+ruleTable()+`
 ), change AS (
 	SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::int[], $5::text[], $6::text[], $7::text[],
-		$8::bigint[], $9::bigint[], $10::text[], $11::text[])
+		$8::bigint[], $9::bigint[], $10::text[], $11::text[], $12::text[])
 		AS c(task_id, version, transition, progress_in, state_in, error_in, result_in, delay_ms, lease_ms,
-			detail, headers)
+			detail, headers, principal)
 	JOIN rule USING (transition)
 ), upd AS (
 	UPDATE tasks t SET
@@ -124,16 +125,16 @@ WITH rule (transition, from_statuses, to_status, state, actor, event, message, a
 	FROM change c
 	WHERE t.id = c.task_id AND t.version = c.version AND t.status = ANY (c.from_statuses)
 		AND (NOT c.needs_cancel OR t.cancel_requested_at IS NOT NULL)
-	RETURNING t.id, t.type, t.status, t.state, t.progress, t.priority, t.attempt, t.version, t.next_run_at,
+	RETURNING t.id, t.org_id, t.type, t.status, t.state, t.progress, t.priority, t.attempt, t.version, t.next_run_at,
 		t.traceparent, c.actor, c.event, c.detail::jsonb AS detail, c.message, c.headers::jsonb AS headers,
-		c.stores_result, c.result_in
+		c.stores_result, c.result_in, c.principal::jsonb AS principal
 ), result AS (
-	INSERT INTO task_results (task_id, payload)
-	SELECT id, result_in::jsonb FROM upd WHERE stores_result
+	INSERT INTO task_results (task_id, org_id, payload)
+	SELECT id, org_id, result_in::jsonb FROM upd WHERE stores_result
 	ON CONFLICT (task_id) DO UPDATE SET payload = excluded.payload, created_at = now()
 ), event AS (
-	INSERT INTO task_events (task_id, status, state, progress, actor, detail)
-	SELECT id, status, state, progress, actor, detail FROM upd WHERE event
+	INSERT INTO task_events (task_id, org_id, status, state, progress, actor, detail, principal)
+	SELECT id, org_id, status, state, progress, actor, detail, principal FROM upd WHERE event
 ), message AS (
 	`+enqueue("upd")+`
 )
@@ -210,6 +211,7 @@ func applySorted(ctx context.Context, q querier, changes []task.Change) ([]task.
 		leases      = make([]int64, n)
 		details     = make([]*string, n)
 		headers     = make([]*string, n)
+		principals  = make([]*string, n)
 	)
 	seen := make(map[uuid.UUID]int, n)
 	for i, c := range changes {
@@ -241,9 +243,14 @@ func applySorted(ctx context.Context, q querier, changes []task.Change) ([]task.
 			s := string(b)
 			headers[i] = &s
 		}
+		if c.By != nil {
+			b, _ := json.Marshal(c.By) // strings and a uuid always encode
+			s := string(b)
+			principals[i] = &s
+		}
 	}
 	rows, err := q.Query(ctx, sqlApply, ids, versions, transitions, progress, states, errTexts, results,
-		delays, leases, details, headers)
+		delays, leases, details, headers, principals)
 	if err != nil {
 		return nil, false, err
 	}

@@ -41,6 +41,10 @@ type PoolConfig struct {
 	// not wait for connections and planning.
 	WarmUp   []string
 	MinConns int32
+	// Role, when set, is the role every connection takes at start
+	// (TenantRole for the API's org-scoped work: a statement run without a
+	// caller's scope then sees no org's rows).
+	Role string
 	// TracerProvider, when set, traces every query, each span named after
 	// its statement.
 	TracerProvider trace.TracerProvider
@@ -66,6 +70,9 @@ func Open(ctx context.Context, cfg PoolConfig) (*pgxpool.Pool, error) {
 	}
 	if cfg.GenericPlans {
 		pc.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
+	}
+	if cfg.Role != "" {
+		pc.ConnConfig.RuntimeParams["role"] = cfg.Role
 	}
 	if cfg.StatementTimeout > 0 {
 		pc.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(cfg.StatementTimeout.Milliseconds(), 10)
@@ -97,7 +104,7 @@ func Open(ctx context.Context, cfg PoolConfig) (*pgxpool.Pool, error) {
 var warmUps = map[string][]any{
 	"tasks.claim": {[]uuid.UUID{}, "", 0, "", "", ""},
 	"tasks.apply": {[]uuid.UUID{}, []int{}, []string{}, []int{}, []string{}, []string{}, []string{},
-		[]int64{}, []int64{}, []string{}, []string{}},
+		[]int64{}, []int64{}, []string{}, []string{}, []string{}},
 	"outbox.claim":          {0},
 	"outbox.delete":         {[]int64{}},
 	"tasks.stamp_published": {[]uuid.UUID{}},

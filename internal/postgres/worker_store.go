@@ -39,8 +39,8 @@ WITH locked AS (
 	FROM locked WHERE id = locked.locked_id
 	RETURNING `+taskColumns+`
 ), event AS (
-	INSERT INTO task_events (task_id, status, state, progress, actor, detail)
-	SELECT id, status, state, progress, $6, jsonb_build_object('worker_id', $2::text, 'attempt', attempt)
+	INSERT INTO task_events (task_id, org_id, status, state, progress, actor, detail)
+	SELECT id, org_id, status, state, progress, $6, jsonb_build_object('worker_id', $2::text, 'attempt', attempt)
 	FROM upd
 )
 SELECT * FROM upd`)

@@ -38,6 +38,10 @@ type Options struct {
 	WarmUp []string
 	// Migrate applies the embedded migrations once connected.
 	Migrate bool
+	// TenantPool opens Runtime.TenantPool, sized like the main pool, and
+	// leaves the main pool small: for the API, whose own-user work (key
+	// lookups, wake-ups) is light.
+	TenantPool bool
 	// LogAttrs are added to every log record.
 	LogAttrs []any
 }
@@ -51,6 +55,9 @@ type Runtime struct {
 	Propagator propagation.TextMapPropagator
 	Registry   *prometheus.Registry
 	Pool       *pgxpool.Pool
+	// TenantPool's connections are postgres.TenantRole: only a caller's
+	// scope shows them any org's rows.
+	TenantPool *pgxpool.Pool
 
 	shutdownTracing func(context.Context) error
 }
@@ -91,10 +98,15 @@ func Start(ctx context.Context, cfg config.Common, stdout io.Writer, o Options) 
 }
 
 func (r *Runtime) connect(ctx context.Context, cfg config.Common, o Options, maxConns int32) error {
-	pool, err := postgres.Open(ctx, postgres.PoolConfig{
+	pc := postgres.PoolConfig{
 		URL: cfg.DatabaseURL, MaxConns: maxConns, StatementTimeout: o.StatementTimeout, GenericPlans: o.GenericPlans,
 		WarmUp: o.WarmUp, MinConns: 2, TracerProvider: r.TracerProvider,
-	})
+	}
+	main := pc
+	if o.TenantPool {
+		main.MaxConns = 4
+	}
+	pool, err := postgres.Open(ctx, main)
 	if err != nil {
 		return err
 	}
@@ -104,12 +116,24 @@ func (r *Runtime) connect(ctx context.Context, cfg config.Common, o Options, max
 			return err
 		}
 	}
+	if o.TenantPool {
+		pc.Role = postgres.TenantRole
+		tenant, err := postgres.Open(ctx, pc)
+		if err != nil {
+			pool.Close()
+			return err
+		}
+		r.TenantPool = tenant
+	}
 	r.Pool = pool
 	return nil
 }
 
 // Close closes the pool and flushes the traces.
 func (r *Runtime) Close(ctx context.Context) {
+	if r.TenantPool != nil {
+		r.TenantPool.Close()
+	}
 	r.Pool.Close()
 	_ = r.shutdownTracing(context.WithoutCancel(ctx))
 }

@@ -21,6 +21,8 @@ const (
 	ErrCodeTooLarge Code = "too_large"
 	// ErrCodeNotFound: no such task.
 	ErrCodeNotFound Code = "not_found"
+	// ErrCodeForbidden: the caller may not do this.
+	ErrCodeForbidden Code = "forbidden"
 	// ErrCodeConflict: the task's status does not allow the operation.
 	ErrCodeConflict Code = "conflict"
 	// ErrCodeIdempotencyMismatch: an idempotency key was reused for another input.

@@ -209,6 +209,8 @@ type Change struct {
 	// Trace is the W3C context of the outbox message (and of the task,
 	// with NewTrace); empty means the task's own.
 	Trace Carrier
+	// By is who asked for the change through the API, for its event.
+	By *Principal
 }
 
 // Rule returns the change's rule.

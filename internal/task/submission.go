@@ -7,8 +7,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/google/uuid"
 )
 
 // Limits of a submission.
@@ -29,15 +32,18 @@ var typePattern = regexp.MustCompile(TypePattern)
 
 // Submission is a validated request to create a task.
 type Submission struct {
-	TenantID       string
-	Type           string
+	OrgID uuid.UUID
+	Type  string
+	// Visibility is sorted and without repeats.
+	Visibility     []string
 	Payload        json.RawMessage
 	Priority       int
 	Metadata       json.RawMessage
 	MaxAttempts    int
 	IdempotencyKey string
-	// InputHash identifies the input (type + canonical payload). It is
-	// always computed; Dedupe decides whether it is stored and enforced.
+	// InputHash identifies the input (type, canonical payload and
+	// visibility). It is always computed; Dedupe decides whether it is
+	// stored and enforced.
 	InputHash string
 	Dedupe    bool
 	// RequestHash identifies the whole submission (type, payload,
@@ -55,6 +61,7 @@ type SubmitInput struct {
 	MaxAttempts    *int
 	Dedupe         *bool
 	IdempotencyKey string
+	Visibility     []string
 }
 
 // Defaults are the values a submission takes when the client leaves them out.
@@ -67,7 +74,6 @@ type Defaults struct {
 // fourth entry of a batch).
 func NewSubmission(in SubmitInput, d Defaults, field string) (Submission, error) {
 	s := Submission{
-		TenantID:       DefaultTenant,
 		Type:           in.Type,
 		Priority:       DefaultPriority,
 		MaxAttempts:    d.MaxAttempts,
@@ -112,8 +118,17 @@ func NewSubmission(in SubmitInput, d Defaults, field string) (Submission, error)
 			return Submission{}, Invalid(field+"idempotency_key", "must be 1 to %d printable ASCII characters", MaxIdempotencyKeyLen)
 		}
 	}
+	if s.Visibility, err = visibility(in.Visibility, field+"visibility"); err != nil {
+		return Submission{}, err
+	}
 	if s.InputHash, err = InputHash(s.Type, s.Payload); err != nil {
 		return Submission{}, Invalid(field+"payload", "%v", err)
+	}
+	if len(s.Visibility) > 0 {
+		// A restricted task is another input than the same payload open
+		// to all: deduplication must never hand it to someone else.
+		sum := sha256.Sum256([]byte(s.InputHash + "\x00" + strings.Join(s.Visibility, ",")))
+		s.InputHash = hex.EncodeToString(sum[:])
 	}
 	if s.RequestHash, err = requestHash(s); err != nil {
 		return Submission{}, Invalid(field+"metadata", "%v", err)
@@ -131,6 +146,30 @@ func requestHash(s Submission) (string, error) {
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\x00%s\x00%d\x00%d\x00%t\x00", s.InputHash, metadata, s.Priority, s.MaxAttempts, s.Dedupe)
 	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// SlugPattern is what org and org role slugs match.
+const SlugPattern = `^[a-z0-9][a-z0-9-]{0,62}$`
+
+var slugPattern = regexp.MustCompile(SlugPattern)
+
+// MaxVisibility bounds the roles a task names.
+const MaxVisibility = 16
+
+// visibility checks the org role slugs of a submission and returns them
+// sorted, without repeats.
+func visibility(roles []string, field string) ([]string, error) {
+	if len(roles) > MaxVisibility {
+		return nil, Invalid(field, "names %d roles; at most %d are allowed", len(roles), MaxVisibility)
+	}
+	for _, r := range roles {
+		if !slugPattern.MatchString(r) {
+			return nil, Invalid(field, "role %q must match %s", r, SlugPattern)
+		}
+	}
+	out := slices.Clone(roles)
+	slices.Sort(out)
+	return slices.Compact(out), nil
 }
 
 // ValidateType checks a task type against ^[a-z0-9][a-z0-9._-]{0,127}$.

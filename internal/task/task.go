@@ -67,14 +67,22 @@ const (
 	ActorSystem Actor = "SYSTEM"
 )
 
-// DefaultTenant is the tenant of tasks submitted without one.
-const DefaultTenant = "default"
+// Principal is who made a change through the API: a user or an API key,
+// recorded on the change's event.
+type Principal struct {
+	Kind string    `json:"kind"` // "user" or "key"
+	ID   uuid.UUID `json:"id"`
+	Name string    `json:"name,omitempty"`
+}
 
 // Task is the stored task as the rest of the system sees it.
 type Task struct {
-	ID                uuid.UUID
-	TenantID          string
-	Type              string
+	ID    uuid.UUID
+	OrgID uuid.UUID
+	Type  string
+	// Visibility names the org roles whose members (and the org's admins)
+	// alone see the task; empty, everyone in the org does.
+	Visibility        []string
 	Status            Status
 	State             string
 	Progress          int
@@ -105,13 +113,15 @@ type Task struct {
 
 // Event is one entry of a task's append-only history.
 type Event struct {
-	ID        int64
-	TaskID    uuid.UUID
-	Status    Status
-	State     string
-	Progress  int
-	Detail    json.RawMessage
-	Actor     Actor
+	ID       int64
+	TaskID   uuid.UUID
+	Status   Status
+	State    string
+	Progress int
+	Detail   json.RawMessage
+	Actor    Actor
+	// By is who made the change, for changes made through the API.
+	By        *Principal
 	CreatedAt time.Time
 }
 

@@ -1,0 +1,339 @@
+package auth_test
+
+import (
+	"context"
+	"encoding/base64"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/conveyorhq/conveyor/internal/auth"
+	"github.com/conveyorhq/conveyor/internal/testenv"
+)
+
+const (
+	oidcAudience  = "conveyor-api"
+	discoveryPath = "/.well-known/openid-configuration"
+	jwksPath      = "/jwks"
+)
+
+type jwtClaims = map[string]any
+
+func TestOIDCVerify(t *testing.T) {
+	t.Parallel()
+	iss := testenv.NewIssuer(t)
+	other := testenv.NewIssuer(t)
+	v := auth.NewOIDC(iss.URL, oidcAudience)
+	now := time.Now()
+
+	tests := []struct {
+		name    string
+		raw     string
+		want    auth.Identity
+		wantErr string // a part of the error; empty when the token is good
+	}{
+		{
+			name: "valid",
+			raw:  iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience, "email": "alice@example.com"}),
+			want: auth.Identity{Subject: "alice", Email: "alice@example.com"},
+		},
+		{
+			name: "valid without email, audience in a list",
+			raw:  iss.Token(t, jwtClaims{"sub": "bob", "aud": []string{"other-api", oidcAudience}}),
+			want: auth.Identity{Subject: "bob"},
+		},
+		{
+			name:    "expired",
+			raw:     iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience, "exp": now.Add(-time.Minute)}),
+			wantErr: "token is expired",
+		},
+		{
+			name:    "not yet valid",
+			raw:     iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience, "nbf": now.Add(time.Hour)}),
+			wantErr: "nbf",
+		},
+		{
+			name:    "wrong audience",
+			raw:     iss.Token(t, jwtClaims{"sub": "alice", "aud": "other-api"}),
+			wantErr: "expected audience",
+		},
+		{
+			name:    "no subject",
+			raw:     iss.Token(t, jwtClaims{"aud": oidcAudience}),
+			wantErr: "no subject",
+		},
+		{
+			name:    "signed by another issuer's key",
+			raw:     other.Token(t, jwtClaims{"iss": iss.URL, "sub": "alice", "aud": oidcAudience}),
+			wantErr: "failed to verify signature",
+		},
+		{
+			name:    "issued by another issuer",
+			raw:     iss.Token(t, jwtClaims{"iss": other.URL, "sub": "alice", "aud": oidcAudience}),
+			wantErr: "issued by a different provider",
+		},
+		{
+			name:    "another issuer's token",
+			raw:     other.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience}),
+			wantErr: "failed to verify signature",
+		},
+		{
+			name:    "unsigned",
+			raw:     unsignedJWT(t, iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience})),
+			wantErr: "malformed jwt",
+		},
+		{
+			name:    "not a JWT",
+			raw:     "this-is-not-a-jwt-but-is-long-enough-to-leak",
+			wantErr: "malformed jwt",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := v.Verify(t.Context(), tt.raw)
+			if tt.wantErr == "" {
+				require.NoError(t, err)
+				require.Equal(t, tt.want, got)
+				return
+			}
+			require.ErrorContains(t, err, tt.wantErr)
+			require.Zero(t, got)
+			requireNoToken(t, err, tt.raw)
+		})
+	}
+}
+
+// After the issuer rotates its key, a token with the new key verifies
+// because the unknown kid makes the verifier fetch the keys again, and a
+// token with the old key then fails.
+func TestOIDCKeyRotation(t *testing.T) {
+	t.Parallel()
+	iss := testenv.NewIssuer(t)
+	tr := newIssuerTransport()
+	v := auth.NewOIDC(iss.URL, oidcAudience, auth.WithHTTPClient(&http.Client{Transport: tr}))
+	ctx := t.Context()
+
+	old := iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience})
+	_, err := v.Verify(ctx, old)
+	require.NoError(t, err)
+	require.Equal(t, 1, tr.hits(jwksPath))
+
+	iss.Rotate(t)
+	fresh := iss.Token(t, jwtClaims{"sub": "bob", "aud": oidcAudience})
+	got, err := v.Verify(ctx, fresh)
+	require.NoError(t, err)
+	require.Equal(t, auth.Identity{Subject: "bob"}, got)
+	require.Equal(t, 2, tr.hits(jwksPath), "unknown kid fetches the keys again")
+
+	// go-oidc stores the keys it fetched just after it answers, so the
+	// old key may still verify for a moment.
+	require.Eventually(t, func() bool {
+		_, err := v.Verify(ctx, old)
+		return err != nil
+	}, 5*time.Second, 10*time.Millisecond, "the old key still verifies")
+	_, err = v.Verify(ctx, old)
+	require.ErrorContains(t, err, "failed to verify signature")
+	requireNoToken(t, err, old)
+
+	fetches := tr.hits(jwksPath)
+	_, err = v.Verify(ctx, fresh)
+	require.NoError(t, err)
+	require.Equal(t, fetches, tr.hits(jwksPath), "a known kid is served from the cache")
+	require.Equal(t, 1, tr.hits(discoveryPath), "the provider is discovered once")
+}
+
+// An issuer that cannot be reached does not stop the verifier being made;
+// Verify then fails.
+func TestOIDCUnreachableIssuer(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.NotFoundHandler())
+	srv.Close() // its port now refuses connections
+
+	v := auth.NewOIDC(srv.URL, oidcAudience)
+	raw := testenv.NewIssuer(t).Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience})
+	_, err := v.Verify(t.Context(), raw)
+	require.ErrorContains(t, err, "discover issuer")
+	require.ErrorContains(t, err, "connection refused")
+	requireNoToken(t, err, raw)
+}
+
+// Discovery fails while the issuer answers 503, is not tried again within a
+// second, and succeeds once the issuer is back; then the provider is reused.
+func TestOIDCDiscoveryRetry(t *testing.T) {
+	t.Parallel()
+	iss := testenv.NewIssuer(t)
+	tr := newIssuerTransport()
+	tr.down.Store(true)
+	clock := newFakeClock()
+	v := auth.NewOIDC(iss.URL, oidcAudience,
+		auth.WithHTTPClient(&http.Client{Transport: tr}), auth.WithClock(clock.now))
+	require.Zero(t, tr.hits(discoveryPath), "made without asking the issuer")
+
+	ctx := t.Context()
+	raw := iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience})
+	_, err := v.Verify(ctx, raw)
+	require.ErrorContains(t, err, "503")
+	requireNoToken(t, err, raw)
+	require.Equal(t, 1, tr.hits(discoveryPath))
+
+	tr.down.Store(false)
+	clock.advance(discoveryRetryWithin)
+	_, err = v.Verify(ctx, raw)
+	require.ErrorContains(t, err, "503", "the last failure, within the retry interval")
+	require.Equal(t, 1, tr.hits(discoveryPath))
+
+	clock.advance(time.Second)
+	got, err := v.Verify(ctx, raw)
+	require.NoError(t, err)
+	require.Equal(t, auth.Identity{Subject: "alice"}, got)
+	require.Equal(t, 2, tr.hits(discoveryPath))
+
+	clock.advance(time.Minute)
+	_, err = v.Verify(ctx, raw)
+	require.NoError(t, err)
+	require.Equal(t, 2, tr.hits(discoveryPath), "the provider is reused")
+}
+
+// discoveryRetryWithin is a time less than the verifier's retry interval.
+const discoveryRetryWithin = 900 * time.Millisecond
+
+// A caller whose context ends while discovering does not make the next
+// caller wait for the retry interval.
+func TestOIDCCanceledDiscoveryNotRemembered(t *testing.T) {
+	t.Parallel()
+	iss := testenv.NewIssuer(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	tr := newIssuerTransport()
+	tr.before = func(*http.Request) { cancel() } // the caller gives up mid-request
+	v := auth.NewOIDC(iss.URL, oidcAudience,
+		auth.WithHTTPClient(&http.Client{Transport: tr}), auth.WithClock(newFakeClock().now))
+	raw := iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience})
+
+	_, err := v.Verify(ctx, raw)
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, 1, tr.hits(discoveryPath))
+
+	_, err = v.Verify(t.Context(), raw)
+	require.NoError(t, err)
+	require.Equal(t, 2, tr.hits(discoveryPath))
+}
+
+// The verifier's clock, not the wall clock, decides expiry.
+func TestOIDCClock(t *testing.T) {
+	t.Parallel()
+	iss := testenv.NewIssuer(t)
+	clock := newFakeClock()
+	v := auth.NewOIDC(iss.URL, oidcAudience, auth.WithClock(clock.now))
+	raw := iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience}) // expires in an hour
+
+	_, err := v.Verify(t.Context(), raw)
+	require.NoError(t, err)
+	clock.advance(2 * time.Hour)
+	_, err = v.Verify(t.Context(), raw)
+	require.ErrorContains(t, err, "token is expired")
+}
+
+// Many first callers at once share one discovery, and all verify.
+func TestOIDCConcurrentFirstUse(t *testing.T) {
+	t.Parallel()
+	iss := testenv.NewIssuer(t)
+	tr := newIssuerTransport()
+	v := auth.NewOIDC(iss.URL, oidcAudience, auth.WithHTTPClient(&http.Client{Transport: tr}))
+	raw := iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience})
+
+	const n = 32
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			_, err := v.Verify(t.Context(), raw)
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.Equal(t, 1, tr.hits(discoveryPath))
+}
+
+// requireNoToken fails t if err's message holds raw or any long part of it.
+func requireNoToken(t *testing.T, err error, raw string) {
+	t.Helper()
+	msg := err.Error()
+	for _, part := range append(strings.Split(raw, "."), raw) {
+		if len(part) >= 8 && strings.Contains(msg, part) {
+			t.Fatalf("error contains the token: %s", msg)
+		}
+	}
+}
+
+// unsignedJWT returns raw's claims as a JWT with "alg": "none" and no
+// signature.
+func unsignedJWT(t *testing.T, raw string) string {
+	t.Helper()
+	parts := strings.Split(raw, ".")
+	require.Len(t, parts, 3)
+	header := base64.RawURLEncoding.EncodeToString([]byte(`{"alg":"none","typ":"JWT"}`))
+	return header + "." + parts[1] + "."
+}
+
+// issuerTransport counts requests by path and, while down, answers each
+// with a 503, as an issuer behind a load balancer does while it is out.
+type issuerTransport struct {
+	down   atomic.Bool
+	before func(*http.Request) // if set, called first on each request
+
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+func newIssuerTransport() *issuerTransport { return &issuerTransport{counts: map[string]int{}} }
+
+func (tr *issuerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	tr.mu.Lock()
+	tr.counts[r.URL.Path]++
+	tr.mu.Unlock()
+	if tr.before != nil {
+		tr.before(r)
+	}
+	if tr.down.Load() {
+		return &http.Response{
+			Status:     "503 Service Unavailable",
+			StatusCode: http.StatusServiceUnavailable,
+			Proto:      "HTTP/1.1",
+			ProtoMajor: 1,
+			ProtoMinor: 1,
+			Header:     http.Header{"Content-Type": {"text/plain"}},
+			Body:       io.NopCloser(strings.NewReader("down for maintenance")),
+			Request:    r,
+		}, nil
+	}
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+func (tr *issuerTransport) hits(path string) int {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return tr.counts[path]
+}
+
+// fakeClock is a time that moves only when a test advances it.
+type fakeClock struct{ unixNano atomic.Int64 }
+
+func newFakeClock() *fakeClock {
+	c := &fakeClock{}
+	c.unixNano.Store(time.Now().UnixNano())
+	return c
+}
+
+func (c *fakeClock) now() time.Time          { return time.Unix(0, c.unixNano.Load()) }
+func (c *fakeClock) advance(d time.Duration) { c.unixNano.Add(int64(d)) }

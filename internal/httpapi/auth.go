@@ -1,0 +1,162 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
+
+	"github.com/conveyorhq/conveyor/internal/auth"
+	"github.com/conveyorhq/conveyor/internal/task"
+)
+
+// Authenticator says who a request's bearer token belongs to.
+type Authenticator interface {
+	Authenticate(ctx context.Context, header string) (auth.Principal, error)
+}
+
+// devAuthenticator is the development mode: every request acts as one
+// principal.
+type devAuthenticator struct{ p auth.Principal }
+
+func (d devAuthenticator) Authenticate(context.Context, string) (auth.Principal, error) {
+	return d.p, nil
+}
+
+// DevMode returns an Authenticator that lets every request in as p, an
+// admin of one org: for a developer's machine only.
+func DevMode(p auth.Principal) Authenticator { return devAuthenticator{p} }
+
+type principalKey struct{}
+
+// principal is the caller of an authenticated request.
+func principal(r *http.Request) auth.Principal {
+	p, _ := r.Context().Value(principalKey{}).(auth.Principal)
+	return p
+}
+
+// authenticate lets in only requests whose bearer token names a principal,
+// within the principal's rate limit, and takes note of who they are.
+func (s *server) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p, err := s.Auth.Authenticate(r.Context(), r.Header.Get("Authorization"))
+		if err != nil {
+			reason := auth.ReasonOf(err)
+			s.metrics.authFailures.WithLabelValues(reason).Inc()
+			if reason == auth.ReasonLookup {
+				s.Log.ErrorContext(r.Context(), "authentication lookup failed", "error", err)
+				s.writeError(w, r, task.Errorf(task.ErrCodeUnavailable, "%s", err.Error()))
+				return
+			}
+			s.Log.InfoContext(r.Context(), "authentication failed", "reason", reason, "detail", err.Error(),
+				"remote", r.RemoteAddr, "method", r.Method, "path", r.URL.Path)
+			w.Header().Set("WWW-Authenticate", `Bearer realm="conveyor"`)
+			s.writeProblem(w, r, http.StatusUnauthorized, "unauthorized", err.Error())
+			return
+		}
+		if wait, ok := s.limits.allow(p.ID); !ok {
+			s.metrics.rateLimited.Inc()
+			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
+			s.writeProblem(w, r, http.StatusTooManyRequests, "rate_limited",
+				"too many requests for this "+p.Kind+"; retry after the Retry-After header's seconds")
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
+	})
+}
+
+// require lets in only principals whose role allows what need does.
+func (s *server) require(need auth.Role) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if p := principal(r); !p.Role.Allows(need) {
+				s.writeError(w, r, task.Errorf(task.ErrCodeForbidden, "this needs the %s role; this %s has %s", need, p.Kind, p.Role))
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+// writeProblem answers with a problem document of a status the domain
+// errors do not cover.
+func (s *server) writeProblem(w http.ResponseWriter, r *http.Request, status int, code, detail string) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(problem{Type: "urn:conveyor:problem:" + code, Title: http.StatusText(status),
+		Status: status, Detail: detail, Instance: r.URL.Path})
+}
+
+// limiters keeps a token bucket per principal.
+type limiters struct {
+	rate  rate.Limit
+	burst int
+
+	mu      sync.Mutex
+	buckets map[uuid.UUID]*bucket
+}
+
+type bucket struct {
+	lim  *rate.Limiter
+	seen time.Time
+}
+
+func newLimiters(perSecond float64, burst int) *limiters {
+	if perSecond <= 0 {
+		return nil
+	}
+	return &limiters{rate: rate.Limit(perSecond), burst: max(burst, 1), buckets: map[uuid.UUID]*bucket{}}
+}
+
+// allow takes a token from id's bucket, or says how long until one is
+// there. A nil *limiters allows everything.
+func (l *limiters) allow(id uuid.UUID) (time.Duration, bool) {
+	if l == nil {
+		return 0, true
+	}
+	now := time.Now()
+	l.mu.Lock()
+	b, ok := l.buckets[id]
+	if !ok {
+		if len(l.buckets) >= 10_000 {
+			// Forget buckets idle long enough to be full again.
+			full := time.Duration(float64(l.burst)/float64(l.rate)*float64(time.Second)) + time.Second
+			for k, old := range l.buckets {
+				if now.Sub(old.seen) > full {
+					delete(l.buckets, k)
+				}
+			}
+		}
+		b = &bucket{lim: rate.NewLimiter(l.rate, l.burst)}
+		l.buckets[id] = b
+	}
+	b.seen = now
+	l.mu.Unlock()
+	r := b.lim.ReserveN(now, 1)
+	if d := r.DelayFrom(now); d > 0 {
+		r.CancelAt(now)
+		return d, false
+	}
+	return 0, true
+}
+
+func newAuthMetrics(reg prometheus.Registerer) (*prometheus.CounterVec, prometheus.Counter) {
+	failures := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "conveyor_auth_failures_total",
+		Help: "Requests refused for their credentials, by reason (missing, malformed, unknown_key, revoked, expired, invalid_token, unknown_user, oidc_off, lookup_error).",
+	}, []string{"reason"})
+	limited := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "conveyor_rate_limited_total",
+		Help: "Requests refused with 429 by the per-principal rate limit.",
+	})
+	reg.MustRegister(failures, limited)
+	return failures, limited
+}

@@ -1,0 +1,316 @@
+package postgres
+
+import (
+	"context"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/conveyorhq/conveyor/internal/auth"
+	"github.com/conveyorhq/conveyor/internal/task"
+)
+
+// The admin API's statements: an org's keys, users, roles and memberships.
+// Each runs in the caller's scope and names the caller's org besides, so
+// both the statement and row-level security keep it inside the org.
+
+const keyColumns = `k.id, k.name, k.role, k.prefix,
+	coalesce(array(SELECT r.slug FROM api_key_roles kr JOIN org_roles r ON r.id = kr.role_id
+		WHERE kr.key_id = k.id ORDER BY r.slug), '{}'),
+	k.created_by, k.created_at, k.expires_at, k.last_used_at, k.revoked_at`
+
+const userColumns = `u.id, u.external_id, coalesce(u.email, ''), u.role,
+	coalesce(array(SELECT r.slug FROM org_role_memberships m JOIN org_roles r ON r.id = m.role_id
+		WHERE m.user_id = u.id ORDER BY r.slug), '{}'),
+	u.created_at`
+
+// sqlRoleIDs maps role slugs to ids; a slug the org lacks has no row.
+var sqlRoleIDs = statement("org_roles.ids", `SELECT slug, id FROM org_roles WHERE org_id = $1 AND slug = ANY($2::text[])`)
+
+var sqlKeyInsert = statement("api_keys.insert", `
+WITH k AS (
+	INSERT INTO api_keys (org_id, name, role, prefix, secret_hash, created_by, expires_at)
+	VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING *
+), roles AS (
+	INSERT INTO api_key_roles (key_id, role_id, org_id) SELECT k.id, unnest($8::uuid[]), $1 FROM k
+)
+SELECT k.id, k.name, k.role, k.prefix, $9::text[], k.created_by, k.created_at, k.expires_at, k.last_used_at,
+	k.revoked_at
+FROM k`)
+
+var sqlKeysList = statement("api_keys.list", `SELECT `+keyColumns+` FROM api_keys k WHERE k.org_id = $1
+	ORDER BY k.created_at DESC, k.id`)
+
+var sqlKeyRevoke = statement("api_keys.revoke", `
+WITH upd AS (
+	UPDATE api_keys SET revoked_at = now() WHERE org_id = $1 AND id = $2 AND revoked_at IS NULL
+)
+SELECT `+keyColumns+` FROM api_keys k WHERE k.org_id = $1 AND k.id = $2`)
+
+var sqlUserInsert = statement("users.insert", `
+WITH u AS (
+	INSERT INTO users (org_id, external_id, email, role) VALUES ($1, $2, nullif($3, ''), $4) RETURNING *
+)
+SELECT u.id, u.external_id, coalesce(u.email, ''), u.role, '{}'::text[], u.created_at FROM u`)
+
+var sqlUsersList = statement("users.list", `SELECT `+userColumns+` FROM users u WHERE u.org_id = $1
+	ORDER BY u.created_at, u.id`)
+
+var sqlUserGet = statement("users.get", `SELECT `+userColumns+` FROM users u WHERE u.org_id = $1 AND u.id = $2`)
+
+var sqlUserSetRole = statement("users.set_role", `UPDATE users SET role = $3 WHERE org_id = $1 AND id = $2`)
+
+var sqlUserDelete = statement("users.delete", `DELETE FROM users WHERE org_id = $1 AND id = $2`)
+
+var sqlRoleInsert = statement("org_roles.insert", `INSERT INTO org_roles (org_id, slug, name) VALUES ($1, $2, $3)
+	RETURNING id, slug, name, created_at`)
+
+var sqlRolesList = statement("org_roles.list", `SELECT id, slug, name, created_at FROM org_roles WHERE org_id = $1
+	ORDER BY slug`)
+
+var sqlRoleDelete = statement("org_roles.delete", `DELETE FROM org_roles WHERE org_id = $1 AND slug = $2`)
+
+var sqlMemberAdd = statement("org_role_memberships.add", `
+INSERT INTO org_role_memberships (role_id, user_id, org_id)
+SELECT r.id, u.id, $1 FROM org_roles r, users u
+WHERE r.org_id = $1 AND r.slug = $2 AND u.org_id = $1 AND u.id = $3
+ON CONFLICT DO NOTHING`)
+
+var sqlMemberRemove = statement("org_role_memberships.remove", `
+DELETE FROM org_role_memberships m USING org_roles r
+WHERE m.org_id = $1 AND r.id = m.role_id AND r.org_id = $1 AND r.slug = $2 AND m.user_id = $3`)
+
+var sqlMembersList = statement("org_role_memberships.list", `SELECT `+userColumns+`
+FROM users u JOIN org_role_memberships m ON m.user_id = u.id JOIN org_roles r ON r.id = m.role_id
+WHERE u.org_id = $1 AND r.org_id = $1 AND r.slug = $2
+ORDER BY u.created_at, u.id`)
+
+var sqlRoleExists = statement("org_roles.exists", `SELECT EXISTS (SELECT 1 FROM org_roles WHERE org_id = $1 AND slug = $2)`)
+
+// KeyInput is what a new key is made of.
+type KeyInput = auth.KeyInput
+
+// CreateKey makes an API key in the principal's org and returns it with
+// its token, which is stored nowhere.
+func (s *APIStore) CreateKey(ctx context.Context, p auth.Principal, in auth.KeyInput) (auth.Key, string, error) {
+	var key createdKey
+	err := inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
+		var err error
+		key, err = createKey(ctx, tx, p.OrgID, in, p.Actor())
+		return err
+	})
+	return key.Key, key.Token, translate(err)
+}
+
+type createdKey struct {
+	auth.Key
+	Token string
+}
+
+func createKey(ctx context.Context, tx pgx.Tx, org uuid.UUID, in auth.KeyInput, by any) (createdKey, error) {
+	roleIDs, err := roleIDs(ctx, tx, org, in.OrgRoles)
+	if err != nil {
+		return createdKey{}, err
+	}
+	nk := auth.GenerateKey()
+	k, err := scanKey(tx.QueryRow(ctx, sqlKeyInsert, org, in.Name, string(in.Role), nk.Prefix, nk.Hash, by,
+		in.ExpiresAt, roleIDs, in.OrgRoles))
+	return createdKey{Key: k, Token: nk.Token}, err
+}
+
+// roleIDs returns the ids of the org's roles named by slugs, or an error
+// naming one it lacks.
+func roleIDs(ctx context.Context, tx pgx.Tx, org uuid.UUID, slugs []string) ([]uuid.UUID, error) {
+	if len(slugs) == 0 {
+		return []uuid.UUID{}, nil
+	}
+	rows, err := tx.Query(ctx, sqlRoleIDs, org, slugs)
+	if err != nil {
+		return nil, err
+	}
+	ids := map[string]uuid.UUID{}
+	var slug string
+	var id uuid.UUID
+	if _, err := pgx.ForEachRow(rows, []any{&slug, &id}, func() error { ids[slug] = id; return nil }); err != nil {
+		return nil, err
+	}
+	out := make([]uuid.UUID, 0, len(slugs))
+	for _, s := range slugs {
+		id, ok := ids[s]
+		if !ok {
+			return nil, task.Invalid("org_roles", "the org has no role %q", s)
+		}
+		out = append(out, id)
+	}
+	return out, nil
+}
+
+// ListKeys lists the org's keys, revoked ones included, newest first.
+func (s *APIStore) ListKeys(ctx context.Context, p auth.Principal) ([]auth.Key, error) {
+	keys, err := scopedRows(ctx, s.pool, p.Scope(), func(row pgx.CollectableRow) (auth.Key, error) { return scanKey(row) },
+		sqlKeysList, p.OrgID)
+	return keys, translate(err)
+}
+
+// RevokeKey revokes a key of the org; revoking a revoked key changes
+// nothing.
+func (s *APIStore) RevokeKey(ctx context.Context, p auth.Principal, id uuid.UUID) (auth.Key, error) {
+	k, err := scanKey(scopedRow(ctx, s.pool, p.Scope(), sqlKeyRevoke, p.OrgID, id))
+	return k, notFound(translate(err), "key")
+}
+
+func scanKey(row pgx.Row) (auth.Key, error) {
+	var k auth.Key
+	var role string
+	err := row.Scan(&k.ID, &k.Name, &role, &k.Prefix, &k.OrgRoles, &k.CreatedBy, &k.CreatedAt, &k.ExpiresAt,
+		&k.LastUsedAt, &k.RevokedAt)
+	k.Role = auth.Role(role)
+	return k, err
+}
+
+// CreateUser adds a user to the org.
+func (s *APIStore) CreateUser(ctx context.Context, p auth.Principal, in auth.UserInput) (auth.User, error) {
+	u, err := scanUser(scopedRow(ctx, s.pool, p.Scope(), sqlUserInsert, p.OrgID, in.ExternalID, in.Email, string(in.Role)))
+	if task.ErrorCode(translate(err)) == task.ErrCodeConflict {
+		return auth.User{}, task.Errorf(task.ErrCodeConflict, "a user with external_id %q already exists", in.ExternalID)
+	}
+	return u, translate(err)
+}
+
+// ListUsers lists the org's users, oldest first.
+func (s *APIStore) ListUsers(ctx context.Context, p auth.Principal) ([]auth.User, error) {
+	users, err := scopedRows(ctx, s.pool, p.Scope(), func(row pgx.CollectableRow) (auth.User, error) { return scanUser(row) },
+		sqlUsersList, p.OrgID)
+	return users, translate(err)
+}
+
+// SetUserRole changes a user's role.
+func (s *APIStore) SetUserRole(ctx context.Context, p auth.Principal, id uuid.UUID, role auth.Role) (auth.User, error) {
+	var u auth.User
+	err := inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sqlUserSetRole, p.OrgID, id, string(role)); err != nil {
+			return err
+		}
+		var err error
+		u, err = scanUser(tx.QueryRow(ctx, sqlUserGet, p.OrgID, id))
+		return err
+	})
+	return u, notFound(translate(err), "user")
+}
+
+// DeleteUser removes a user and their memberships.
+func (s *APIStore) DeleteUser(ctx context.Context, p auth.Principal, id uuid.UUID) error {
+	return s.deleteOne(ctx, p, "user", sqlUserDelete, p.OrgID, id)
+}
+
+func scanUser(row pgx.Row) (auth.User, error) {
+	var u auth.User
+	var role string
+	err := row.Scan(&u.ID, &u.ExternalID, &u.Email, &role, &u.OrgRoles, &u.CreatedAt)
+	u.Role = auth.Role(role)
+	return u, err
+}
+
+// CreateRole defines an org role.
+func (s *APIStore) CreateRole(ctx context.Context, p auth.Principal, slug, name string) (auth.OrgRole, error) {
+	var r auth.OrgRole
+	err := scopedRow(ctx, s.pool, p.Scope(), sqlRoleInsert, p.OrgID, slug, name).Scan(&r.ID, &r.Slug, &r.Name, &r.CreatedAt)
+	if task.ErrorCode(translate(err)) == task.ErrCodeConflict {
+		return auth.OrgRole{}, task.Errorf(task.ErrCodeConflict, "the org already has a role %q", slug)
+	}
+	return r, translate(err)
+}
+
+// ListRoles lists the org's roles by slug.
+func (s *APIStore) ListRoles(ctx context.Context, p auth.Principal) ([]auth.OrgRole, error) {
+	roles, err := scopedRows(ctx, s.pool, p.Scope(), func(row pgx.CollectableRow) (auth.OrgRole, error) {
+		var r auth.OrgRole
+		err := row.Scan(&r.ID, &r.Slug, &r.Name, &r.CreatedAt)
+		return r, err
+	}, sqlRolesList, p.OrgID)
+	return roles, translate(err)
+}
+
+// DeleteRole removes an org role and its memberships. Tasks that name it
+// keep it in their visibility: only admins see them until the role is
+// made again.
+func (s *APIStore) DeleteRole(ctx context.Context, p auth.Principal, slug string) error {
+	return s.deleteOne(ctx, p, "role", sqlRoleDelete, p.OrgID, slug)
+}
+
+// AddMember makes a user a member of a role; a member stays one.
+func (s *APIStore) AddMember(ctx context.Context, p auth.Principal, slug string, user uuid.UUID) error {
+	return s.member(ctx, p, sqlMemberAdd, slug, user)
+}
+
+// RemoveMember ends a membership; a non-member stays one.
+func (s *APIStore) RemoveMember(ctx context.Context, p auth.Principal, slug string, user uuid.UUID) error {
+	return s.member(ctx, p, sqlMemberRemove, slug, user)
+}
+
+// member runs a membership change after checking that both the role and
+// the user are the org's: either missing is a 404.
+func (s *APIStore) member(ctx context.Context, p auth.Principal, sql, slug string, user uuid.UUID) error {
+	return translate(inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
+		if _, err := scanUser(tx.QueryRow(ctx, sqlUserGet, p.OrgID, user)); err != nil {
+			return notFound(translate(err), "user")
+		}
+		if err := roleExists(ctx, tx, p.OrgID, slug); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, sql, p.OrgID, slug, user)
+		return err
+	}))
+}
+
+// ListMembers lists the users of a role.
+func (s *APIStore) ListMembers(ctx context.Context, p auth.Principal, slug string) ([]auth.User, error) {
+	var users []auth.User
+	err := inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
+		if err := roleExists(ctx, tx, p.OrgID, slug); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, sqlMembersList, p.OrgID, slug)
+		if err != nil {
+			return err
+		}
+		users, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (auth.User, error) { return scanUser(row) })
+		return err
+	})
+	return users, translate(err)
+}
+
+func roleExists(ctx context.Context, tx pgx.Tx, org uuid.UUID, slug string) error {
+	var ok bool
+	if err := tx.QueryRow(ctx, sqlRoleExists, org, slug).Scan(&ok); err != nil {
+		return err
+	}
+	if !ok {
+		return task.Errorf(task.ErrCodeNotFound, "role %q not found", slug)
+	}
+	return nil
+}
+
+func (s *APIStore) deleteOne(ctx context.Context, p auth.Principal, what, sql string, args ...any) error {
+	var n int64
+	err := inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, sql, args...)
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return translate(err)
+	}
+	if n == 0 {
+		return task.Errorf(task.ErrCodeNotFound, "%s not found", what)
+	}
+	return nil
+}
+
+// notFound names what was not found in a task.ErrNotFound.
+func notFound(err error, what string) error {
+	if err == task.ErrNotFound {
+		return task.Errorf(task.ErrCodeNotFound, "%s not found", what)
+	}
+	return err
+}
