@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/conveyorhq/conveyor/internal/auth"
 	"github.com/conveyorhq/conveyor/internal/postgres"
 	"github.com/conveyorhq/conveyor/internal/rabbitmq"
 	"github.com/conveyorhq/conveyor/internal/task"
@@ -49,6 +50,11 @@ func forDuration(conc int, d time.Duration, fn func(worker, i int) error) (float
 // row in one statement), called directly with pgx from conc goroutines.
 func submitCeiling(ctx context.Context, pool *pgxpool.Pool, conc int, d time.Duration) (float64, error) {
 	store := postgres.NewAPIStore(pool, nil)
+	org, err := postgres.NewDirectory(pool).EnsureOrg(ctx, "bench")
+	if err != nil {
+		return 0, err
+	}
+	p := auth.Principal{Kind: auth.KindDev, OrgID: org, OrgSlug: "bench", Role: auth.Admin}
 	return forDuration(conc, d, func(w, i int) error {
 		sub, err := task.NewSubmission(task.SubmitInput{
 			Type:    "demo.noop",
@@ -57,7 +63,7 @@ func submitCeiling(ctx context.Context, pool *pgxpool.Pool, conc int, d time.Dur
 		if err != nil {
 			return err
 		}
-		_, err = store.Submit(ctx, sub, nil)
+		_, err = store.Submit(ctx, p, sub, nil)
 		return err
 	})
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/common/model"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/conveyorhq/conveyor/internal/postgres"
 	"github.com/conveyorhq/conveyor/internal/rabbitmq"
 )
 
@@ -30,9 +31,13 @@ type system struct {
 	api     string
 	relay   string // admin address
 	procs   map[string]*proc
+	// token is an admin key the bench's requests carry.
+	token string
 }
 
-func (e *env) system(ctx context.Context, name string, apiConns int) (*system, error) {
+// system starts an api on a database and a vhost of its own. apiVars are
+// added to the api's environment.
+func (e *env) system(ctx context.Context, name string, apiConns int, apiVars ...string) (*system, error) {
 	dbURL, pool, err := e.database(ctx, name, 8)
 	if err != nil {
 		return nil, err
@@ -50,10 +55,17 @@ func (e *env) system(ctx context.Context, name string, apiConns int) (*system, e
 	}
 	apiAddr := freeAddr()
 	s.api = "http://" + apiAddr
-	if err := s.start("api", "API_ADDR="+apiAddr, fmt.Sprintf("DATABASE_MAX_CONNS=%d", apiConns)); err != nil {
+	// The rate limit stays on, as in production, at a rate the bench
+	// never reaches: its cost is measured, not its refusals.
+	vars := append([]string{"API_ADDR=" + apiAddr, fmt.Sprintf("DATABASE_MAX_CONNS=%d", apiConns),
+		"API_RATE_LIMIT=1000000", "API_RATE_BURST=1000000"}, apiVars...)
+	if err := s.start("api", vars...); err != nil {
 		return nil, err
 	}
 	if err := waitHTTP(s.api+"/readyz", 30*time.Second); err != nil {
+		return nil, err
+	}
+	if s.token, err = postgres.NewDirectory(pool).Bootstrap(ctx, "bench", "bench"); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -123,7 +135,13 @@ func (s *system) waitOutboxEmpty(ctx context.Context, timeout time.Duration) err
 var httpClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxConnsPerHost: 256}, Timeout: 30 * time.Second}
 
 func (s *system) post(path string, body []byte) (int, error) {
-	resp, err := httpClient.Post(s.api+path, "application/json", bytes.NewReader(body))
+	req, err := http.NewRequest(http.MethodPost, s.api+path, bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+s.token)
+	resp, err := httpClient.Do(req)
 	if err != nil {
 		return 0, err
 	}

@@ -289,6 +289,19 @@ func (b *bench) submits(ctx context.Context) error {
 		}
 		n := perSec * b.o.dur.Seconds()
 		b.vs("Conveyor: submit over HTTP, single", perSec, "tasks/s", "ceiling: submit tx, direct pgx", 0.75)
+		// Authentication's cost: the same submits to an api that lets
+		// everyone in (AUTH_DISABLED), right after.
+		off, err := b.e.system(ctx, "bench_submit_noauth", b.o.pool, "AUTH_DISABLED=true")
+		if err != nil {
+			return err
+		}
+		offPerSec, _, _, err := off.httpSubmit(b.o.conc, b.o.dur, "demo.noop")
+		if err != nil {
+			return err
+		}
+		off.procs["api"].stop()
+		b.add(result{Name: "Conveyor: submit over HTTP, single, auth off", Value: offPerSec, Unit: "tasks/s"})
+		b.vs("Conveyor: submit over HTTP, single, auth on", perSec, "tasks/s", "Conveyor: submit over HTTP, single, auth off", 0.9)
 		b.add(result{Name: "Conveyor: submit over HTTP, p50", Value: ms(p50), Unit: "ms"})
 		b.add(result{Name: "Conveyor: submit over HTTP, p99", Value: ms(p99), Unit: "ms"})
 		b.add(result{Name: "Conveyor: write transactions per single submit", Value: float64(after.commits-before.commits) / n, Unit: "txs"})

@@ -32,6 +32,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/conveyorhq/conveyor/internal/postgres"
 	"github.com/conveyorhq/conveyor/internal/rabbitmq"
 	"github.com/conveyorhq/conveyor/internal/testenv"
 )
@@ -64,6 +65,7 @@ type harness struct {
 	mqProxy   *toxiproxy.Proxy
 	pool      *pgxpool.Pool // direct, for the checks
 	api       string
+	token     string // an admin key of the org "chaos"
 	relays    []*slot
 	workers   []*slot
 	execLog   string
@@ -135,6 +137,9 @@ func (h *harness) setup() {
 	common := []string{"DATABASE_URL=" + dbURL, "LOG_FORMAT=text", "LOG_LEVEL=warn"}
 	testenv.Start(t, "api", testenv.Binary(t, "./cmd/api"), append(common, "API_ADDR="+apiAddr)...)
 	testenv.WaitHTTP(t, h.api+"/readyz", time.Minute)
+	token, err := postgres.NewDirectory(h.pool).Bootstrap(context.Background(), "chaos", "chaos-clients")
+	require.NoError(t, err)
+	h.token = token
 	for i := range 2 {
 		s := &slot{name: fmt.Sprintf("relay-%d", i), bin: testenv.Binary(t, "./cmd/relay"), admin: testenv.FreeAddr(t)}
 		s.env = append(common, "AMQP_URL="+amqpURL, "RELAY_ADMIN_ADDR="+s.admin, "RELAY_POLL_INTERVAL=200ms",
@@ -178,7 +183,7 @@ type ledger struct {
 // succeed, some fail a few times first, a few fail for good, some are
 // submitted twice, and some are cancelled while pending or running.
 func (h *harness) load(ctx context.Context, l *ledger, rng *rand.Rand) {
-	client := &http.Client{Timeout: 10 * time.Second}
+	client := &http.Client{Timeout: 10 * time.Second, Transport: testenv.Bearer(h.token, nil)}
 	tick := time.NewTicker(time.Second / time.Duration(*rate))
 	defer tick.Stop()
 	var sent [][]byte

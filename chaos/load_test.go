@@ -33,8 +33,11 @@ func TestAPIUnderLoad(t *testing.T) {
 	apiAddr := testenv.FreeAddr(t)
 	api := "http://" + apiAddr
 	common := []string{"DATABASE_URL=" + db.URL, "LOG_FORMAT=text", "LOG_LEVEL=warn"}
-	testenv.Start(t, "api", testenv.Binary(t, "./cmd/api"), append(common, "API_ADDR="+apiAddr, "DATABASE_MAX_CONNS=16")...)
+	// No rate limit: the test measures the API, not its limiter.
+	testenv.Start(t, "api", testenv.Binary(t, "./cmd/api"), append(common, "API_ADDR="+apiAddr, "DATABASE_MAX_CONNS=16",
+		"API_RATE_LIMIT=0")...)
 	testenv.WaitHTTP(t, api+"/readyz", time.Minute)
+	token, _ := db.Admin(t)
 	relay := &slot{name: "relay", bin: testenv.Binary(t, "./cmd/relay"),
 		env: append(common, "AMQP_URL="+amqpURL, "RELAY_ADMIN_ADDR="+testenv.FreeAddr(t))}
 	worker := &slot{name: "worker", bin: testenv.Binary(t, "./cmd/worker"),
@@ -43,14 +46,14 @@ func TestAPIUnderLoad(t *testing.T) {
 	relay.start(t)
 	worker.start(t)
 
-	quiet := load(t, api, 32, *loadDuration, "quiet")
+	quiet := load(t, api, token, 32, *loadDuration, "quiet")
 	t.Logf("quiet: %s", quiet)
 	require.Zero(t, quiet.errors, "no error answers")
 
 	// Kill and restart from the test's goroutine while the load runs in
 	// another.
 	stormy := make(chan loadResult)
-	go func() { stormy <- load(t, api, 32, *loadDuration, "while killing") }()
+	go func() { stormy <- load(t, api, token, 32, *loadDuration, "while killing") }()
 	kill := time.NewTicker(time.Second)
 	defer kill.Stop()
 	kills := 0
@@ -106,8 +109,8 @@ func (r loadResult) String() string {
 }
 
 // load runs conc keep-alive clients submitting demo.noop tasks for d.
-func load(t *testing.T, api string, conc int, d time.Duration, tag string) loadResult {
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: conc}}
+func load(t *testing.T, api, token string, conc int, d time.Duration, tag string) loadResult {
+	client := &http.Client{Timeout: 10 * time.Second, Transport: testenv.Bearer(token, &http.Transport{MaxIdleConnsPerHost: conc})}
 	var mu sync.Mutex
 	var lat []time.Duration
 	var res loadResult

@@ -13,9 +13,15 @@ stop() {
 trap stop INT TERM
 # The binaries never create a database on their own (a mistyped DATABASE_URL
 # must fail): `api migrate` creates it if it is missing and migrates it.
+# Every request needs a key: make an admin key of the org CONVEYOR_ORG
+# (default "local") and keep it in .conveyor-key, for the README's examples.
+key=""
 for bin in "$@"; do
   if [ "$(basename "$bin")" = api ]; then
     "$bin" migrate 2>&1 | sed -u "s/^/[migrate] /" || { echo "api migrate failed" >&2; exit 1; }
+    key=$("$bin" bootstrap --org "${CONVEYOR_ORG:-local}" --name "make run" 2> >(sed -u "s/^/[bootstrap] /" >&2)) ||
+      { echo "api bootstrap failed" >&2; exit 1; }
+    (umask 077 && echo "$key" > .conveyor-key)
   fi
 done
 for bin in "$@"; do
@@ -33,4 +39,8 @@ for bin in "$@"; do
   fi
 done
 echo "conveyor running: API on ${API_ADDR:-:8080} — Ctrl-C to stop" >&2
+if [ -n "$key" ]; then
+  echo "admin key of org ${CONVEYOR_ORG:-local} (also in .conveyor-key):" >&2
+  echo "  export CONVEYOR_KEY=$key" >&2
+fi
 wait

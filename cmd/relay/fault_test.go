@@ -42,16 +42,17 @@ func (b *faultBundle) startRelay(t *testing.T, name string) *testenv.Process {
 	return p
 }
 
-// fill adds n task.run rows and returns their ids. Their queue exists, as
-// it does once a worker of the type has started.
+// fill adds n task.run rows, of no task and no org (the relay reads
+// neither), and returns their ids. Their queue exists, as it does once a
+// worker of the type has started.
 func (b *faultBundle) fill(t *testing.T, n int) map[string]bool {
 	t.Helper()
 	if !b.declared {
 		testenv.DeclareTaskQueue(t, b.amqpURL, "demo.noop")
 		b.declared = true
 	}
-	rows, err := b.pool.Query(context.Background(), `INSERT INTO outbox (kind, task_id, task_type, attempt, task_version, priority)
-		SELECT 'task.run', gen_random_uuid(), 'demo.noop', 0, 1, 5
+	rows, err := b.pool.Query(context.Background(), `INSERT INTO outbox (kind, org_id, task_id, task_type, attempt, task_version, priority)
+		SELECT 'task.run', gen_random_uuid(), gen_random_uuid(), 'demo.noop', 0, 1, 5
 		FROM generate_series(1, $1) g RETURNING id`, n)
 	require.NoError(t, err)
 	ids := map[string]bool{}

@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -107,7 +106,7 @@ func TestOneTracePerTaskAcrossProcesses(t *testing.T) {
 // traceID is the trace the API reports for a task.
 func (b *bundle) traceID(t *testing.T, id uuid.UUID) string {
 	t.Helper()
-	resp, err := http.Get(b.api + "/v1/tasks/" + id.String())
+	resp, err := b.client.Get(b.api + "/v1/tasks/" + id.String())
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	var v struct {

@@ -31,6 +31,8 @@ type bundle struct {
 	pool    *pgxpool.Pool
 	amqpURL string
 	api     string
+	// client calls the API with an admin key of the org "test".
+	client *http.Client
 }
 
 // setup starts an api and a relay on a database and a vhost of the test's
@@ -62,6 +64,9 @@ func setupWith(t *testing.T, dbURL string, pool *pgxpool.Pool, amqpURL string, e
 		"DATABASE_URL=" + b.dbURL, "AMQP_URL=" + b.amqpURL, "RELAY_ADMIN_ADDR=" + testenv.FreeAddr(t),
 		"RELAY_POLL_INTERVAL=100ms", "RELAY_RECONNECT_BACKOFF_MAX=300ms", "LOG_FORMAT=text", "LOG_LEVEL=warn"}, env...)...)
 	testenv.WaitHTTP(t, b.api+"/readyz", 30*time.Second)
+	token, err := postgres.NewDirectory(pool).Bootstrap(context.Background(), testdb.TestOrg, "worker-tests")
+	require.NoError(t, err)
+	b.client = &http.Client{Timeout: 30 * time.Second, Transport: testenv.Bearer(token, nil)}
 	return b
 }
 
@@ -100,7 +105,7 @@ func (b *bundle) submit(t *testing.T, taskType string, payload map[string]any, m
 	t.Helper()
 	body, err := json.Marshal(map[string]any{"type": taskType, "payload": payload, "max_attempts": maxAttempts, "dedupe": false})
 	require.NoError(t, err)
-	resp, err := http.Post(b.api+"/v1/tasks", "application/json", bytes.NewReader(body))
+	resp, err := b.client.Post(b.api+"/v1/tasks", "application/json", bytes.NewReader(body))
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusCreated, resp.StatusCode)
@@ -118,7 +123,7 @@ func (b *bundle) sleepTask(t *testing.T, steps, stepMS int) uuid.UUID {
 
 func (b *bundle) cancel(t *testing.T, id uuid.UUID) int {
 	t.Helper()
-	resp, err := http.Post(b.api+"/v1/tasks/"+id.String()+"/cancel", "application/json", nil)
+	resp, err := b.client.Post(b.api+"/v1/tasks/"+id.String()+"/cancel", "application/json", nil)
 	require.NoError(t, err)
 	resp.Body.Close()
 	return resp.StatusCode
@@ -219,7 +224,7 @@ func TestWorkerRunsTaskReportingProgress(t *testing.T) {
 	// Progress is visible through the API while the task runs.
 	seen := map[int]bool{}
 	testenv.Eventually(t, 30*time.Second, func() error {
-		resp, err := http.Get(b.api + "/v1/tasks/" + id.String())
+		resp, err := b.client.Get(b.api + "/v1/tasks/" + id.String())
 		if err != nil {
 			return err
 		}
@@ -357,7 +362,7 @@ func TestWorkerFailsAfterMaxAttempts(t *testing.T) {
 	require.Equal(t, "FAILED", b.task(t, id).Status)
 
 	// The retry endpoint revives it; it fails again through both attempts.
-	resp, err := http.Post(b.api+"/v1/tasks/"+id.String()+"/retry", "application/json", nil)
+	resp, err := b.client.Post(b.api+"/v1/tasks/"+id.String()+"/retry", "application/json", nil)
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
@@ -376,8 +381,8 @@ func TestWorkerRunsDuplicateDeliveryOnce(t *testing.T) {
 	id := b.sleepTask(t, 5, 50)
 	// A second message for the same task, as a relay killed between
 	// confirm and delete would publish.
-	_, err := b.pool.Exec(context.Background(), `INSERT INTO outbox (kind, task_id, task_type, attempt, task_version, priority)
-		SELECT 'task.run', id, type, 0, version, priority FROM tasks WHERE id = $1`, id)
+	_, err := b.pool.Exec(context.Background(), `INSERT INTO outbox (kind, org_id, task_id, task_type, attempt, task_version, priority)
+		SELECT 'task.run', `+testdb.OrgSQL+`, id, type, 0, version, priority FROM tasks WHERE id = $1`, id)
 	require.NoError(t, err)
 	testenv.WaitForDepth(t, b.amqpURL, rabbitmq.QueueName("demo.sleep"), 2, 30*time.Second)
 
@@ -437,8 +442,8 @@ func TestWorkerMaintenanceMovesToAnotherLeader(t *testing.T) {
 
 	// A task left running by the dead worker is recovered by the new leader.
 	id := uuid.Must(uuid.NewV7())
-	_, err := b.pool.Exec(context.Background(), `INSERT INTO tasks (id, type, status, state, attempt, worker_id,
-		lease_expires_at, started_at) VALUES ($1, 'demo.noop', 'IN_PROGRESS', 'Running', 1, 'w1', now() - interval '1 second', now())`, id)
+	_, err := b.pool.Exec(context.Background(), `INSERT INTO tasks (id, org_id, type, status, state, attempt, worker_id,
+		lease_expires_at, started_at) VALUES ($1, `+testdb.OrgSQL+`, 'demo.noop', 'IN_PROGRESS', 'Running', 1, 'w1', now() - interval '1 second', now())`, id)
 	require.NoError(t, err)
 	r := b.waitStatus(t, id, "COMPLETED", 30*time.Second)
 	require.Equal(t, "w2", r.WorkerID)

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/conveyorhq/conveyor/internal/auth"
 	"github.com/conveyorhq/conveyor/internal/task"
 )
 
@@ -27,12 +28,12 @@ type recordingStore struct {
 	t *testing.T
 }
 
-func (s recordingStore) Submit(_ context.Context, sub task.Submission, _ task.Carrier) (task.Submitted, error) {
+func (s recordingStore) Submit(_ context.Context, _ auth.Principal, sub task.Submission, _ task.Carrier) (task.Submitted, error) {
 	s.check(sub)
 	return task.Submitted{Task: fromSubmission(sub), Created: true}, nil
 }
 
-func (s recordingStore) SubmitBatch(_ context.Context, subs []task.Submission, _ task.Carrier) ([]task.Submitted, error) {
+func (s recordingStore) SubmitBatch(_ context.Context, _ auth.Principal, subs []task.Submission, _ task.Carrier) ([]task.Submitted, error) {
 	out := make([]task.Submitted, len(subs))
 	for i, sub := range subs {
 		s.check(sub)
@@ -74,7 +75,7 @@ func FuzzSubmit(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body string, batch bool) {
 		h := NewHandler(Config{MaxBodyBytes: 1 << 16, Defaults: task.Defaults{MaxAttempts: 3}, JaegerUIURL: "http://j"},
-			Deps{Store: recordingStore{t: t}, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Deps{Store: recordingStore{t: t}, Auth: DevMode(auth.Principal{Kind: auth.KindDev, Role: auth.Writer}), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 				TracerProvider: noop.NewTracerProvider(), Propagator: propagation.TraceContext{},
 				Registry: prometheus.NewRegistry()})
 		path := "/v1/tasks"

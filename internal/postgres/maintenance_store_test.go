@@ -12,6 +12,7 @@ import (
 
 	"github.com/conveyorhq/conveyor/internal/postgres"
 	"github.com/conveyorhq/conveyor/internal/task"
+	"github.com/conveyorhq/conveyor/internal/testdb"
 )
 
 // statementSQL is the text of the named statement.
@@ -74,7 +75,7 @@ func TestExpiredLeasesEndEachAttemptRightly(t *testing.T) {
 	for _, id := range []uuid.UUID{retry, exhausted, cancelled} {
 		b.claim(t, id, "dead")
 	}
-	_, _, err := b.api.Cancel(ctx, cancelled, nil)
+	_, _, err := b.api.Cancel(ctx, b.admin, cancelled, nil)
 	require.NoError(t, err)
 	b.exec(t, `DELETE FROM outbox`)
 	b.exec(t, `UPDATE tasks SET lease_expires_at = now() - interval '1 second'`)
@@ -101,7 +102,7 @@ func TestStalePendingIsKeyedOnTheConfirmation(t *testing.T) {
 	b.exec(t, `UPDATE tasks SET next_run_at = now() - interval '1 hour', created_at = now() - interval '1 hour' WHERE id <> $1`, fresh)
 	b.exec(t, `UPDATE tasks SET published_at = now() - interval '30 minutes' WHERE id = $1`, lost)
 	b.exec(t, `UPDATE tasks SET published_at = now() WHERE id = $1`, justPublished)
-	b.exec(t, `INSERT INTO outbox (kind, task_id, task_type, attempt, task_version) VALUES ('task.run', $1, 'demo.noop', 0, 1)`, queued)
+	b.exec(t, `INSERT INTO outbox (kind, org_id, task_id, task_type, attempt, task_version) VALUES ('task.run', `+testdb.OrgSQL+`, $1, 'demo.noop', 0, 1)`, queued)
 
 	stale, err := b.maint.StalePending(ctx, 10*time.Minute, 100)
 	require.NoError(t, err)
@@ -122,10 +123,10 @@ func TestStalePendingIsKeyedOnTheConfirmation(t *testing.T) {
 // stays one anti-join rather than a lookup per task.
 func TestStalePendingIsAnAntiJoinOverALargeOutbox(t *testing.T) {
 	b := setupStores(t)
-	b.exec(t, `INSERT INTO tasks (id, type, next_run_at, created_at)
-		SELECT gen_random_uuid(), 'demo.noop', now() - interval '1 hour', now() - interval '1 hour' FROM generate_series(1, 2000)`)
-	b.exec(t, `INSERT INTO outbox (kind, task_id, task_type, attempt, task_version)
-		SELECT 'task.run', gen_random_uuid(), 'demo.noop', 0, 1 FROM generate_series(1, 300000)`)
+	b.exec(t, `INSERT INTO tasks (id, org_id, type, next_run_at, created_at)
+		SELECT gen_random_uuid(), `+testdb.OrgSQL+`, 'demo.noop', now() - interval '1 hour', now() - interval '1 hour' FROM generate_series(1, 2000)`)
+	b.exec(t, `INSERT INTO outbox (kind, org_id, task_id, task_type, attempt, task_version)
+		SELECT 'task.run', `+testdb.OrgSQL+`, gen_random_uuid(), 'demo.noop', 0, 1 FROM generate_series(1, 300000)`)
 	b.exec(t, `ANALYZE tasks`)
 	b.exec(t, `ANALYZE outbox`)
 	plan := b.explain(t, statementSQL(t, "tasks.stale_pending"), int64(600000), 1000)
@@ -137,8 +138,8 @@ func TestStalePendingIsAnAntiJoinOverALargeOutbox(t *testing.T) {
 // order, without sorting the backlog.
 func TestRelayClaimUsesTheOutboxIndex(t *testing.T) {
 	b := setupStores(t)
-	b.exec(t, `INSERT INTO outbox (kind, task_id, task_type, attempt, task_version, available_at)
-		SELECT 'task.run', gen_random_uuid(), 'demo.noop', 0, 1, now() - (g % 1000) * interval '1 second'
+	b.exec(t, `INSERT INTO outbox (kind, org_id, task_id, task_type, attempt, task_version, available_at)
+		SELECT 'task.run', `+testdb.OrgSQL+`, gen_random_uuid(), 'demo.noop', 0, 1, now() - (g % 1000) * interval '1 second'
 		FROM generate_series(1, 200000) g`)
 	b.exec(t, `ANALYZE outbox`)
 	plan := b.explain(t, statementSQL(t, "outbox.claim"), 500)
@@ -194,10 +195,10 @@ func TestReleaseParked(t *testing.T) {
 	b.exec(t, `UPDATE tasks SET type = 'other.type' WHERE id = $1`, unserved)
 	b.exec(t, `INSERT INTO workers (id, hostname, pid, concurrency, types) VALUES ('w', 'h', 1, 1, '{demo.noop}')`)
 	for _, id := range []uuid.UUID{served, unserved, gone} {
-		b.exec(t, `INSERT INTO outbox (kind, task_id, task_type, attempt, task_version, available_at)
-			SELECT 'task.run', id, type, 0, 1, 'infinity' FROM tasks WHERE id = $1`, id)
+		b.exec(t, `INSERT INTO outbox (kind, org_id, task_id, task_type, attempt, task_version, available_at)
+			SELECT 'task.run', `+testdb.OrgSQL+`, id, type, 0, 1, 'infinity' FROM tasks WHERE id = $1`, id)
 	}
-	_, _, err := b.api.Cancel(ctx, gone, nil)
+	_, _, err := b.api.Cancel(ctx, b.admin, gone, nil)
 	require.NoError(t, err)
 
 	n, err := b.maint.ReleaseParked(ctx, time.Minute)

@@ -88,7 +88,7 @@ func TestSchemaConstraints(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t)
 	ctx := context.Background()
-	insert := `INSERT INTO tasks (id, type, status, progress, priority) VALUES (gen_random_uuid(), $1, $2, $3, $4)`
+	insert := `INSERT INTO tasks (id, org_id, type, status, progress, priority) VALUES (gen_random_uuid(), ` + testdb.OrgSQL + `, $1, $2, $3, $4)`
 	_, err := db.Pool.Exec(ctx, insert, "ok", "PENDING", 0, 0)
 	require.NoError(t, err)
 	for name, args := range map[string][]any{

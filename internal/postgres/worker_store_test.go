@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/conveyorhq/conveyor/internal/auth"
 	"github.com/conveyorhq/conveyor/internal/postgres"
 	"github.com/conveyorhq/conveyor/internal/registry"
 	"github.com/conveyorhq/conveyor/internal/task"
@@ -22,21 +23,24 @@ type storeBundle struct {
 	worker *postgres.WorkerStore
 	maint  *postgres.MaintenanceStore
 	api    *postgres.APIStore
+	// admin is an admin of the org testdb.TestOrg, the API's caller.
+	admin auth.Principal
 }
 
 func setupStores(t *testing.T) *storeBundle {
 	t.Helper()
 	t.Parallel()
 	db := testdb.New(t)
+	admin := auth.Principal{Kind: auth.KindDev, OrgID: db.Org(t, testdb.TestOrg), OrgSlug: testdb.TestOrg, Role: auth.Admin}
 	return &storeBundle{db: db, worker: postgres.NewWorkerStore(db.Pool, nil),
-		maint: postgres.NewMaintenanceStore(db.Pool, nil), api: postgres.NewAPIStore(db.Pool, nil)}
+		maint: postgres.NewMaintenanceStore(db.Pool, nil), api: postgres.NewAPIStore(db.Pool, nil), admin: admin}
 }
 
 // pending inserts a PENDING task and returns its id.
 func (b *storeBundle) pending(t *testing.T, maxAttempts int) uuid.UUID {
 	t.Helper()
 	id := uuid.Must(uuid.NewV7())
-	b.exec(t, `INSERT INTO tasks (id, type, max_attempts) VALUES ($1, 'demo.noop', $2)`, id, maxAttempts)
+	b.exec(t, `INSERT INTO tasks (id, org_id, type, max_attempts) VALUES ($1, `+testdb.OrgSQL+`, 'demo.noop', $2)`, id, maxAttempts)
 	return id
 }
 
@@ -139,7 +143,7 @@ func TestFencedWritesFollowTheVersion(t *testing.T) {
 	l.Version = b.apply(t, task.Change{TaskID: id, Version: l.Version, Transition: task.Renew, Lease: time.Hour}).Version
 
 	// A cancel requested through the API moves the version on.
-	_, outcome, err := b.api.Cancel(ctx, id, nil)
+	_, outcome, err := b.api.Cancel(ctx, b.admin, id, nil)
 	require.NoError(t, err)
 	require.Equal(t, task.CancelRequested, outcome)
 	stale := l
@@ -264,8 +268,8 @@ func TestWorkerRegistryAndParkedTypes(t *testing.T) {
 	require.True(t, ok)
 
 	id := b.pending(t, 3)
-	b.exec(t, `INSERT INTO outbox (kind, task_id, task_type, attempt, task_version, available_at)
-		VALUES ('task.run', $1, 'demo.noop', 0, 1, 'infinity')`, id)
+	b.exec(t, `INSERT INTO outbox (kind, org_id, task_id, task_type, attempt, task_version, available_at)
+		VALUES ('task.run', `+testdb.OrgSQL+`, $1, 'demo.noop', 0, 1, 'infinity')`, id)
 	require.NoError(t, b.worker.TypesReady(ctx, []string{"demo.noop"}))
 	require.Zero(t, b.count(t, `SELECT count(*) FROM outbox WHERE available_at = 'infinity'`), "released")
 	require.Equal(t, "demo.noop", b.text(t, `SELECT string_agg(name, ',') FROM task_types`))

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"github.com/conveyorhq/conveyor/internal/auth"
 	"github.com/conveyorhq/conveyor/internal/outbox"
 	"github.com/conveyorhq/conveyor/internal/postgres"
 	"github.com/conveyorhq/conveyor/internal/rabbitmq"
@@ -30,12 +31,15 @@ type testBundle struct {
 	db      *testdb.DB
 	amqpURL string
 	tasks   *postgres.APIStore
+	// admin is an admin of the org testdb.TestOrg, the API's caller.
+	admin auth.Principal
 }
 
 func setup(t *testing.T) *testBundle {
 	t.Helper()
 	db := testdb.New(t)
-	return &testBundle{db: db, amqpURL: testenv.NewVhost(t), tasks: postgres.NewAPIStore(db.Pool, nil)}
+	admin := auth.Principal{Kind: auth.KindDev, OrgID: db.Org(t, testdb.TestOrg), OrgSlug: testdb.TestOrg, Role: auth.Admin}
+	return &testBundle{db: db, amqpURL: testenv.NewVhost(t), tasks: postgres.NewAPIStore(db.Pool, nil), admin: admin}
 }
 
 // declare does what a starting worker does for its types: it declares their
@@ -102,7 +106,7 @@ func (b *testBundle) submit(t *testing.T, typ, payload string, priority int) tas
 	sub, err := task.NewSubmission(task.SubmitInput{Type: typ, Payload: json.RawMessage(payload), Priority: &priority},
 		task.Defaults{MaxAttempts: 3}, "")
 	require.NoError(t, err)
-	res, err := b.tasks.Submit(context.Background(), sub, task.Carrier{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})
+	res, err := b.tasks.Submit(context.Background(), b.admin, sub, task.Carrier{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})
 	require.NoError(t, err)
 	return res.Task
 }
@@ -129,8 +133,8 @@ func (b *testBundle) waitOutboxEmpty(t *testing.T) {
 // fillOutbox adds n task.run rows straight into the outbox.
 func (b *testBundle) fillOutbox(t *testing.T, n int, typ string) {
 	t.Helper()
-	_, err := b.db.Pool.Exec(context.Background(), `INSERT INTO outbox (kind, task_id, task_type, attempt, task_version, priority)
-		SELECT 'task.run', gen_random_uuid(), $2, 0, 1, 5 FROM generate_series(1, $1) g`, n, typ)
+	_, err := b.db.Pool.Exec(context.Background(), `INSERT INTO outbox (kind, org_id, task_id, task_type, attempt, task_version, priority)
+		SELECT 'task.run', `+testdb.OrgSQL+`, gen_random_uuid(), $2, 0, 1, 5 FROM generate_series(1, $1) g`, n, typ)
 	require.NoError(t, err)
 }
 
@@ -157,7 +161,7 @@ func TestRelayPublishesTaskAndCancelMessages(t *testing.T) {
 	_, err = b.db.Pool.Exec(ctx, `UPDATE tasks SET status = 'IN_PROGRESS', attempt = 1,
 		lease_expires_at = now() + interval '1 minute' WHERE id = $1`, running.ID)
 	require.NoError(t, err)
-	_, _, err = b.tasks.Cancel(ctx, running.ID, task.Carrier{"traceparent": running.Traceparent})
+	_, _, err = b.tasks.Cancel(ctx, b.admin, running.ID, task.Carrier{"traceparent": running.Traceparent})
 	require.NoError(t, err)
 
 	b.startRelay(t, relayOpts{})
@@ -191,7 +195,7 @@ func TestRelayPublishesTaskAndCancelMessages(t *testing.T) {
 	require.Equal(t, "task.cancel", cancels[0].Type)
 	require.NoError(t, json.Unmarshal(cancels[0].Body, &body))
 	require.Equal(t, running.ID.String(), body["task_id"])
-	cancelled, err := b.tasks.Get(ctx, running.ID)
+	cancelled, err := b.tasks.Get(ctx, b.admin, running.ID)
 	require.NoError(t, err)
 	require.EqualValues(t, cancelled.Version, body["version"], "the broadcast names the version of the request")
 
@@ -226,7 +230,7 @@ func TestRelayWakesOnNotify(t *testing.T) {
 	store := postgres.NewAPIStore(b.db.Pool, notifier.Poke)
 	sub, err := task.NewSubmission(task.SubmitInput{Type: "demo.sleep", Payload: json.RawMessage(`{"n":42}`)}, task.Defaults{MaxAttempts: 1}, "")
 	require.NoError(t, err)
-	_, err = store.Submit(ctx, sub, nil)
+	_, err = store.Submit(ctx, b.admin, sub, nil)
 	require.NoError(t, err)
 	testenv.WaitForDepth(t, b.amqpURL, rabbitmq.QueueName("demo.sleep"), before+1, 10*time.Second)
 }
@@ -301,8 +305,8 @@ func TestManyNewTypesCreateNoQueues(t *testing.T) {
 	for i := range 1000 {
 		entries = append(entries, fmt.Sprintf("client.type-%d", i))
 	}
-	_, err := b.db.Pool.Exec(context.Background(), `INSERT INTO outbox (kind, task_id, task_type, attempt, task_version)
-		SELECT 'task.run', gen_random_uuid(), t, 0, 1 FROM unnest($1::text[]) t`, entries)
+	_, err := b.db.Pool.Exec(context.Background(), `INSERT INTO outbox (kind, org_id, task_id, task_type, attempt, task_version)
+		SELECT 'task.run', `+testdb.OrgSQL+`, gen_random_uuid(), t, 0, 1 FROM unnest($1::text[]) t`, entries)
 	require.NoError(t, err)
 	b.startRelay(t, relayOpts{batchSize: 200})
 	testenv.Eventually(t, 30*time.Second, func() error {
@@ -329,8 +333,8 @@ func TestAFailedRowNeverPoisonsItsBatch(t *testing.T) {
 	b.fillOutbox(t, 20, "demo.noop")
 	// Twenty cancels that fail again, each with two thousand failures
 	// behind it already.
-	_, err := b.db.Pool.Exec(context.Background(), `INSERT INTO outbox (kind, task_id, task_type, attempt, task_version, attempts)
-		SELECT 'task.cancel', gen_random_uuid(), 'demo.noop', 1, 2, 2000 FROM generate_series(1, 20)`)
+	_, err := b.db.Pool.Exec(context.Background(), `INSERT INTO outbox (kind, org_id, task_id, task_type, attempt, task_version, attempts)
+		SELECT 'task.cancel', `+testdb.OrgSQL+`, gen_random_uuid(), 'demo.noop', 1, 2, 2000 FROM generate_series(1, 20)`)
 	require.NoError(t, err)
 	ctx := context.Background()
 	store := postgres.NewRelayStore(b.db.Pool, 50*time.Millisecond, time.Second)

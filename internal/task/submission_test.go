@@ -46,7 +46,7 @@ func TestNewSubmission(t *testing.T) {
 			require.True(t, s.Dedupe)
 			require.JSONEq(t, `{}`, string(s.Payload))
 			require.JSONEq(t, `{}`, string(s.Metadata))
-			require.Equal(t, task.DefaultTenant, s.TenantID)
+			require.Empty(t, s.Visibility)
 			require.Len(t, s.InputHash, 64)
 		}},
 		{name: "all set", in: task.SubmitInput{Type: "a", Payload: json.RawMessage(`{"x":1}`), Priority: intp(9),
@@ -58,6 +58,8 @@ func TestNewSubmission(t *testing.T) {
 				require.Equal(t, "k-1", s.IdempotencyKey)
 			}},
 		{name: "missing type", in: task.SubmitInput{}, wantField: "type"},
+		{name: "visibility not a slug", in: task.SubmitInput{Type: "a", Visibility: []string{"Finance"}}, wantField: "visibility"},
+		{name: "visibility too long", in: task.SubmitInput{Type: "a", Visibility: make([]string, task.MaxVisibility+1)}, wantField: "visibility"},
 		{name: "uppercase type", in: task.SubmitInput{Type: "Demo"}, wantField: "type"},
 		{name: "type starting with dot", in: task.SubmitInput{Type: ".demo"}, wantField: "type"},
 		{name: "type too long", in: task.SubmitInput{Type: strings.Repeat("a", 129)}, wantField: "type"},
@@ -94,6 +96,24 @@ func TestNewSubmission(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestVisibilityIsPartOfTheInput: a restricted task is never the duplicate
+// of the same payload open to all (deduplication would hand it to people
+// outside its roles), and the order and repeats of roles do not matter.
+func TestVisibilityIsPartOfTheInput(t *testing.T) {
+	open, err := task.NewSubmission(task.SubmitInput{Type: "a", Payload: json.RawMessage(`{"x":1}`)}, task.Defaults{MaxAttempts: 3}, "")
+	require.NoError(t, err)
+	restricted, err := task.NewSubmission(task.SubmitInput{Type: "a", Payload: json.RawMessage(`{"x":1}`),
+		Visibility: []string{"ops", "finance", "ops"}}, task.Defaults{MaxAttempts: 3}, "")
+	require.NoError(t, err)
+	same, err := task.NewSubmission(task.SubmitInput{Type: "a", Payload: json.RawMessage(`{"x":1}`),
+		Visibility: []string{"finance", "ops"}}, task.Defaults{MaxAttempts: 3}, "")
+	require.NoError(t, err)
+	require.Equal(t, []string{"finance", "ops"}, restricted.Visibility)
+	require.NotEqual(t, open.InputHash, restricted.InputHash)
+	require.Equal(t, restricted.InputHash, same.InputHash)
+	require.Equal(t, restricted.RequestHash, same.RequestHash)
 }
 
 func TestNewSubmissionPrefixesBatchFields(t *testing.T) {

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/conveyorhq/conveyor/internal/auth"
 	"github.com/conveyorhq/conveyor/internal/postgres"
 	"github.com/conveyorhq/conveyor/internal/task"
@@ -49,4 +51,17 @@ func (db *DB) Key(t testing.TB, org string, role auth.Role, orgRoles ...string) 
 func (db *DB) Admin(t testing.TB) (string, auth.Principal) {
 	t.Helper()
 	return db.Key(t, "test", auth.Admin)
+}
+
+// Org returns the id of the org with the slug, making it when missing: for
+// tests that write task rows themselves.
+func (db *DB) Org(t testing.TB, slug string) uuid.UUID {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	id, err := postgres.NewDirectory(db.Pool).EnsureOrg(ctx, slug)
+	if err != nil {
+		t.Fatalf("testdb: org %s: %v", slug, err)
+	}
+	return id
 }

@@ -46,7 +46,8 @@ type DB struct {
 	Pool *pgxpool.Pool
 }
 
-// New creates a migrated database for t, dropped when t ends.
+// New creates a migrated database for t, with the org TestOrg, dropped
+// when t ends.
 func New(t testing.TB) *DB {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -63,8 +64,18 @@ func New(t testing.TB) *DB {
 	}
 	db.Pool = pool
 	t.Cleanup(pool.Close)
+	if _, err := pool.Exec(ctx, `INSERT INTO orgs (slug, name) VALUES ($1, $1)`, TestOrg); err != nil {
+		t.Fatalf("testdb: org %s: %v", TestOrg, err)
+	}
 	return db
 }
+
+// TestOrg is the slug of the org every test database has, and OrgSQL the
+// SQL expression of its id, for tests that write task rows themselves.
+const (
+	TestOrg = "test"
+	OrgSQL  = "(SELECT id FROM orgs WHERE slug = '" + TestOrg + "')"
+)
 
 // NewEmpty returns the URL of a database name that does not exist yet (for
 // tests of creation and migration), dropped when t ends.

@@ -44,6 +44,12 @@ func TestBatcherGroupsConcurrentCallsAndAnswersEach(t *testing.T) {
 			got[i], gotErr[i] = b.do(ctx, i)
 		}()
 	}
+	// The first flush holds its calls until the queue behind it is full:
+	// the next batch then surely takes more than one call.
+	deadline := time.Now().Add(10 * time.Second)
+	for len(b.in) < cap(b.in) && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
 	close(release)
 	wg.Wait()
 	total := 0
