@@ -127,6 +127,9 @@ func (a *Authenticator) jwt(ctx context.Context, token string) (Principal, error
 		return Principal{}, fail(ReasonNoOIDC, "tokens of an identity provider are not accepted here (OIDC_ISSUER_URL is not set); use an API key", nil)
 	}
 	id, err := a.cfg.OIDC.Verify(ctx, token)
+	if errors.Is(err, ErrIssuerUnavailable) {
+		return Principal{}, fail(ReasonLookup, "the identity provider could not be reached; try again", err)
+	}
 	if err != nil {
 		return Principal{}, fail(ReasonInvalidJWT, "invalid token: "+err.Error(), err)
 	}

@@ -4,9 +4,13 @@ package auth
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -68,6 +72,10 @@ func WithClock(now func() time.Time) OIDCOption {
 	}
 }
 
+// ErrIssuerUnavailable: the issuer could not be asked for its configuration;
+// the token was not judged.
+var ErrIssuerUnavailable = errors.New("identity provider unavailable")
+
 // NewOIDC returns a verifier of tokens from issuerURL for audience. It does
 // not contact the issuer: discovery happens on the first Verify, so the
 // service starts while the issuer is down. Once discovered, the issuer's
@@ -123,7 +131,7 @@ func (o *OIDC) discover(ctx context.Context) (*oidc.IDTokenVerifier, error) {
 	case o.sem <- struct{}{}:
 		defer func() { <-o.sem }()
 	case <-ctx.Done():
-		return nil, fmt.Errorf("auth: discover issuer: %w", ctx.Err())
+		return nil, fmt.Errorf("auth: discover issuer: %w: %w", ErrIssuerUnavailable, ctx.Err())
 	}
 	if v := o.verifier.Load(); v != nil {
 		return v, nil // discovered while this caller waited
@@ -134,7 +142,7 @@ func (o *OIDC) discover(ctx context.Context) (*oidc.IDTokenVerifier, error) {
 
 	p, err := oidc.NewProvider(oidc.ClientContext(ctx, o.client), o.issuerURL)
 	if err != nil {
-		err = fmt.Errorf("auth: discover issuer %s: %w", o.issuerURL, err)
+		err = fmt.Errorf("auth: discover issuer %s: %w: %w", o.issuerURL, ErrIssuerUnavailable, err)
 		// A caller that gave up says nothing about the issuer, so its
 		// failure must not turn the next callers away.
 		if ctx.Err() == nil {
@@ -142,10 +150,84 @@ func (o *OIDC) discover(ctx context.Context) (*oidc.IDTokenVerifier, error) {
 		}
 		return nil, err
 	}
-	// The provider's key set keeps the client from ClientContext and a
-	// background context, so key fetches outlive the request that began
-	// them.
-	v := p.Verifier(&oidc.Config{ClientID: o.audience, Now: o.now})
+	var meta struct {
+		Issuer  string   `json:"issuer"`
+		JWKSURL string   `json:"jwks_uri"`
+		Algs    []string `json:"id_token_signing_alg_values_supported"`
+	}
+	if err := p.Claims(&meta); err != nil || meta.JWKSURL == "" {
+		if err == nil {
+			err = errors.New("no jwks_uri")
+		}
+		err = fmt.Errorf("auth: discover issuer %s: %w: %w", o.issuerURL, ErrIssuerUnavailable, err)
+		o.failedAt, o.failure = o.now(), err
+		return nil, err
+	}
+	// The key set keeps the client and a background context, so key
+	// fetches outlive the request that began them.
+	remote := oidc.NewRemoteKeySet(oidc.ClientContext(context.Background(), o.client), meta.JWKSURL)
+	keys := &throttledKeys{remote: remote, now: o.now, known: map[string]bool{}}
+	v := oidc.NewVerifier(meta.Issuer, keys, &oidc.Config{ClientID: o.audience, Now: o.now, SupportedSigningAlgs: meta.Algs})
 	o.verifier.Store(v)
 	return v, nil
+}
+
+// unknownKeyEvery is how long a failed token of an unknown key id keeps
+// other unknown key ids from making the key set fetch the issuer's keys.
+const unknownKeyEvery = 5 * time.Second
+
+// throttledKeys stands before go-oidc's remote key set, which fetches the
+// issuer's keys again for every token with a key id it does not hold:
+// without a bound, anyone could make the API call the issuer at the rate
+// they send forged tokens. A key id that has verified a token goes
+// through; after a token of an unknown key id failed, other unknown key ids
+// are refused for unknownKeyEvery. A rotated-in key is picked up on its
+// first use, unless a forged token came just before it.
+type throttledKeys struct {
+	remote oidc.KeySet
+	now    func() time.Time
+
+	mu       sync.Mutex
+	known    map[string]bool
+	lastMiss time.Time
+}
+
+func (k *throttledKeys) VerifySignature(ctx context.Context, raw string) ([]byte, error) {
+	kid := keyID(raw)
+	k.mu.Lock()
+	known := k.known[kid]
+	if !known && !k.lastMiss.IsZero() && k.now().Sub(k.lastMiss) < unknownKeyEvery {
+		k.mu.Unlock()
+		return nil, errors.New("signed with a key id the issuer has not published")
+	}
+	k.mu.Unlock()
+	payload, err := k.remote.VerifySignature(ctx, raw)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	switch {
+	case err == nil && len(k.known) < 100:
+		k.known[kid] = true
+	case err != nil && !known:
+		k.lastMiss = k.now()
+	}
+	return payload, err
+}
+
+// keyID is the "kid" of a compact JWS's header, or "".
+func keyID(raw string) string {
+	header, _, ok := strings.Cut(raw, ".")
+	if !ok {
+		return ""
+	}
+	b, err := base64.RawURLEncoding.DecodeString(header)
+	if err != nil {
+		return ""
+	}
+	var h struct {
+		Kid string `json:"kid"`
+	}
+	if json.Unmarshal(b, &h) != nil {
+		return ""
+	}
+	return h.Kid
 }

@@ -151,6 +151,35 @@ func TestOIDCKeyRotation(t *testing.T) {
 
 // An issuer that cannot be reached does not stop the verifier being made;
 // Verify then fails.
+// Forged tokens naming our issuer, each signed with a key id it never
+// published, cannot make the verifier fetch the issuer's keys at their
+// rate: after one failed unknown key id, others wait unknownKeyEvery.
+func TestOIDCForgedKeyIDsDoNotFloodTheIssuer(t *testing.T) {
+	t.Parallel()
+	iss, forger := testenv.NewIssuer(t), testenv.NewIssuer(t)
+	tr := newIssuerTransport()
+	clock := newFakeClock()
+	v := auth.NewOIDC(iss.URL, oidcAudience, auth.WithHTTPClient(&http.Client{Transport: tr}), auth.WithClock(clock.now))
+	ctx := t.Context()
+	_, err := v.Verify(ctx, iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience}))
+	require.NoError(t, err)
+	fetches := tr.hits(jwksPath)
+
+	for range 50 {
+		forger.Rotate(t) // a new key id each time
+		_, err := v.Verify(ctx, forger.Token(t, jwtClaims{"sub": "mallory", "aud": oidcAudience, "iss": iss.URL}))
+		require.Error(t, err)
+	}
+	require.LessOrEqual(t, tr.hits(jwksPath), fetches+1, "one fetch for the first forged key id, none after")
+	_, err = v.Verify(ctx, iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience}))
+	require.NoError(t, err, "a known key id still verifies")
+
+	clock.advance(6 * time.Second)
+	iss.Rotate(t)
+	_, err = v.Verify(ctx, iss.Token(t, jwtClaims{"sub": "bob", "aud": oidcAudience}))
+	require.NoError(t, err, "a rotated-in key is taken once the window has passed")
+}
+
 func TestOIDCUnreachableIssuer(t *testing.T) {
 	t.Parallel()
 	srv := httptest.NewServer(http.NotFoundHandler())

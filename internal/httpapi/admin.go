@@ -156,7 +156,6 @@ func (s *server) handleCreateKey() http.HandlerFunc {
 		}
 		v := toKeyView(k)
 		v.Secret = secret
-		w.Header().Set("Location", "/v1/keys/"+v.ID)
 		w.Header().Set("Cache-Control", "no-store")
 		s.respond(w, r, http.StatusCreated, v)
 	}
@@ -243,7 +242,6 @@ func (s *server) handleCreateUser() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
-		w.Header().Set("Location", "/v1/users/"+u.ID.String())
 		s.respond(w, r, http.StatusCreated, toUserView(u))
 	}
 }
@@ -330,7 +328,6 @@ func (s *server) handleCreateRole() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
-		w.Header().Set("Location", "/v1/roles/"+role.Slug)
 		s.respond(w, r, http.StatusCreated, roleView{ID: role.ID.String(), Slug: role.Slug, Name: role.Name, CreatedAt: role.CreatedAt})
 	}
 }

@@ -1,19 +1,28 @@
 package httpapi
 
 import (
+	"context"
+	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace/noop"
 	"gopkg.in/yaml.v3"
+
+	"github.com/conveyorhq/conveyor/internal/auth"
+	"github.com/conveyorhq/conveyor/internal/task"
 )
 
 // TestOpenAPIMatchesRoutes keeps openapi.yaml true: every route the router
@@ -47,4 +56,229 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 	sort.Strings(documented)
 	sort.Strings(served)
 	require.Equal(t, served, documented)
+}
+
+// TestOpenAPISecurity keeps the document's security true: every operation
+// is public (security: []) or names in x-required-role the role the router
+// enforces, found by calling the handler as a principal of each role.
+func TestOpenAPISecurity(t *testing.T) {
+	t.Parallel()
+	var doc struct {
+		Security   []map[string][]string `yaml:"security"`
+		Components struct {
+			SecuritySchemes map[string]struct {
+				Type   string `yaml:"type"`
+				Scheme string `yaml:"scheme"`
+			} `yaml:"securitySchemes"`
+		} `yaml:"components"`
+	}
+	require.NoError(t, yaml.Unmarshal(openAPI, &doc))
+	require.Equal(t, []map[string][]string{{"bearer": {}}}, doc.Security, "every operation needs the bearer token unless it says security: []")
+	require.Equal(t, "http", doc.Components.SecuritySchemes["bearer"].Type)
+	require.Equal(t, "bearer", doc.Components.SecuritySchemes["bearer"].Scheme)
+
+	ops := documentedOperations(t)
+	require.NotEmpty(t, ops)
+	handlers := map[auth.Role]http.Handler{}
+	for _, role := range []auth.Role{"", auth.Reader, auth.Writer, auth.Admin} {
+		handlers[role] = testHandler(DevMode(auth.Principal{Kind: auth.KindKey, ID: uuid.New(), OrgID: uuid.New(), Role: role}))
+	}
+	refuseAll := testHandler(refusingAuthenticator{})
+
+	for _, op := range ops {
+		t.Run(op.Method+" "+op.Path, func(t *testing.T) {
+			if op.Public {
+				require.Empty(t, op.RequiredRole, "a public operation needs no role")
+				require.False(t, strings.HasPrefix(op.Path, "/v1/"), "every /v1 route is authenticated")
+				status, _ := callOperation(refuseAll, op)
+				require.NotEqual(t, http.StatusUnauthorized, status, "a public operation must not ask for credentials")
+				return
+			}
+			need, err := auth.ParseRole(op.RequiredRole)
+			require.NoError(t, err, "x-required-role must be reader, writer or admin")
+
+			// The documented refusals.
+			require.Contains(t, op.Responses, "401")
+			require.Contains(t, op.Responses, "429")
+			if need != auth.Reader {
+				require.Contains(t, op.Responses, "403", "a role can be too weak for it")
+			}
+			if strings.Contains(op.Path, "{") {
+				require.Contains(t, op.Responses, "404", "its resource can be missing, or another org's")
+			}
+
+			// The enforced ones.
+			status, _ := callOperation(refuseAll, op)
+			require.Equal(t, http.StatusUnauthorized, status, "without credentials")
+			var allowed []auth.Role
+			for _, role := range []auth.Role{"", auth.Reader, auth.Writer, auth.Admin} {
+				status, p := callOperation(handlers[role], op)
+				if status != http.StatusForbidden {
+					allowed = append(allowed, role)
+					continue
+				}
+				require.Contains(t, p.Detail, "this needs the", "as %q: a 403 other than the role check's", role)
+			}
+			ladder := []auth.Role{auth.Reader, auth.Writer, auth.Admin}
+			require.Equal(t, ladder[slices.Index(ladder, need):], allowed,
+				"the router must let in exactly x-required-role and the roles above it")
+		})
+	}
+}
+
+// TestOpenAPIRefsResolve keeps the document whole: every local $ref names
+// something it defines.
+func TestOpenAPIRefsResolve(t *testing.T) {
+	t.Parallel()
+	var doc map[string]any
+	require.NoError(t, yaml.Unmarshal(openAPI, &doc))
+	var walk func(v any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, x := range v {
+				if ref, ok := x.(string); k == "$ref" && ok {
+					require.True(t, strings.HasPrefix(ref, "#/"), "only local refs: %s", ref)
+					var at any = doc
+					for _, part := range strings.Split(strings.TrimPrefix(ref, "#/"), "/") {
+						m, ok := at.(map[string]any)
+						require.True(t, ok, "%s does not resolve", ref)
+						at, ok = m[part]
+						require.True(t, ok, "%s does not resolve", ref)
+					}
+					continue
+				}
+				walk(x)
+			}
+		case []any:
+			for _, x := range v {
+				walk(x)
+			}
+		}
+	}
+	walk(doc)
+}
+
+// docOperation is what these tests read of one operation of openapi.yaml.
+type docOperation struct {
+	Method, Path string
+	Public       bool // security: []
+	RequiredRole string
+	Responses    map[string]any
+}
+
+func documentedOperations(t *testing.T) []docOperation {
+	t.Helper()
+	var doc struct {
+		Paths map[string]map[string]yaml.Node `yaml:"paths"`
+	}
+	require.NoError(t, yaml.Unmarshal(openAPI, &doc))
+	var ops []docOperation
+	for path, methods := range doc.Paths {
+		for method, node := range methods {
+			if method == "parameters" {
+				continue
+			}
+			var op struct {
+				Security     *[]map[string][]string `yaml:"security"`
+				RequiredRole string                 `yaml:"x-required-role"`
+				Responses    map[string]any         `yaml:"responses"`
+			}
+			require.NoError(t, node.Decode(&op), "%s %s", method, path)
+			public := op.Security != nil
+			if public {
+				require.Empty(t, *op.Security, "%s %s: security is either [] or the document's", method, path)
+			}
+			ops = append(ops, docOperation{Method: strings.ToUpper(method), Path: path, Public: public,
+				RequiredRole: op.RequiredRole, Responses: op.Responses})
+		}
+	}
+	sort.Slice(ops, func(i, j int) bool { return ops[i].Path+ops[i].Method < ops[j].Path+ops[j].Method })
+	return ops
+}
+
+// callOperation sends op to h with its path parameters filled and an empty
+// JSON object as the body, and returns the status and the problem, if any.
+func callOperation(h http.Handler, op docOperation) (int, problem) {
+	path := strings.NewReplacer("{id}", uuid.NewString(), "{user_id}", uuid.NewString(), "{slug}", "ops").Replace(op.Path)
+	req := httptest.NewRequest(op.Method, path, strings.NewReader("{}"))
+	req.Header.Set("Content-Type", "application/json")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	var p problem
+	if strings.HasPrefix(rec.Header().Get("Content-Type"), "application/problem+json") {
+		_ = json.Unmarshal(rec.Body.Bytes(), &p)
+	}
+	return rec.Code, p
+}
+
+func testHandler(a Authenticator) http.Handler {
+	return NewHandler(Config{MaxBodyBytes: 1 << 16, Defaults: task.Defaults{MaxAttempts: 3}},
+		Deps{Store: nopStore{}, Admin: nopAdmin{}, Auth: a, Log: slog.New(slog.DiscardHandler),
+			TracerProvider: noop.NewTracerProvider(), Propagator: propagation.TraceContext{},
+			Registry: prometheus.NewRegistry()})
+}
+
+// refusingAuthenticator lets nobody in.
+type refusingAuthenticator struct{}
+
+func (refusingAuthenticator) Authenticate(context.Context, string) (auth.Principal, error) {
+	return auth.Principal{}, &auth.Error{Reason: auth.ReasonMissing, Message: "no", Err: errors.New("no")}
+}
+
+// nopStore and nopAdmin answer every call with nothing, successfully.
+type nopStore struct{}
+
+func (nopStore) Submit(context.Context, auth.Principal, task.Submission, task.Carrier) (task.Submitted, error) {
+	return task.Submitted{Created: true}, nil
+}
+func (nopStore) SubmitBatch(_ context.Context, _ auth.Principal, subs []task.Submission, _ task.Carrier) ([]task.Submitted, error) {
+	return make([]task.Submitted, len(subs)), nil
+}
+func (nopStore) Get(context.Context, auth.Principal, uuid.UUID) (task.Task, error) {
+	return task.Task{}, nil
+}
+func (nopStore) List(context.Context, auth.Principal, task.ListFilter) ([]task.Task, error) {
+	return nil, nil
+}
+func (nopStore) Events(context.Context, auth.Principal, uuid.UUID, int) ([]task.Event, error) {
+	return nil, nil
+}
+func (nopStore) Cancel(context.Context, auth.Principal, uuid.UUID, task.Carrier) (task.Task, task.CancelOutcome, error) {
+	return task.Task{}, task.CancelOutcome(0), nil
+}
+func (nopStore) Retry(context.Context, auth.Principal, uuid.UUID, task.Carrier) (task.Task, error) {
+	return task.Task{}, nil
+}
+func (nopStore) KnownTypes(context.Context) ([]string, error) { return nil, nil }
+func (nopStore) Ping(context.Context) error                   { return nil }
+
+type nopAdmin struct{}
+
+func (nopAdmin) CreateKey(context.Context, auth.Principal, auth.KeyInput) (auth.Key, string, error) {
+	return auth.Key{}, "", nil
+}
+func (nopAdmin) ListKeys(context.Context, auth.Principal) ([]auth.Key, error) { return nil, nil }
+func (nopAdmin) RevokeKey(context.Context, auth.Principal, uuid.UUID) (auth.Key, error) {
+	return auth.Key{}, nil
+}
+func (nopAdmin) CreateUser(context.Context, auth.Principal, auth.UserInput) (auth.User, error) {
+	return auth.User{}, nil
+}
+func (nopAdmin) ListUsers(context.Context, auth.Principal) ([]auth.User, error) { return nil, nil }
+func (nopAdmin) SetUserRole(context.Context, auth.Principal, uuid.UUID, auth.Role) (auth.User, error) {
+	return auth.User{}, nil
+}
+func (nopAdmin) DeleteUser(context.Context, auth.Principal, uuid.UUID) error { return nil }
+func (nopAdmin) CreateRole(context.Context, auth.Principal, string, string) (auth.OrgRole, error) {
+	return auth.OrgRole{}, nil
+}
+func (nopAdmin) ListRoles(context.Context, auth.Principal) ([]auth.OrgRole, error)  { return nil, nil }
+func (nopAdmin) DeleteRole(context.Context, auth.Principal, string) error           { return nil }
+func (nopAdmin) AddMember(context.Context, auth.Principal, string, uuid.UUID) error { return nil }
+func (nopAdmin) RemoveMember(context.Context, auth.Principal, string, uuid.UUID) error {
+	return nil
+}
+func (nopAdmin) ListMembers(context.Context, auth.Principal, string) ([]auth.User, error) {
+	return nil, nil
 }

@@ -60,6 +60,13 @@ ORDER BY u.type, u.key
 ON CONFLICT DO NOTHING
 RETURNING type, key`)
 
+// sqlKeysHidden counts the named keys that are bound to a task the caller
+// cannot see (row-level security hides the task, not the key).
+var sqlKeysHidden = statement("idempotency_keys.hidden", `
+SELECT count(*) FROM unnest($2::text[], $3::text[]) AS u(type, key)
+JOIN task_idempotency_keys k ON k.org_id = $1 AND k.type = u.type AND k.key = u.key
+WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = k.task_id)`)
+
 var sqlGetTask = statement("tasks.get", `SELECT `+taskColumns+`,
 	(SELECT r.payload FROM task_results r WHERE r.task_id = tasks.id AND tasks.`+isCompleted+`)
 	FROM tasks WHERE id = $1 AND org_id = $2`)
@@ -332,6 +339,18 @@ func submitAll(ctx context.Context, tx pgx.Tx, by *task.Principal, subs []task.S
 			return nil, false, err
 		}
 		if n != len(keys) {
+			// Either another transaction bound a key meanwhile (run
+			// again, and find it), or a key is bound to a task this caller
+			// may not see: then it was used with another request (one
+			// restricted to roles the caller lacks), and which task it
+			// names stays unsaid.
+			var hidden int
+			if err := tx.QueryRow(ctx, sqlKeysHidden, org, types, keys).Scan(&hidden); err != nil {
+				return nil, false, err
+			}
+			if hidden > 0 {
+				return nil, false, keyMismatch(task.Submission{}, uuid.Nil)
+			}
 			return nil, false, errRaced
 		}
 	}

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -309,7 +310,7 @@ func (s *APIStore) deleteOne(ctx context.Context, p auth.Principal, what, sql st
 
 // notFound names what was not found in a task.ErrNotFound.
 func notFound(err error, what string) error {
-	if err == task.ErrNotFound {
+	if errors.Is(err, task.ErrNotFound) {
 		return task.Errorf(task.ErrCodeNotFound, "%s not found", what)
 	}
 	return err
