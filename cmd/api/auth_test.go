@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -407,7 +406,7 @@ func TestAuthFailuresAreCountedAndCredentialsNeverLogged(t *testing.T) {
 	iss, stranger := testenv.NewIssuer(t), testenv.NewIssuer(t)
 	var cfg config.API
 	first := setup(t, withOIDC(iss), capture(&cfg))
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	cfg.LogLevel = "debug"
 	b := first.another(t, cfg, &logs)
 
@@ -845,22 +844,4 @@ func metricValue(exposition, series string) string {
 		}
 	}
 	return ""
-}
-
-// syncBuffer is a log that tests read while the API writes it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -62,7 +62,7 @@ func ModuleRoot(t testing.TB) string {
 type Process struct {
 	Name string
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *SyncBuffer
 	done chan struct{}
 	err  error
 }
@@ -71,7 +71,7 @@ type Process struct {
 // process is killed when t ends.
 func Start(t testing.TB, name, binary string, env ...string) *Process {
 	t.Helper()
-	p := &Process{Name: name, out: &syncBuffer{}, done: make(chan struct{})}
+	p := &Process{Name: name, out: &SyncBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(binary)
 	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
@@ -184,18 +184,19 @@ func WantStatus(url string, status int) error {
 	return nil
 }
 
-type syncBuffer struct {
+// SyncBuffer is an output that tests read while a process writes it.
+type SyncBuffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
+func (b *SyncBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
 }
 
-func (b *syncBuffer) String() string {
+func (b *SyncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
