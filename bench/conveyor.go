@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -150,13 +151,16 @@ func (s *system) post(path string, body []byte) (int, error) {
 	return resp.StatusCode, nil
 }
 
+var submitRuns atomic.Int64
+
 // httpSubmit posts single submissions from conc keep-alive clients for d
 // and returns submissions per second and the latency percentiles.
 func (s *system) httpSubmit(conc int, d time.Duration, taskType string) (perSec float64, p50, p99 time.Duration, err error) {
 	var mu sync.Mutex
 	var lat []time.Duration
+	run := submitRuns.Add(1) // a system may be measured more than once: every payload is new
 	perSec, err = forDuration(conc, d, func(w, i int) error {
-		body := fmt.Appendf(nil, `{"type": %q, "payload": {"w": %d, "i": %d}}`, taskType, w, i)
+		body := fmt.Appendf(nil, `{"type": %q, "payload": {"run": %d, "w": %d, "i": %d}}`, taskType, run, w, i)
 		start := time.Now()
 		code, err := s.post("/v1/tasks", body)
 		if err != nil {
