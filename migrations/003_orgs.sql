@@ -74,6 +74,15 @@ CREATE TABLE api_key_roles (
 );
 CREATE INDEX api_key_roles_role ON api_key_roles (role_id);
 
+-- The task types each org has submitted while no worker had declared them:
+-- the API bounds how many of those an org may have waiting at once.
+CREATE TABLE org_task_types (
+    org_id        uuid        NOT NULL REFERENCES orgs (id) ON DELETE CASCADE,
+    type          text        NOT NULL,
+    first_seen_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (org_id, type)
+);
+
 -- Existing tasks move into an org per former tenant (all of them were in
 -- 'default'), made only when there are rows to move.
 INSERT INTO orgs (slug, name)
@@ -145,6 +154,7 @@ $$;
 GRANT SELECT ON orgs, task_types TO conveyor_tenant;
 GRANT SELECT, INSERT, UPDATE ON tasks, task_events, task_results, task_idempotency_keys TO conveyor_tenant;
 GRANT INSERT ON outbox TO conveyor_tenant;
+GRANT SELECT, INSERT ON org_task_types TO conveyor_tenant;
 GRANT SELECT, INSERT, UPDATE, DELETE ON users, org_roles, org_role_memberships, api_keys, api_key_roles
     TO conveyor_tenant;
 GRANT USAGE ON SEQUENCE task_events_id_seq, outbox_id_seq TO conveyor_tenant;
@@ -188,5 +198,7 @@ ALTER TABLE org_role_memberships ENABLE ROW LEVEL SECURITY;
 CREATE POLICY tenant ON org_role_memberships TO conveyor_tenant USING (org_id = conveyor_org());
 ALTER TABLE api_keys ENABLE ROW LEVEL SECURITY;
 CREATE POLICY tenant ON api_keys TO conveyor_tenant USING (org_id = conveyor_org());
+ALTER TABLE org_task_types ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant ON org_task_types TO conveyor_tenant USING (org_id = conveyor_org());
 ALTER TABLE api_key_roles ENABLE ROW LEVEL SECURITY;
 CREATE POLICY tenant ON api_key_roles TO conveyor_tenant USING (org_id = conveyor_org());

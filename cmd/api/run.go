@@ -43,6 +43,7 @@ func run(ctx context.Context, cfg config.API, stdout io.Writer) error {
 		TrustTraceContext: cfg.TrustTraceContext,
 		RateLimit:         cfg.RateLimit,
 		RateBurst:         cfg.RateBurst,
+		MaxUnservedTypes:  cfg.MaxUnservedTypes,
 	}, httpapi.Deps{
 		Store:          store,
 		Admin:          store,

@@ -80,6 +80,9 @@ type API struct {
 	// with bursts of RateBurst; 0 turns the limit off.
 	RateLimit float64 `envconfig:"API_RATE_LIMIT" default:"1000"`
 	RateBurst int     `envconfig:"API_RATE_BURST" default:"2000"`
+	// MaxUnservedTypes bounds how many task types that no worker serves
+	// an org may have tasks waiting for; 0: no bound.
+	MaxUnservedTypes int `envconfig:"API_ORG_MAX_UNSERVED_TYPES" default:"100"`
 	// AuthDisabled lets every request in as an admin of the org DevOrg:
 	// for a developer's machine only, and loudly warned about.
 	AuthDisabled bool   `envconfig:"AUTH_DISABLED" default:"false"`
@@ -120,6 +123,9 @@ func (c API) Validate() error {
 	}
 	if c.RateLimit < 0 || c.RateBurst < 1 {
 		return fmt.Errorf("API_RATE_LIMIT and API_RATE_BURST: the limit must not be negative and the burst at least 1, got %v and %d", c.RateLimit, c.RateBurst)
+	}
+	if c.MaxUnservedTypes < 0 {
+		return fmt.Errorf("API_ORG_MAX_UNSERVED_TYPES: must not be negative, got %d", c.MaxUnservedTypes)
 	}
 	if c.NotifyDebounce < 0 {
 		return fmt.Errorf("OUTBOX_NOTIFY_DEBOUNCE: must not be negative, got %s", c.NotifyDebounce)

@@ -250,8 +250,9 @@ func (nopStore) Cancel(context.Context, auth.Principal, uuid.UUID, task.Carrier)
 func (nopStore) Retry(context.Context, auth.Principal, uuid.UUID, task.Carrier) (task.Task, error) {
 	return task.Task{}, nil
 }
-func (nopStore) KnownTypes(context.Context) ([]string, error) { return nil, nil }
-func (nopStore) Ping(context.Context) error                   { return nil }
+func (nopStore) KnownTypes(context.Context) ([]string, error)                    { return nil, nil }
+func (nopStore) AdmitTypes(context.Context, auth.Principal, []string, int) error { return nil }
+func (nopStore) Ping(context.Context) error                                      { return nil }
 
 type nopAdmin struct{}
 

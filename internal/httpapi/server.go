@@ -34,6 +34,9 @@ type Store interface {
 	Events(ctx context.Context, p auth.Principal, id uuid.UUID, limit int) ([]task.Event, error)
 	Cancel(ctx context.Context, p auth.Principal, id uuid.UUID, trace task.Carrier) (task.Task, task.CancelOutcome, error)
 	Retry(ctx context.Context, p auth.Principal, id uuid.UUID, trace task.Carrier) (task.Task, error)
+	// AdmitTypes refuses types that would leave the org with more than max
+	// task types no worker serves waiting.
+	AdmitTypes(ctx context.Context, p auth.Principal, types []string, max int) error
 	// KnownTypes lists the types some worker has declared a queue for.
 	KnownTypes(ctx context.Context) ([]string, error)
 	Ping(ctx context.Context) error
@@ -56,6 +59,9 @@ type Config struct {
 	// bursts of RateBurst; 0 turns the limit off.
 	RateLimit float64
 	RateBurst int
+	// MaxUnservedTypes bounds the task types no worker serves that an org
+	// may have waiting; 0: no bound.
+	MaxUnservedTypes int
 }
 
 // Deps are the collaborators of the HTTP handler.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 
 	"github.com/go-chi/chi/v5"
@@ -60,6 +61,10 @@ func (s *server) handleSubmit() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
+		if err := s.admitTypes(r, []task.Submission{sub}); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
 		res, err := s.Store.Submit(r.Context(), principal(r), sub, s.carrier(r))
 		if err != nil {
 			s.writeError(w, r, err)
@@ -108,6 +113,10 @@ func (s *server) handleSubmitBatch() http.HandlerFunc {
 				return
 			}
 			subs[i] = sub
+		}
+		if err := s.admitTypes(r, subs); err != nil {
+			s.writeError(w, r, err)
+			return
 		}
 		results, err := s.Store.SubmitBatch(r.Context(), principal(r), subs, s.carrier(r))
 		if err != nil {
@@ -258,6 +267,25 @@ func (s *server) handleRetry() http.HandlerFunc {
 		}
 		s.respond(w, r, http.StatusOK, s.toTaskView(t))
 	}
+}
+
+// admitTypes asks the store to bound the org's unserved task types when a
+// submission names a type no worker was known to serve (the common case,
+// known types only, costs no query).
+func (s *server) admitTypes(r *http.Request, subs []task.Submission) error {
+	if s.cfg.MaxUnservedTypes <= 0 {
+		return nil
+	}
+	var unknown []string
+	for _, sub := range subs {
+		if s.types.label(sub.Type) == otherType && !slices.Contains(unknown, sub.Type) {
+			unknown = append(unknown, sub.Type)
+		}
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	return s.Store.AdmitTypes(r.Context(), principal(r), unknown, s.cfg.MaxUnservedTypes)
 }
 
 // mayRestrict refuses a submission restricted to org roles the caller

@@ -518,6 +518,46 @@ func txRow(ctx context.Context, tx pgx.Tx, _ auth.Scope, sql string, args ...any
 	return tx.QueryRow(ctx, sql, args...)
 }
 
+// sqlAdmitTypes counts the task types the org has waiting that no worker
+// serves — those it submitted before (with a PENDING task still) and the
+// unserved ones of this request — and records the request's unserved types
+// when the count is within $3. It returns the count.
+var sqlAdmitTypes = statement("org_task_types.admit", `
+WITH req AS (
+	SELECT DISTINCT u.type FROM unnest($2::text[]) AS u(type)
+	WHERE NOT EXISTS (SELECT 1 FROM task_types k WHERE k.name = u.type)
+), waiting AS (
+	SELECT o.type FROM org_task_types o
+	WHERE o.org_id = $1 AND NOT EXISTS (SELECT 1 FROM task_types k WHERE k.name = o.type)
+		AND EXISTS (SELECT 1 FROM tasks t WHERE t.org_id = $1 AND t.type = o.type AND t.status = '`+string(task.StatusPending)+`')
+), total AS (
+	SELECT count(*) AS n FROM (SELECT type FROM waiting UNION SELECT type FROM req) x
+), ins AS (
+	INSERT INTO org_task_types (org_id, type)
+	SELECT $1, type FROM req WHERE (SELECT n FROM total) <= $3
+	ON CONFLICT DO NOTHING
+)
+SELECT n FROM total`)
+
+// AdmitTypes refuses a submission that would leave the principal's org
+// with more than max task types that no worker serves waiting at once
+// (typos, or a client that makes types up): their tasks wait in
+// PostgreSQL, parked, until a worker for the type starts, and that wait
+// must stay bounded. Concurrent submissions may overshoot max by a few.
+func (s *APIStore) AdmitTypes(ctx context.Context, p auth.Principal, types []string, max int) error {
+	var n int
+	// The count covers the org's tasks whatever their visibility.
+	sc := auth.Scope{OrgID: p.OrgID, SeeAll: true}
+	if err := scopedRow(ctx, s.pool, sc, sqlAdmitTypes, p.OrgID, types, max).Scan(&n); err != nil {
+		return translate(err)
+	}
+	if n > max {
+		return task.Invalid("type", "the org would have %d task types that no worker serves waiting, over the limit of %d: "+
+			"start workers for them, or cancel their tasks", n, max)
+	}
+	return nil
+}
+
 // KnownTypes lists the task types some worker has declared a queue for.
 func (s *APIStore) KnownTypes(ctx context.Context) ([]string, error) {
 	rows, err := s.pool.Query(ctx, sqlKnownTypes)
