@@ -2,8 +2,11 @@
 // migrations, and every SQL statement the system runs, in stores named for
 // the role that uses them — api_store.go (the HTTP API), relay_store.go (the
 // outbox relay), worker_store.go (a worker's claims, writes and registry),
-// maintenance_store.go (the elected maintenance leader) — and the one
-// statement that applies a lifecycle transition (lifecycle.go). Stores
+// maintenance_store.go (the elected maintenance leader), org_store.go (the
+// admin API's keys, users and roles), directory.go (finding a key or a user
+// before any org is known) — the one statement that applies a lifecycle
+// transition (lifecycle.go), and the caller's scope every API transaction
+// opens with (scope.go). Stores
 // return domain types; pgx stays inside, except for the *pgxpool.Pool that
 // Open hands to the binaries to build the stores with.
 package postgres
