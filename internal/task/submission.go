@@ -88,15 +88,9 @@ func NewSubmission(in SubmitInput, d Defaults, field string) (Submission, error)
 	if err != nil {
 		return Submission{}, err
 	}
-	if err := numbersFit(payload); err != nil {
-		return Submission{}, Invalid(field+"payload", "%v", err)
-	}
 	s.Payload = payload
 	if s.Metadata, err = jsonObject(in.Metadata, field+"metadata"); err != nil {
 		return Submission{}, err
-	}
-	if err := numbersFit(s.Metadata); err != nil {
-		return Submission{}, Invalid(field+"metadata", "%v", err)
 	}
 	if in.Priority != nil {
 		if *in.Priority < 0 || *in.Priority > MaxPriority {
@@ -196,8 +190,12 @@ func jsonObject(raw json.RawMessage, field string) (json.RawMessage, error) {
 	if err := StorableJSON(trimmed); err != nil {
 		return nil, Invalid(field, "%v", err)
 	}
-	if d := depth(trimmed); d > MaxJSONDepth {
+	d, err := walk(trimmed)
+	if d > MaxJSONDepth {
 		return nil, Invalid(field, "nests %d levels deep; at most %d are allowed", d, MaxJSONDepth)
+	}
+	if err != nil {
+		return nil, Invalid(field, "%v", err)
 	}
 	return trimmed, nil
 }
@@ -208,9 +206,19 @@ const MaxJSONDepth = 64
 
 // depth returns how deeply a valid JSON document nests objects and arrays.
 func depth(doc []byte) int {
-	deepest, cur := 0, 0
+	d, _ := walk(doc)
+	return d
+}
+
+// walk reads a valid JSON document once and returns how deeply it nests
+// objects and arrays, and an error for its first number beyond a float64's
+// range (about ±1.8e308): most workers cannot hold such numbers, and
+// PostgreSQL writes each out in full (1e400 as 401 digits) or overflows.
+func walk(doc []byte) (deepest int, err error) {
+	cur := 0
 	inString, escaped := false, false
-	for _, c := range doc {
+	for i := 0; i < len(doc); i++ {
+		c := doc[i]
 		switch {
 		case escaped:
 			escaped = false
@@ -224,41 +232,21 @@ func depth(doc []byte) int {
 			deepest = max(deepest, cur)
 		case c == '}' || c == ']':
 			cur--
-		}
-	}
-	return deepest
-}
-
-// numbersFit refuses numbers beyond a float64's range (about ±1.8e308):
-// most workers cannot hold them, and PostgreSQL writes each out in full
-// (1e400 as 401 digits) or overflows.
-func numbersFit(doc []byte) error {
-	inString, escaped := false, false
-	for i := 0; i < len(doc); i++ {
-		c := doc[i]
-		switch {
-		case escaped:
-			escaped = false
-		case inString && c == '\\':
-			escaped = true
-		case c == '"':
-			inString = !inString
-		case inString:
-		case c == '-' || '0' <= c && c <= '9':
+		case err == nil && (c == '-' || '0' <= c && c <= '9'):
 			end, exponent := i, false
 			for end < len(doc) && strings.IndexByte("0123456789+-.eE", doc[end]) >= 0 {
 				exponent = exponent || doc[end] == 'e' || doc[end] == 'E'
 				end++
 			}
 			if exponent || end-i > 300 { // shorter plain numbers always fit
-				if _, err := strconv.ParseFloat(string(doc[i:end]), 64); err != nil {
-					return fmt.Errorf("number %.40s is beyond the range of a float64", doc[i:end])
+				if _, perr := strconv.ParseFloat(string(doc[i:end]), 64); perr != nil {
+					err = fmt.Errorf("number %.40s is beyond the range of a float64", doc[i:end])
 				}
 			}
 			i = end - 1
 		}
 	}
-	return nil
+	return deepest, err
 }
 
 func printableASCII(s string) bool {
