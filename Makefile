@@ -3,8 +3,11 @@ SHELL := /bin/bash
 GO ?= go
 BIN := bin
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -s -w -X github.com/conveyorhq/conveyor/internal/telemetry.Version=$(VERSION)
+# The services' version lives in internal/telemetry; the command line's in main.
+LDFLAGS := -s -w -X github.com/conveyorhq/conveyor/internal/telemetry.Version=$(VERSION) -X main.version=$(VERSION)
 CMDS := $(notdir $(wildcard cmd/*))
+# The processes of the pipeline; bin/conveyor is the command-line client.
+SERVICES := $(filter-out conveyor,$(CMDS))
 TEST_TIMEOUT ?= 15m
 # Every module of the repository: the root, the benchmark and the tools.
 MODULES := . bench tools
@@ -17,12 +20,12 @@ GOLANGCI_LINT := $(GO) tool -modfile=tools/go.mod golangci-lint
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
 
-build: ## Build every binary into bin/
+build: ## Build every binary into bin/ (the services and the conveyor command line)
 	@mkdir -p $(BIN)
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
 
 run: build ## Run the whole pipeline (api, relay, worker) against local PostgreSQL and RabbitMQ
-	@./scripts/run-all.sh $(addprefix $(BIN)/,$(CMDS))
+	@./scripts/run-all.sh $(addprefix $(BIN)/,$(SERVICES))
 
 test: ## Run every test (real PostgreSQL and RabbitMQ, race detector on)
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...

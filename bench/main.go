@@ -42,6 +42,8 @@ type options struct {
 	amqpURL     string
 	skipBacklog bool
 	only        string
+	streams     int
+	streamRate  int
 }
 
 // result is one line of the report.
@@ -76,7 +78,9 @@ func main() {
 	backlogs := flag.String("backlogs", "10000,1000000", "small and large backlogs of the memory measurement")
 	flag.DurationVar(&o.sampleFor, "sample", 20*time.Second, "how long relay and worker RSS is sampled per backlog")
 	flag.BoolVar(&o.skipBacklog, "skip-backlog", false, "skip the memory-versus-backlog measurement")
-	flag.StringVar(&o.only, "only", "", "comma-separated steps to run: ceilings,river,submits,relay,burndown,latency,backlog (default all)")
+	flag.IntVar(&o.streams, "streams", 1000, "open live streams in the stream measurement")
+	flag.IntVar(&o.streamRate, "stream-rate", 20, "progress writes per second in the stream measurement (each reaches every stream)")
+	flag.StringVar(&o.only, "only", "", "comma-separated steps to run: ceilings,river,submits,relay,burndown,latency,streams,backlog (default all)")
 	flag.StringVar(&o.out, "out", "results/latest.json", "where to write the JSON report")
 	flag.StringVar(&o.adminURL, "database", envOr("BENCH_DATABASE_URL", "postgres://postgres@localhost:5432/postgres?sslmode=disable"), "PostgreSQL to create scratch databases in")
 	flag.StringVar(&o.amqpURL, "amqp", envOr("BENCH_AMQP_URL", "amqp://guest:guest@localhost:5672/"), "RabbitMQ to create scratch vhosts in")
@@ -158,6 +162,7 @@ func run(ctx context.Context, o options) error {
 		{"relay", "Conveyor: relay throughput", b.relay},
 		{"burndown", "Conveyor: burn-down", b.burnDown},
 		{"latency", "Conveyor: submit-to-start latency at a fixed rate", b.latency},
+		{"streams", "Conveyor: live streams, progress write to clients", b.streams},
 		{"backlog", "Conveyor: memory against backlog", b.backlog},
 	}
 	for _, s := range steps {
@@ -175,6 +180,7 @@ func run(ctx context.Context, o options) error {
 		Options: map[string]any{
 			"concurrency": o.conc, "pool": o.pool, "duration": o.dur.String(), "n": o.burnN, "workers": o.workers,
 			"messages": o.messages, "rate": o.rate, "backlogs": o.backlogs, "sample": o.sampleFor.String(),
+			"streams": o.streams, "stream_rate": o.streamRate,
 		},
 	}
 	printTable(os.Stdout, rep)

@@ -44,7 +44,11 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 	log := rt.Log
 
 	metrics := runner.NewMetrics(rt.Registry)
-	notifier := postgres.NewNotifier(rt.Pool, 2*time.Millisecond, log)
+	notifier := postgres.NewNotifier(rt.Pool, postgres.OutboxChannel, 2*time.Millisecond, log)
+	// Progress and every other change wake the API's live streams.
+	events := postgres.NewNotifier(rt.Pool, postgres.EventsChannel, 2*time.Millisecond, log)
+	store := postgres.NewWorkerStore(rt.Pool, notifier.Poke)
+	store.OnEvents = events.Poke
 	name := "conveyor-worker " + cfg.ID
 	w, err := runner.New(runner.Config{
 		Info: registry.Worker{
@@ -63,7 +67,7 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 		LongAfter:           time.Second,
 		ReconnectBackoffMax: cfg.ReconnectBackoffMax,
 	}, runner.Deps{
-		Store: postgres.NewWorkerStore(rt.Pool, notifier.Poke),
+		Store: store,
 		Broker: runner.BrokerFunc(func(_ context.Context, types []string, prefetch int) (runner.Source, error) {
 			c, err := rabbitmq.DialConsumer(cfg.AMQPURL, name, types, prefetch)
 			if err != nil {
@@ -81,10 +85,12 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 	}
 	inspector := rabbitmq.NewInspector(cfg.AMQPURL, name+" maintenance")
 	defer func() { _ = inspector.Close() }()
+	maintenance := postgres.NewMaintenanceStore(rt.Pool, notifier.Poke)
+	maintenance.OnEvents = events.Poke
 	maintainer := runner.NewMaintainer(runner.MaintenanceConfig{
 		WorkerID: cfg.ID, Interval: cfg.MaintenanceInterval, LeaderTTL: cfg.LeaderTTL,
 		RepublishAfter: cfg.RepublishAfter, Retention: cfg.Retention, DeadAfter: cfg.WorkerDeadAfter,
-	}, postgres.NewMaintenanceStore(rt.Pool, notifier.Poke), runner.QueuesFunc(inspector.QueueReady), log, metrics)
+	}, maintenance, runner.QueuesFunc(inspector.QueueReady), log, metrics)
 
 	adm, err := admin.Listen(ctx, cfg.AdminAddr, rt.Registry, func(context.Context) (bool, map[string]any) {
 		return w.Ready(), map[string]any{}
@@ -101,6 +107,7 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return adm.Run(bg) })
 	g.Go(func() error { return notifier.Run(bg) })
+	g.Go(func() error { return events.Run(bg) })
 	g.Go(func() error { return maintainer.Run(gctx) })
 	g.Go(func() error {
 		err := w.Run(gctx)

@@ -207,6 +207,15 @@ var authOps = map[string]opSpec{
 	"GET /v1/tasks/{id}/events": {vis: visByID, prepare: func(_ *testing.T, w *authWorld) (map[string]string, string) {
 		return map[string]string{"id": w.restrictedTask}, ""
 	}},
+	// A stream of a finished task ends on its own; the org's stream is
+	// read for a moment (see do), from its first event.
+	"GET /v1/tasks/{id}/stream": {vis: visByID, prepare: func(t *testing.T, w *authWorld) (map[string]string, string) {
+		id := w.newTask(t, true)
+		w.asAdmin(t, http.MethodPost, "/v1/tasks/"+id+"/cancel", "")
+		return map[string]string{"id": id}, ""
+	}},
+	"GET /v1/events/stream": {query: "?last_event_id=0", vis: visList,
+		sees: func(w *authWorld) []string { return []string{w.openTask, w.restrictedTask} }},
 	"POST /v1/tasks/{id}/cancel": {vis: visByID, prepare: func(t *testing.T, w *authWorld) (map[string]string, string) {
 		return map[string]string{"id": w.newTask(t, true)}, ""
 	}},

@@ -15,6 +15,7 @@ import (
 	"github.com/conveyorhq/conveyor/internal/httpapi"
 	"github.com/conveyorhq/conveyor/internal/postgres"
 	"github.com/conveyorhq/conveyor/internal/service"
+	"github.com/conveyorhq/conveyor/internal/stream"
 	"github.com/conveyorhq/conveyor/internal/task"
 )
 
@@ -29,12 +30,20 @@ func run(ctx context.Context, cfg config.API, stdout io.Writer) error {
 	defer rt.Close(ctx)
 	log := rt.Log
 
-	notifier := postgres.NewNotifier(rt.Pool, cfg.NotifyDebounce, log)
+	notifier := postgres.NewNotifier(rt.Pool, postgres.OutboxChannel, cfg.NotifyDebounce, log)
+	// One hub per instance feeds every live stream: it reads each event
+	// once, woken by the NOTIFYs of whoever wrote it (this instance too).
+	events := postgres.NewNotifier(rt.Pool, postgres.EventsChannel, cfg.NotifyDebounce, log)
+	hub := stream.NewHub(postgres.NewEventFeed(rt.Pool), stream.Config{
+		Buffer: cfg.StreamBuffer, GapTimeout: cfg.StreamGapTimeout, Encode: httpapi.EventFrame,
+	}, log, rt.Registry)
+	listener := postgres.NewListener(cfg.DatabaseURL, postgres.EventsChannel, hub.Wake, log)
 	authn, touch, err := authenticator(ctx, cfg, rt)
 	if err != nil {
 		return err
 	}
 	store := postgres.NewAPIStore(rt.TenantPool, notifier.Poke)
+	store.OnEvents = events.Poke
 	handler := httpapi.NewHandler(httpapi.Config{
 		MaxBodyBytes:      cfg.MaxBodyBytes,
 		Defaults:          task.Defaults{MaxAttempts: cfg.DefaultMaxAttempts},
@@ -44,6 +53,9 @@ func run(ctx context.Context, cfg config.API, stdout io.Writer) error {
 		RateLimit:         cfg.RateLimit,
 		RateBurst:         cfg.RateBurst,
 		MaxUnservedTypes:  cfg.MaxUnservedTypes,
+		StreamHeartbeat:   cfg.StreamHeartbeat,
+		MaxStreams:        cfg.StreamMax,
+		WriteTimeout:      cfg.WriteTimeout,
 	}, httpapi.Deps{
 		Store:          store,
 		Admin:          store,
@@ -52,6 +64,7 @@ func run(ctx context.Context, cfg config.API, stdout io.Writer) error {
 		TracerProvider: rt.TracerProvider,
 		Propagator:     rt.Propagator,
 		Registry:       rt.Registry,
+		Hub:            hub,
 	})
 
 	ln, err := new(net.ListenConfig).Listen(ctx, "tcp", cfg.Addr)
@@ -76,6 +89,11 @@ func run(ctx context.Context, cfg config.API, stdout io.Writer) error {
 		return nil
 	})
 	g.Go(func() error { return notifier.Run(gctx) })
+	g.Go(func() error { return events.Run(gctx) })
+	g.Go(func() error { return listener.Run(gctx) })
+	// When the hub stops it ends the live streams, which would otherwise
+	// hold the server's shutdown open.
+	g.Go(func() error { return hub.Run(gctx) })
 	g.Go(func() error { return touch(gctx) })
 	g.Go(func() error {
 		<-gctx.Done()

@@ -96,6 +96,24 @@ type Scope struct {
 	SeeAll bool
 }
 
+// Sees reports whether the scope takes in a task of org restricted to
+// visibility (no roles: the whole org). It is the row-level security
+// policy on tasks (migrations/003_orgs.sql), for rows read outside it.
+func (s Scope) Sees(org uuid.UUID, visibility []string) bool {
+	if org != s.OrgID || s.OrgID == uuid.Nil {
+		return false
+	}
+	if len(visibility) == 0 || s.SeeAll {
+		return true
+	}
+	for _, r := range visibility {
+		if slices.Contains(s.Roles, r) {
+			return true
+		}
+	}
+	return false
+}
+
 // Reasons an authentication fails, as counted in
 // conveyor_auth_failures_total{reason}.
 const (

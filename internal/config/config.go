@@ -87,6 +87,18 @@ type API struct {
 	// for a developer's machine only, and loudly warned about.
 	AuthDisabled bool   `envconfig:"AUTH_DISABLED" default:"false"`
 	DevOrg       string `envconfig:"AUTH_DEV_ORG" default:"dev"`
+
+	// StreamHeartbeat is how often an idle live stream sends a comment to
+	// keep proxies from closing it (and checks the caller's credentials).
+	StreamHeartbeat time.Duration `envconfig:"STREAM_HEARTBEAT" default:"15s"`
+	// StreamMax bounds the live streams one instance serves at once.
+	StreamMax int `envconfig:"STREAM_MAX" default:"10000"`
+	// StreamBuffer is how many events a stream may fall behind before it
+	// is closed (its client resumes with Last-Event-ID).
+	StreamBuffer int `envconfig:"STREAM_BUFFER" default:"1024"`
+	// StreamGapTimeout bounds how long a hole in the event ids (a
+	// transaction that has not committed yet) may hold the streams.
+	StreamGapTimeout time.Duration `envconfig:"STREAM_GAP_TIMEOUT" default:"10s"`
 }
 
 // Validate checks the API's configuration.
@@ -106,7 +118,8 @@ func (c API) Validate() error {
 	for name, d := range map[string]time.Duration{
 		"API_READ_HEADER_TIMEOUT": c.ReadHeaderTimeout, "API_READ_TIMEOUT": c.ReadTimeout,
 		"API_WRITE_TIMEOUT": c.WriteTimeout, "API_IDLE_TIMEOUT": c.IdleTimeout,
-		"API_REQUEST_TIMEOUT": c.RequestTimeout,
+		"API_REQUEST_TIMEOUT": c.RequestTimeout, "STREAM_HEARTBEAT": c.StreamHeartbeat,
+		"STREAM_GAP_TIMEOUT": c.StreamGapTimeout,
 	} {
 		if err := positive(name, d); err != nil {
 			return err
@@ -129,6 +142,9 @@ func (c API) Validate() error {
 	}
 	if c.NotifyDebounce < 0 {
 		return fmt.Errorf("OUTBOX_NOTIFY_DEBOUNCE: must not be negative, got %s", c.NotifyDebounce)
+	}
+	if c.StreamMax < 1 || c.StreamBuffer < 16 {
+		return fmt.Errorf("STREAM_MAX and STREAM_BUFFER: must be at least 1 and 16, got %d and %d", c.StreamMax, c.StreamBuffer)
 	}
 	return nil
 }

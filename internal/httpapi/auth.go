@@ -46,7 +46,13 @@ func principal(r *http.Request) auth.Principal {
 // within the principal's rate limit, and takes note of who they are.
 func (s *server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p, err := s.Auth.Authenticate(r.Context(), r.Header.Get("Authorization"))
+		// The lookup is bounded like a request, streams' included.
+		actx, cancel := r.Context(), context.CancelFunc(func() {})
+		if s.cfg.RequestTimeout > 0 {
+			actx, cancel = context.WithTimeout(actx, s.cfg.RequestTimeout)
+		}
+		p, err := s.Auth.Authenticate(actx, r.Header.Get("Authorization"))
+		cancel()
 		if err != nil {
 			reason := auth.ReasonOf(err)
 			s.metrics.authFailures.WithLabelValues(reason).Inc()

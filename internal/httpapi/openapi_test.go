@@ -244,6 +244,9 @@ func (nopStore) List(context.Context, auth.Principal, task.ListFilter) ([]task.T
 func (nopStore) Events(context.Context, auth.Principal, uuid.UUID, int) ([]task.Event, error) {
 	return nil, nil
 }
+func (nopStore) EventsBetween(context.Context, auth.Principal, task.EventFilter, int64, int64, int) ([]task.Event, error) {
+	return nil, nil
+}
 func (nopStore) Cancel(context.Context, auth.Principal, uuid.UUID, task.Carrier) (task.Task, task.CancelOutcome, error) {
 	return task.Task{}, task.CancelOutcome(0), nil
 }

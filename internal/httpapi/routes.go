@@ -37,29 +37,34 @@ func (s *server) router() chi.Router {
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer)
 	r.Use(s.instrument)
-	r.Use(s.timeout)
 	r.NotFound(s.handleNotFound())
 	r.MethodNotAllowed(s.handleMethodNotAllowed())
 
-	// Every /v1 route needs a principal; each group, a role.
+	// Every /v1 route needs a principal; each group, a role. Every request
+	// but a live stream is bounded by the request timeout.
 	r.Route("/v1", func(r chi.Router) {
 		r.Use(s.authenticate)
 		r.Group(func(r chi.Router) {
 			r.Use(s.require(auth.Reader))
+			r.Get("/tasks/{id}/stream", s.handleTaskStream())
+			r.Get("/events/stream", s.handleEventStream())
+		})
+		r.Group(func(r chi.Router) {
+			r.Use(s.timeout, s.require(auth.Reader))
 			r.Get("/whoami", s.handleWhoami())
 			r.Get("/tasks", s.handleList())
 			r.Get("/tasks/{id}", s.handleGet())
 			r.Get("/tasks/{id}/events", s.handleEvents())
 		})
 		r.Group(func(r chi.Router) {
-			r.Use(s.require(auth.Writer))
+			r.Use(s.timeout, s.require(auth.Writer))
 			r.Post("/tasks", s.handleSubmit())
 			r.Post("/tasks/batch", s.handleSubmitBatch())
 			r.Post("/tasks/{id}/cancel", s.handleCancel())
 			r.Post("/tasks/{id}/retry", s.handleRetry())
 		})
 		r.Group(func(r chi.Router) {
-			r.Use(s.require(auth.Admin))
+			r.Use(s.timeout, s.require(auth.Admin))
 			r.Post("/keys", s.handleCreateKey())
 			r.Get("/keys", s.handleListKeys())
 			r.Delete("/keys/{id}", s.handleRevokeKey())
@@ -76,10 +81,13 @@ func (s *server) router() chi.Router {
 		})
 	})
 
-	r.Get("/healthz", s.handleHealthz())
-	r.Get("/readyz", s.handleReadyz())
-	r.Get("/openapi.yaml", s.handleOpenAPI())
-	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(s.Registry, promhttp.HandlerOpts{Registry: s.Registry}))
+	r.Group(func(r chi.Router) {
+		r.Use(s.timeout)
+		r.Get("/healthz", s.handleHealthz())
+		r.Get("/readyz", s.handleReadyz())
+		r.Get("/openapi.yaml", s.handleOpenAPI())
+		r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(s.Registry, promhttp.HandlerOpts{Registry: s.Registry}))
+	})
 	return r
 }
 

@@ -7,6 +7,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -15,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/conveyorhq/conveyor/internal/auth"
+	"github.com/conveyorhq/conveyor/internal/stream"
 	"github.com/conveyorhq/conveyor/internal/task"
 )
 
@@ -32,6 +34,9 @@ type Store interface {
 	// List returns summaries: no payload, metadata or result.
 	List(ctx context.Context, p auth.Principal, f task.ListFilter) ([]task.Task, error)
 	Events(ctx context.Context, p auth.Principal, id uuid.UUID, limit int) ([]task.Event, error)
+	// EventsBetween returns the events in (after, upto] that pass f,
+	// oldest first, at most limit: a stream's catch-up.
+	EventsBetween(ctx context.Context, p auth.Principal, f task.EventFilter, after, upto int64, limit int) ([]task.Event, error)
 	Cancel(ctx context.Context, p auth.Principal, id uuid.UUID, trace task.Carrier) (task.Task, task.CancelOutcome, error)
 	Retry(ctx context.Context, p auth.Principal, id uuid.UUID, trace task.Carrier) (task.Task, error)
 	// AdmitTypes refuses types that would leave the org with more than max
@@ -62,6 +67,15 @@ type Config struct {
 	// MaxUnservedTypes bounds the task types no worker serves that an org
 	// may have waiting; 0: no bound.
 	MaxUnservedTypes int
+	// StreamHeartbeat is how often an idle live stream sends a comment
+	// (and checks the caller's credentials again).
+	StreamHeartbeat time.Duration
+	// MaxStreams bounds the live streams this instance serves at once;
+	// 0: no bound.
+	MaxStreams int
+	// WriteTimeout bounds each write of a live stream: a client that takes
+	// nothing for that long is dropped.
+	WriteTimeout time.Duration
 }
 
 // Deps are the collaborators of the HTTP handler.
@@ -73,6 +87,8 @@ type Deps struct {
 	TracerProvider trace.TracerProvider
 	Propagator     propagation.TextMapPropagator
 	Registry       *prometheus.Registry
+	// Hub feeds the live streams; without it they answer 503.
+	Hub *stream.Hub
 }
 
 // NewHandler returns the API's HTTP handler with every route of routes.go.
@@ -89,4 +105,5 @@ type server struct {
 	metrics *metrics
 	types   *typeLabels
 	limits  *limiters
+	streams atomic.Int64 // live streams open
 }

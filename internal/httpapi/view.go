@@ -115,24 +115,33 @@ func traceID(traceparent string) string {
 	return parts[1]
 }
 
-// eventView is the JSON shape of a task event.
+// eventView is the JSON shape of a task event. Type is the task's, in
+// streams; Result, on the COMPLETED event of one task's stream.
 type eventView struct {
 	ID        int64           `json:"id"`
 	TaskID    string          `json:"task_id"`
+	Type      string          `json:"type,omitempty"`
 	Status    task.Status     `json:"status"`
 	State     string          `json:"state"`
 	Progress  int             `json:"progress"`
+	Error     string          `json:"error,omitempty"`
 	Detail    json.RawMessage `json:"detail,omitempty"`
 	Actor     task.Actor      `json:"actor"`
 	By        *task.Principal `json:"by,omitempty"`
+	Result    json.RawMessage `json:"result,omitempty"`
 	CreatedAt time.Time       `json:"created_at"`
+}
+
+func toEventView(e task.Event) eventView {
+	return eventView{ID: e.ID, TaskID: e.TaskID.String(), Type: e.Type, Status: e.Status, State: e.State,
+		Progress: e.Progress, Error: e.Error, Detail: e.Detail, Actor: e.Actor, By: e.By, Result: e.Result,
+		CreatedAt: e.CreatedAt}
 }
 
 func toEventViews(es []task.Event) []eventView {
 	out := make([]eventView, len(es))
 	for i, e := range es {
-		out[i] = eventView{ID: e.ID, TaskID: e.TaskID.String(), Status: e.Status, State: e.State,
-			Progress: e.Progress, Detail: e.Detail, Actor: e.Actor, By: e.By, CreatedAt: e.CreatedAt}
+		out[i] = toEventView(e)
 	}
 	return out
 }

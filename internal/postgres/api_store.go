@@ -82,8 +82,8 @@ var sqlListTasks = statement("tasks.list", `SELECT `+summaryColumns+` FROM tasks
 
 // sqlTaskEvents answers no row at all when the task is not there (or not
 // the caller's to see), and a row with a NULL event id when it has no events.
-var sqlTaskEvents = statement("task_events.list", `SELECT e.id, t.id, e.status, e.state, e.progress, e.detail,
-		e.actor, e.principal, e.created_at
+var sqlTaskEvents = statement("task_events.list", `SELECT e.id, t.id, e.status, e.state, e.progress,
+		coalesce(e.error, ''), e.detail, e.actor, e.principal, e.created_at
 	FROM tasks t LEFT JOIN LATERAL (
 		SELECT * FROM task_events WHERE task_id = t.id AND org_id = $3 ORDER BY id DESC LIMIT $2) e ON true
 	WHERE t.id = $1 AND t.org_id = $3`)
@@ -101,6 +101,9 @@ type APIStore struct {
 	// onOutbox is called after a commit that added outbox rows (the
 	// relay's wake-up). It must not block.
 	onOutbox func()
+	// OnEvents, when set, is called after every commit that wrote task
+	// events (the stream hubs' wake-up). It must not block.
+	OnEvents func()
 }
 
 // NewAPIStore returns the API's store. onOutbox, when not nil, is called
@@ -134,6 +137,7 @@ func (s *APIStore) Submit(ctx context.Context, p auth.Principal, sub task.Submis
 		t, err := scanTask(scopedRow(ctx, s.pool, p.Scope(), sqlSubmit, submitArgs(id, sub, p.Actor(), trace)...))
 		if err == nil {
 			s.onOutbox()
+			call(s.OnEvents)
 			return task.Submitted{Task: t, Created: true}, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
@@ -185,6 +189,7 @@ func (s *APIStore) SubmitBatch(ctx context.Context, p auth.Principal, subs []tas
 	}
 	if created {
 		s.onOutbox()
+		call(s.OnEvents)
 	}
 	return out, nil
 }
@@ -424,9 +429,11 @@ func (s *APIStore) Events(ctx context.Context, p auth.Principal, id uuid.UUID, l
 		var status, actor *string
 		var state *string
 		var progress *int
-		err := row.Scan(&eventID, &e.TaskID, &status, &state, &progress, &e.Detail, &actor, &e.By, &e.CreatedAt)
+		var errText *string
+		err := row.Scan(&eventID, &e.TaskID, &status, &state, &progress, &errText, &e.Detail, &actor, &e.By, &e.CreatedAt)
 		if eventID != nil {
 			e.ID, e.Status, e.State, e.Progress, e.Actor = *eventID, task.Status(*status), *state, *progress, task.Actor(*actor)
+			e.Error = *errText
 		}
 		return e, err
 	}, sqlTaskEvents, id, limit, p.OrgID)
@@ -508,6 +515,7 @@ func (s *APIStore) transition(ctx context.Context, p auth.Principal, id uuid.UUI
 		if queued {
 			s.onOutbox()
 		}
+		call(s.OnEvents)
 		return t, nil
 	}
 	return task.Task{}, task.Errorf(task.ErrCodeUnavailable, "task %s keeps changing; try again", id)

@@ -127,14 +127,15 @@ WITH rule (transition, from_statuses, to_status, state, actor, event, message, a
 		AND (NOT c.needs_cancel OR t.cancel_requested_at IS NOT NULL)
 	RETURNING t.id, t.org_id, t.type, t.status, t.state, t.progress, t.priority, t.attempt, t.version, t.next_run_at,
 		t.traceparent, c.actor, c.event, c.detail::jsonb AS detail, c.message, c.headers::jsonb AS headers,
-		c.stores_result, c.result_in, c.principal::jsonb AS principal
+		c.stores_result, c.result_in, c.principal::jsonb AS principal,
+		CASE c.error_effect WHEN 'set' THEN c.error_in END AS error
 ), result AS (
 	INSERT INTO task_results (task_id, org_id, payload)
 	SELECT id, org_id, result_in::jsonb FROM upd WHERE stores_result
 	ON CONFLICT (task_id) DO UPDATE SET payload = excluded.payload, created_at = now()
 ), event AS (
-	INSERT INTO task_events (task_id, org_id, status, state, progress, actor, detail, principal)
-	SELECT id, org_id, status, state, progress, actor, detail, principal FROM upd WHERE event
+	INSERT INTO task_events (task_id, org_id, status, state, progress, actor, detail, principal, error)
+	SELECT id, org_id, status, state, progress, actor, detail, principal, error FROM upd WHERE event
 ), message AS (
 	`+enqueue("upd")+`
 )
@@ -271,4 +272,22 @@ func applySorted(ctx context.Context, q querier, changes []task.Change) ([]task.
 		return nil, false, err
 	}
 	return out, queued, nil
+}
+
+// wroteEvents reports whether any of the changes that landed appends an
+// event.
+func wroteEvents(changes []task.Change, applied []task.Applied) bool {
+	for i, c := range changes {
+		if i < len(applied) && !applied[i].Fenced && task.Lifecycle[c.Transition].Event {
+			return true
+		}
+	}
+	return false
+}
+
+// call calls f, when set.
+func call(f func()) {
+	if f != nil {
+		f()
+	}
 }

@@ -76,6 +76,9 @@ var sqlCountWorkers = statement("workers.count", `SELECT count(*) FROM workers`)
 type MaintenanceStore struct {
 	pool     *pgxpool.Pool
 	onOutbox func()
+	// OnEvents, when set, is called after every commit that wrote task
+	// events. It must not block.
+	OnEvents func()
 }
 
 // NewMaintenanceStore returns the maintenance leader's store. onOutbox, when
@@ -140,6 +143,9 @@ func (s *MaintenanceStore) Apply(ctx context.Context, changes []task.Change) ([]
 	out, errs, queued, err := apply(ctx, s.pool, changes)
 	if queued {
 		s.onOutbox()
+	}
+	if wroteEvents(changes, out) {
+		call(s.OnEvents)
 	}
 	return out, errs, err
 }

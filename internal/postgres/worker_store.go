@@ -72,6 +72,9 @@ WHERE task_type = ANY($1) AND available_at = 'infinity'`)
 type WorkerStore struct {
 	pool     *pgxpool.Pool
 	onOutbox func()
+	// OnEvents, when set, is called after every commit that wrote task
+	// events (the stream hubs' wake-up). It must not block.
+	OnEvents func()
 }
 
 // NewWorkerStore returns a worker's store. onOutbox, when not nil, is called
@@ -92,6 +95,9 @@ func (s *WorkerStore) Claim(ctx context.Context, ids []uuid.UUID, workerID strin
 		return nil, translate(err)
 	}
 	tasks, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (task.Task, error) { return scanTask(row) })
+	if len(tasks) > 0 {
+		call(s.OnEvents)
+	}
 	return tasks, translate(err)
 }
 
@@ -103,6 +109,9 @@ func (s *WorkerStore) Apply(ctx context.Context, changes []task.Change) ([]task.
 	out, errs, queued, err := apply(ctx, s.pool, changes)
 	if queued {
 		s.onOutbox()
+	}
+	if wroteEvents(changes, out) {
+		call(s.OnEvents)
 	}
 	return out, errs, err
 }

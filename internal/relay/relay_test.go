@@ -223,7 +223,7 @@ func TestRelayWakesOnNotify(t *testing.T) {
 	})
 	before := testenv.QueueDepth(t, b.amqpURL, rabbitmq.QueueName("demo.sleep"))
 
-	notifier := postgres.NewNotifier(b.db.Pool, 0, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	notifier := postgres.NewNotifier(b.db.Pool, postgres.OutboxChannel, 0, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { _ = notifier.Run(ctx) }()

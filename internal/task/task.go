@@ -111,18 +111,29 @@ type Task struct {
 	Result json.RawMessage
 }
 
-// Event is one entry of a task's append-only history.
+// Event is one entry of a task's append-only history. Event ids grow in
+// the order a task's events are committed.
 type Event struct {
 	ID       int64
 	TaskID   uuid.UUID
 	Status   Status
 	State    string
 	Progress int
-	Detail   json.RawMessage
-	Actor    Actor
+	// Error is the error the change set (a failure, a retry's reason).
+	Error  string
+	Detail json.RawMessage
+	Actor  Actor
 	// By is who made the change, for changes made through the API.
 	By        *Principal
 	CreatedAt time.Time
+
+	// Of the task, for streams: its org, type and visibility.
+	OrgID      uuid.UUID
+	Type       string
+	Visibility []string
+	// Result is the task's result, on a COMPLETED event a stream of the
+	// one task sends.
+	Result json.RawMessage
 }
 
 // Submitted is the outcome of one submission: the stored task, and whether
@@ -139,6 +150,20 @@ type ListFilter struct {
 	// After is the keyset cursor: only tasks older than this id.
 	After uuid.UUID
 	Limit int
+}
+
+// EventFilter narrows a stream of events: to one task, a type, a status.
+// Zero fields match everything.
+type EventFilter struct {
+	TaskID uuid.UUID
+	Type   string
+	Status Status
+}
+
+// Match reports whether e passes the filter.
+func (f EventFilter) Match(e *Event) bool {
+	return (f.TaskID == uuid.Nil || e.TaskID == f.TaskID) && (f.Type == "" || e.Type == f.Type) &&
+		(f.Status == "" || e.Status == f.Status)
 }
 
 // CancelOutcome says what a cancel request did.

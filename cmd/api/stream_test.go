@@ -1,0 +1,136 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/conveyorhq/conveyor/internal/config"
+)
+
+// The live streams as the API serves them, without workers: submissions
+// and cancels make the events. (cmd/worker's stream tests run them against
+// real workers.)
+
+// openStream GETs path with the bearer token and returns the response and
+// a reader of its lines; both end with the test.
+func (b *testBundle) openStream(t *testing.T, path, token string) (*http.Response, *bufio.Scanner) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.base+path, nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := (&http.Client{}).Do(req)
+	require.NoError(t, err)
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp, bufio.NewScanner(resp.Body)
+}
+
+// nextData returns the data of the stream's next event (not its ready
+// frame), failing after 5s.
+func nextData(t *testing.T, lines *bufio.Scanner) string {
+	t.Helper()
+	got := make(chan string, 1)
+	go func() {
+		event := ""
+		for lines.Scan() {
+			if name, ok := strings.CutPrefix(lines.Text(), "event: "); ok {
+				event = name
+			}
+			if data, ok := strings.CutPrefix(lines.Text(), "data: "); ok && event != "ready" {
+				got <- data
+				return
+			}
+		}
+		got <- ""
+	}()
+	select {
+	case data := <-got:
+		require.NotEmpty(t, data, "the stream ended")
+		return data
+	case <-time.After(5 * time.Second):
+		t.Fatal("no event within 5s")
+		return ""
+	}
+}
+
+func TestOrgStreamStartsNowAndFilters(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	before := b.post(t, "/v1/tasks", `{"type":"stream.before","payload":{}}`)
+	require.Equal(t, http.StatusCreated, before.status)
+
+	resp, lines := b.openStream(t, "/v1/events/stream?type=stream.watched&status=CANCELLED", b.token)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	require.Equal(t, "no-cache", resp.Header.Get("Cache-Control"))
+
+	other := b.post(t, "/v1/tasks", `{"type":"stream.other","payload":{}}`)
+	watched := b.post(t, "/v1/tasks", `{"type":"stream.watched","payload":{}}`)
+	require.Equal(t, http.StatusCreated, watched.status)
+	id := watched.json(t)["id"].(string)
+	b.post(t, "/v1/tasks/"+other.json(t)["id"].(string)+"/cancel", "")
+	require.Equal(t, http.StatusOK, b.post(t, "/v1/tasks/"+id+"/cancel", "").status)
+
+	data := nextData(t, lines)
+	require.Contains(t, data, id, "the first event through the filters is the watched task's cancel")
+	require.Contains(t, data, `"status":"CANCELLED"`)
+	require.Contains(t, data, `"type":"stream.watched"`)
+	require.NotContains(t, data, before.json(t)["id"].(string))
+}
+
+func TestStreamRefusesBadInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id := b.post(t, "/v1/tasks", `{"type":"stream.bad","payload":{}}`).json(t)["id"].(string)
+	for _, c := range []struct{ path, header string }{
+		{"/v1/tasks/" + id + "/stream", "x"},
+		{"/v1/tasks/" + id + "/stream", "-1"},
+		{"/v1/tasks/" + id + "/stream?last_event_id=1.5", ""},
+		{"/v1/events/stream", "99999999999999999999"},
+		{"/v1/events/stream?status=DONE", ""},
+		{"/v1/events/stream?type=Not%20a%20type", ""},
+		{"/v1/events/stream?tipe=x", ""},
+	} {
+		resp := b.do(t, http.MethodGet, c.path, "", "", "Last-Event-ID", c.header)
+		require.Contains(t, []int{http.StatusBadRequest, http.StatusUnprocessableEntity}, resp.status, "%s %q: %s", c.path, c.header, resp.body)
+		require.Equal(t, "application/problem+json", resp.header.Get("Content-Type"))
+	}
+	resp := b.do(t, http.MethodGet, "/v1/tasks/01900000-0000-7000-8000-000000000000/stream", "", "")
+	require.Equal(t, http.StatusNotFound, resp.status)
+}
+
+// A stream outlives no credential: at the next heartbeat after its key is
+// revoked, it ends.
+func TestStreamOfARevokedKeyEnds(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *config.API) { c.StreamHeartbeat = 100 * time.Millisecond })
+	key := b.post(t, "/v1/keys", `{"name":"watcher","role":"reader"}`)
+	require.Equal(t, http.StatusCreated, key.status)
+	resp, lines := b.openStream(t, "/v1/events/stream", key.json(t)["secret"].(string))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodDelete, "/v1/keys/"+key.json(t)["id"].(string), "", "").status)
+	ended := make(chan []string, 1)
+	go func() {
+		var comments []string
+		for lines.Scan() {
+			if strings.HasPrefix(lines.Text(), ":") {
+				comments = append(comments, lines.Text())
+			}
+		}
+		ended <- comments
+	}()
+	select {
+	case comments := <-ended:
+		require.Contains(t, comments, ": credentials no longer valid")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the stream of a revoked key is still open")
+	}
+}

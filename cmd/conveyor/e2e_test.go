@@ -1,0 +1,325 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/conveyorhq/conveyor/internal/postgres"
+	"github.com/conveyorhq/conveyor/internal/testdb"
+	"github.com/conveyorhq/conveyor/internal/testenv"
+)
+
+// These tests run the conveyor binary against the real pipeline: the api,
+// relay and worker binaries on a database and a vhost of the test's own,
+// on the machine's PostgreSQL and RabbitMQ.
+
+// pipeline is a running api, relay and worker, and the admin key of the
+// org "test".
+type pipeline struct {
+	url   string
+	token string
+	// bin is the conveyor binary.
+	bin string
+	// home is the HOME and XDG_CONFIG_HOME of the runs: no config file of
+	// the machine's user reaches them.
+	home string
+}
+
+func startPipeline(t *testing.T) *pipeline {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs the api, relay and worker binaries")
+	}
+	t.Parallel()
+	db := testdb.New(t)
+	amqpURL := testenv.NewVhost(t)
+	apiAddr := testenv.FreeAddr(t)
+	p := &pipeline{url: "http://" + apiAddr, bin: testenv.Binary(t, "./cmd/conveyor"), home: t.TempDir()}
+	logs := []string{"LOG_FORMAT=text", "LOG_LEVEL=warn"}
+	testenv.Start(t, "api", testenv.Binary(t, "./cmd/api"), append(logs,
+		"DATABASE_URL="+db.URL, "API_ADDR="+apiAddr)...)
+	testenv.Start(t, "relay", testenv.Binary(t, "./cmd/relay"), append(logs,
+		"DATABASE_URL="+db.URL, "AMQP_URL="+amqpURL, "RELAY_ADMIN_ADDR="+testenv.FreeAddr(t),
+		"RELAY_POLL_INTERVAL=100ms", "RELAY_RECONNECT_BACKOFF_MAX=300ms")...)
+	testenv.Start(t, "worker", testenv.Binary(t, "./cmd/worker"), append(logs,
+		"DATABASE_URL="+db.URL, "AMQP_URL="+amqpURL, "WORKER_ADMIN_ADDR="+testenv.FreeAddr(t),
+		"WORKER_ID=cli-worker", "WORKER_CONCURRENCY=4", "PROGRESS_MIN_INTERVAL=50ms",
+		"RETRY_BACKOFF_BASE=200ms", "RETRY_BACKOFF_MAX=1s", "MAINTENANCE_INTERVAL=300ms",
+		"SHUTDOWN_TIMEOUT=5s", "WORKER_RECONNECT_BACKOFF_MAX=300ms")...)
+	testenv.WaitHTTP(t, p.url+"/readyz", 60*time.Second)
+	var err error
+	p.token, err = postgres.NewDirectory(db.Pool).Bootstrap(context.Background(), testdb.TestOrg, "cli-tests")
+	require.NoError(t, err)
+	return p
+}
+
+// env is the environment of a run of the binary: the machine's, but for
+// the configuration, which is the pipeline's.
+func (p *pipeline) env(extra ...string) []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "CONVEYOR_") && !strings.HasPrefix(kv, "HOME=") && !strings.HasPrefix(kv, "XDG_CONFIG_HOME=") {
+			out = append(out, kv)
+		}
+	}
+	return append(append(out, "CONVEYOR_URL="+p.url, "CONVEYOR_TOKEN="+p.token, "HOME="+p.home,
+		"XDG_CONFIG_HOME="+p.home), extra...)
+}
+
+// run runs the binary to its end (within a minute).
+func (p *pipeline) run(t *testing.T, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, p.bin, args...)
+	cmd.Env = p.env()
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	r := result{stdout: stdout.String(), stderr: stderr.String()}
+	if exit, ok := errors.AsType[*exec.ExitError](err); ok {
+		r.code = exit.ExitCode()
+	} else {
+		require.NoError(t, err, "conveyor %v", args)
+	}
+	t.Logf("conveyor %s → %d\n%s%s", strings.Join(args, " "), r.code, r.stdout, r.stderr)
+	return r
+}
+
+// ok runs the binary and wants exit 0.
+func (p *pipeline) ok(t *testing.T, args ...string) string {
+	t.Helper()
+	r := p.run(t, args...)
+	require.Equal(t, 0, r.code, "conveyor %v: %s", args, r.stderr)
+	return r.stdout
+}
+
+type taskDoc struct {
+	ID          string          `json:"id"`
+	Type        string          `json:"type"`
+	Status      string          `json:"status"`
+	Progress    int             `json:"progress"`
+	State       string          `json:"state"`
+	Error       string          `json:"error"`
+	Attempt     int             `json:"attempt"`
+	MaxAttempts int             `json:"max_attempts"`
+	Result      json.RawMessage `json:"result"`
+}
+
+func (p *pipeline) task(t *testing.T, id string) taskDoc {
+	t.Helper()
+	var d taskDoc
+	require.NoError(t, json.Unmarshal([]byte(p.ok(t, "get", id, "-o", "json")), &d))
+	return d
+}
+
+func (p *pipeline) waitStatus(t *testing.T, id, status string) taskDoc {
+	t.Helper()
+	var d taskDoc
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if d = p.task(t, id); d.Status != status {
+			return fmt.Errorf("task %s is %s (%d%%, %s), want %s", id, d.Status, d.Progress, d.State, status)
+		}
+		return nil
+	})
+	return d
+}
+
+// submit submits a task through the binary and returns its id.
+func (p *pipeline) submit(t *testing.T, args ...string) string {
+	t.Helper()
+	id := strings.TrimSpace(p.ok(t, append([]string{"submit"}, args...)...))
+	require.Len(t, id, 36, "a task id")
+	return id
+}
+
+// The task commands and the key commands against the real API.
+func TestCommandsAgainstThePipeline(t *testing.T) {
+	p := startPipeline(t)
+
+	id := p.submit(t, "demo.sleep", "--payload", `{"steps":5,"step_ms":200}`)
+	out := p.ok(t, "get", id)
+	require.Regexp(t, `(?m)^id:\s+`+id+`$`, out)
+	require.Regexp(t, `(?m)^type:\s+demo.sleep$`, out)
+	require.Regexp(t, `(?m)^payload:\s+\{("steps":5,"step_ms":200|"step_ms":200,"steps":5)\}$`, out)
+	done := p.waitStatus(t, id, "COMPLETED")
+	require.Equal(t, 100, done.Progress)
+	require.Contains(t, string(done.Result), "slept_ms")
+
+	// The same input is the same task, and says so.
+	r := p.run(t, "submit", "demo.sleep", "--payload", `{"step_ms":200,"steps":5}`)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, id+"\n", r.stdout)
+	require.Contains(t, r.stderr, "the same input as task "+id+" (COMPLETED)")
+
+	// The history, oldest first.
+	out = p.ok(t, "events", id)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Regexp(t, `^ID\s+TIME\s+STATUS\s+PROGRESS\s+ACTOR\s+BY\s+STATE\s+ERROR$`, lines[0])
+	require.Regexp(t, `PENDING\s+0%\s+API\s+key cli-tests\s+Queued$`, lines[1])
+	require.Regexp(t, `COMPLETED\s+100%\s+WORKER\s+`, lines[len(lines)-1])
+	require.Len(t, lines, 1+1+1+5+1, "queued, running, 5 steps, completed: %s", out)
+
+	// A long task, cancelled while it runs, then retried.
+	long := p.submit(t, "demo.sleep", "-p", `{"steps":100,"step_ms":100}`, "--priority", "9", "--max-attempts", "2")
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if d := p.task(t, long); d.Progress == 0 {
+			return fmt.Errorf("task %s not started: %s", long, d.Status)
+		}
+		return nil
+	})
+	require.Regexp(t, `^`+long+` cancel requested \(IN_PROGRESS, \d+%\)\n$`, p.ok(t, "cancel", long))
+	p.waitStatus(t, long, "CANCELLED")
+	require.Equal(t, long+" PENDING (attempt 0 of 2)\n", p.ok(t, "retry", long))
+	// Cancelled again: at once if still PENDING, else by request.
+	require.Regexp(t, `^`+long+` (CANCELLED|cancel requested \(IN_PROGRESS, \d+%\))\n$`, p.ok(t, "cancel", long))
+	p.waitStatus(t, long, "CANCELLED")
+
+	// Listings, filtered, as a table and as JSON.
+	out = p.ok(t, "ls", "--type", "demo.sleep")
+	require.Regexp(t, `^ID\s+TYPE\s+STATUS\s+PROGRESS\s+STATE\s+AGE\s+UPDATED\n`, out)
+	require.Regexp(t, long+`\s+demo.sleep\s+CANCELLED\s+`, out)
+	require.Regexp(t, id+`\s+demo.sleep\s+COMPLETED\s+100%\s+Completed`, out)
+	require.Less(t, strings.Index(out, long), strings.Index(out, id), "newest first")
+	var page struct {
+		Tasks      []taskDoc `json:"tasks"`
+		NextCursor string    `json:"next_cursor"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(p.ok(t, "ls", "--status", "completed", "-o", "json")), &page))
+	require.Len(t, page.Tasks, 1)
+	require.Equal(t, id, page.Tasks[0].ID)
+	r = p.run(t, "ls", "--limit", "1")
+	require.Equal(t, 0, r.code)
+	require.Contains(t, r.stdout, long)
+	require.Contains(t, r.stderr, "more: conveyor ls --cursor ")
+	require.Len(t, strings.Split(strings.TrimSpace(p.ok(t, "ls", "--limit", "1", "--all")), "\n"), 3, "header and both tasks")
+
+	// The API's refusals: exit 1 and its detail.
+	r = p.run(t, "get", "0193a2b4-0000-7000-8000-000000000000")
+	require.Equal(t, 1, r.code)
+	require.Regexp(t, `^conveyor: .+ \(HTTP 404\)\n$`, r.stderr)
+	r = p.run(t, "retry", id)
+	require.Equal(t, 1, r.code)
+	require.Regexp(t, `^conveyor: .+ \(HTTP 409\)\n$`, r.stderr)
+	r = p.run(t, "submit", "demo.sleep", "--priority", "12")
+	require.Equal(t, 1, r.code)
+	require.Regexp(t, `^conveyor: priority: .+ \(HTTP 422\)\n$`, r.stderr)
+
+	// Keys: make one, use it, list it, revoke it, and it is refused.
+	r = p.run(t, "keys", "create", "billing", "--role", "writer")
+	require.Equal(t, 0, r.code, r.stderr)
+	secret := strings.TrimSpace(r.stdout)
+	require.Regexp(t, `^cvk_[a-z2-7]{16}_[a-z2-7]{52}$`, secret)
+	require.Regexp(t, `^made key [0-9a-f-]{36} \(cvk_[a-z2-7]{16}, role writer\)`, r.stderr)
+	keyID := strings.Fields(r.stderr)[2]
+
+	out = p.ok(t, "whoami", "--token", secret)
+	require.Regexp(t, `(?m)^name:\s+billing$`, out)
+	require.Regexp(t, `(?m)^role:\s+writer$`, out)
+	r = p.run(t, "keys", "ls", "--token", secret)
+	require.Equal(t, 1, r.code, "a writer is no admin")
+	require.Contains(t, r.stderr, "(HTTP 403)")
+
+	out = p.ok(t, "keys", "ls")
+	require.Regexp(t, `(?m)^`+keyID+`\s+billing\s+writer\s+cvk_[a-z2-7]{16}\s+`+`\S+\s+\S+\s+active$`, out)
+	require.Regexp(t, `(?m)^[0-9a-f-]{36}\s+cli-tests\s+admin\s+`, out)
+
+	require.Regexp(t, `^revoked key `+keyID+` \(billing, cvk_[a-z2-7]{16}\)\n$`, p.ok(t, "keys", "revoke", keyID))
+	require.Regexp(t, `(?m)^`+keyID+`\s+billing\s+.*revoked \S+$`, p.ok(t, "keys", "ls"))
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if r := p.run(t, "whoami", "--token", secret); r.code != 1 || !strings.Contains(r.stderr, "(HTTP 401)") {
+			return fmt.Errorf("the revoked key still works: %d %s", r.code, r.stderr)
+		}
+		return nil
+	})
+}
+
+// The streaming commands: submit --wait, watch off a terminal, and the
+// org's live events.
+func TestStreamingCommandsAgainstThePipeline(t *testing.T) {
+	p := startPipeline(t)
+
+	// submit --wait follows the task to its end and exits 0: it COMPLETED.
+	r := p.run(t, "submit", "demo.sleep", "--payload", `{"steps":5,"step_ms":200}`, "--wait")
+	require.Equal(t, 0, r.code, r.stderr)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	id := lines[0]
+	require.Len(t, id, 36)
+	require.Regexp(t, `^\S+  `+id+`  PENDING       0%  Queued$`, lines[1])
+	require.Regexp(t, `^\S+  `+id+`  IN_PROGRESS   0%  Running$`, lines[2])
+	require.Regexp(t, `^\S+  `+id+`  IN_PROGRESS  40%  Step 2/5$`, lines[4])
+	require.Regexp(t, `^\S+  `+id+`  COMPLETED   100%  Completed$`, lines[len(lines)-1])
+	require.Len(t, lines, 1+1+1+5+1, "the id, then every event once: %s", r.stdout)
+
+	// watch replays a finished task's whole history, and exits 0.
+	require.Equal(t, strings.Join(lines[1:], "\n")+"\n", p.ok(t, "watch", id))
+
+	// A task that fails its only attempt: exit 1, its error on the screen.
+	failing := p.submit(t, "demo.sleep", "-p", `{"steps":2,"step_ms":50,"fail_times":1}`, "--max-attempts", "1")
+	r = p.run(t, "watch", failing)
+	require.Equal(t, 1, r.code, r.stderr)
+	require.Regexp(t, `(?m)^\S+  `+failing+`  FAILED      \s*\d+%  Failed: .*demo.sleep: failing attempt 1 of the first 1, as asked$`, r.stdout)
+
+	// Several at once, as JSON lines: every event of each, once.
+	a := p.submit(t, "demo.sleep", "-p", `{"steps":3,"step_ms":100}`, "--no-dedupe")
+	b := p.submit(t, "demo.sleep", "-p", `{"steps":3,"step_ms":100}`, "--no-dedupe")
+	r = p.run(t, "watch", a, b, "-o", "json")
+	require.Equal(t, 0, r.code, r.stderr)
+	seen := map[string][]int64{}
+	for line := range strings.Lines(r.stdout) {
+		var e struct {
+			ID     int64           `json:"id"`
+			TaskID string          `json:"task_id"`
+			Status string          `json:"status"`
+			Result json.RawMessage `json:"result"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(line), &e), line)
+		require.NotContains(t, seen[e.TaskID], e.ID, "event %d twice", e.ID)
+		seen[e.TaskID] = append(seen[e.TaskID], e.ID)
+		if e.Status == "COMPLETED" {
+			require.Contains(t, string(e.Result), "slept_ms")
+		}
+	}
+	require.Len(t, seen[a], 6, "queued, running, 3 steps, completed")
+	require.Len(t, seen[b], 6)
+
+	// The org's live events, filtered, until interrupted (exit 0).
+	feed := exec.Command(p.bin, "events", "--follow", "--status", "COMPLETED")
+	feed.Env = p.env()
+	out := &testenv.SyncBuffer{}
+	feed.Stdout, feed.Stderr = out, out
+	require.NoError(t, feed.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- feed.Wait() }()
+	t.Cleanup(func() { _ = feed.Process.Kill() })
+	// The feed starts now: submit until one of them shows (the first may
+	// complete before the stream is open).
+	var last string
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if last != "" && strings.Contains(out.String(), last) {
+			return nil
+		}
+		last = p.submit(t, "demo.sleep", "-p", `{"steps":1,"step_ms":10}`, "--no-dedupe")
+		return fmt.Errorf("no COMPLETED event in the feed yet: %q", out.String())
+	})
+	require.NoError(t, feed.Process.Signal(syscall.SIGINT))
+	select {
+	case err := <-exited:
+		require.NoError(t, err, "Ctrl-C ends the feed normally: %s", out.String())
+	case <-time.After(10 * time.Second):
+		t.Fatal("the feed did not stop on SIGINT")
+	}
+	for line := range strings.Lines(out.String()) {
+		require.Regexp(t, `^\S+  [0-9a-f-]{36}  demo.sleep  COMPLETED   100%  Completed\n$`, line)
+	}
+}

@@ -1,0 +1,18 @@
+// Command conveyor is Conveyor's command line: it submits, inspects,
+// watches, cancels and retries tasks, and manages the org's keys, users
+// and roles, through the HTTP API. `conveyor --help` lists the commands.
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], systemEnv())
+	stop()
+	os.Exit(exitCode(os.Stderr, err))
+}

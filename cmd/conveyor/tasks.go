@@ -1,0 +1,350 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/conveyorhq/conveyor/internal/apiclient"
+)
+
+// statuses are the task statuses, for completion and checks.
+var statuses = []string{apiclient.StatusPending, apiclient.StatusInProgress, apiclient.StatusCompleted,
+	apiclient.StatusFailed, apiclient.StatusCancelled}
+
+func (a *app) submitCommand() *cobra.Command {
+	var (
+		payload, payloadFile, metadata, key string
+		priority, maxAttempts               int
+		visibility                          []string
+		noDedupe, wait                      bool
+	)
+	cmd := &cobra.Command{
+		Use:   "submit TYPE",
+		Short: "Submit a task and print its id",
+		Long: `Submit a task of TYPE. Its payload, a JSON object, comes from --payload,
+from --payload-file (- for standard input), or from standard input when it
+is not a terminal; without any, the payload is {}.
+
+The same type and payload as an existing task is that task (its id is
+printed, with a note on standard error), unless --no-dedupe. With --wait,
+the task is then followed to its end, as watch does, and the exit status
+is 0 only if it COMPLETED.`,
+		Example: `  conveyor submit demo.sleep --payload '{"steps":5,"step_ms":200}'
+  echo '{"steps":3}' | conveyor submit demo.sleep --priority 9 --wait
+  conveyor submit demo.sleep --payload-file job.json --idempotency-key order-42 -o json`,
+		Args: exactArgs(1, "TYPE"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req := apiclient.SubmitRequest{Type: args[0], Visibility: visibility}
+			var err error
+			if req.Payload, err = a.readPayload(cmd, payload, payloadFile); err != nil {
+				return err
+			}
+			if metadata != "" {
+				if req.Metadata, err = jsonObject("--metadata", []byte(metadata)); err != nil {
+					return err
+				}
+			}
+			if cmd.Flags().Changed("priority") {
+				req.Priority = &priority
+			}
+			if cmd.Flags().Changed("max-attempts") {
+				req.MaxAttempts = &maxAttempts
+			}
+			if noDedupe {
+				req.Dedupe = new(false)
+			}
+			c, err := a.api(cmd)
+			if err != nil {
+				return err
+			}
+			t, created, err := c.Submit(cmd.Context(), req, key)
+			if err != nil {
+				return err
+			}
+			if !created {
+				fmt.Fprintf(a.stderr, "conveyor: the same input as task %s (%s), which is not submitted again (unless --no-dedupe)\n", t.ID, t.Status)
+			}
+			switch {
+			case a.output == outputJSON && wait:
+				// JSON Lines: the task, then its events.
+				err = writeJSONLine(a.stdout, t.JSON())
+			case a.output == outputJSON:
+				err = writeJSON(a.stdout, t.JSON())
+			default:
+				_, err = fmt.Fprintln(a.stdout, t.ID)
+			}
+			if err != nil || !wait {
+				return err
+			}
+			return a.watchTasks(cmd.Context(), c, []string{t.ID})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&payload, "payload", "p", "", "the payload, a JSON object")
+	f.StringVarP(&payloadFile, "payload-file", "f", "", "read the payload from this file (- for standard input)")
+	f.IntVar(&priority, "priority", 5, "priority, 0 to 9 (9 most urgent)")
+	f.IntVar(&maxAttempts, "max-attempts", 3, "attempts before the task fails, 1 to 100")
+	f.StringVar(&metadata, "metadata", "", "metadata, a JSON object")
+	f.StringSliceVar(&visibility, "visibility", nil, "restrict the task to members of these org roles (repeat or comma-separate)")
+	f.BoolVar(&noDedupe, "no-dedupe", false, "submit even if a task of the same type and payload exists")
+	f.StringVarP(&key, "idempotency-key", "k", "", "the Idempotency-Key: the same key always gets the same task")
+	f.BoolVarP(&wait, "wait", "w", false, "follow the task to its end; exit 0 only if it COMPLETED")
+	cmd.MarkFlagsMutuallyExclusive("payload", "payload-file")
+	return cmd
+}
+
+// readPayload returns the payload given by --payload, --payload-file or a
+// standard input that is not a terminal, checked to be a JSON object;
+// nil when there is none.
+func (a *app) readPayload(cmd *cobra.Command, payload, file string) (json.RawMessage, error) {
+	var b []byte
+	var err error
+	source := "--payload"
+	switch {
+	case cmd.Flags().Changed("payload"):
+		b = []byte(payload)
+	case file == "-":
+		source = "standard input"
+		b, err = io.ReadAll(a.stdin)
+	case file != "":
+		source = file
+		b, err = os.ReadFile(file)
+	case a.stdin != nil && !isTerminal(a.stdin):
+		source = "standard input"
+		if b, err = io.ReadAll(a.stdin); err == nil && len(bytes.TrimSpace(b)) == 0 {
+			return nil, nil
+		}
+	default:
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the payload: %w", err)
+	}
+	return jsonObject("the payload ("+source+")", b)
+}
+
+// jsonObject checks that b is one JSON object and returns it unparsed, so
+// that its numbers reach the API as written: the API tells 1e2 from 100.
+func jsonObject(what string, b []byte) (json.RawMessage, error) {
+	b = bytes.TrimSpace(b)
+	if !json.Valid(b) {
+		return nil, usagef("%s is not valid JSON", what)
+	}
+	if len(b) == 0 || b[0] != '{' {
+		return nil, usagef("%s must be a JSON object, {…}", what)
+	}
+	return json.RawMessage(b), nil
+}
+
+func (a *app) getCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "get ID",
+		Short: "Show a task",
+		Args:  exactArgs(1, "ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.api(cmd)
+			if err != nil {
+				return err
+			}
+			t, err := c.Task(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if a.output == outputJSON {
+				return writeJSON(a.stdout, t.JSON())
+			}
+			return a.writeTask(t)
+		},
+	}
+}
+
+// writeTask writes a task as "key: value" lines.
+func (a *app) writeTask(t apiclient.Task) error {
+	attempt := fmt.Sprintf("%d of %d", t.Attempt, t.MaxAttempts)
+	var next string
+	if t.Status == apiclient.StatusPending {
+		next = stampPtr(t.NextRunAt)
+	}
+	return fields(a.stdout,
+		"id", t.ID,
+		"type", t.Type,
+		"status", t.Status,
+		"progress", strconv.Itoa(t.Progress)+"%",
+		"state", t.State,
+		"error", t.Error,
+		"attempt", attempt,
+		"priority", strconv.Itoa(t.Priority),
+		"visibility", strings.Join(t.Visibility, ", "),
+		"idempotency key", t.IdempotencyKey,
+		"worker", t.WorkerID,
+		"created", stamp(t.CreatedAt),
+		"started", stampPtr(t.StartedAt),
+		"next run", next,
+		"cancel requested", stampPtr(t.CancelRequestedAt),
+		"completed", stampPtr(t.CompletedAt),
+		"updated", stampPtr(t.UpdatedAt),
+		"payload", compact(t.Payload),
+		"metadata", compact(t.Metadata),
+		"result", compact(t.Result),
+		"trace", t.TraceURL,
+	)
+}
+
+func (a *app) listCommand() *cobra.Command {
+	var (
+		f   apiclient.ListFilter
+		all bool
+	)
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List tasks, newest first",
+		Long: `List the tasks of the org that the caller may see, newest first, a page
+at a time (--limit, up to 500; the API's default is 50). When there are
+more, the command for the next page is printed on standard error; --all
+fetches every page.`,
+		Example: `  conveyor ls --status FAILED --type demo.sleep
+  conveyor ls --limit 500 --all -o json`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f.Status = strings.ToUpper(f.Status)
+			c, err := a.api(cmd)
+			if err != nil {
+				return err
+			}
+			var tasks []apiclient.Task
+			var docs []json.RawMessage
+			for {
+				page, err := c.Tasks(cmd.Context(), f)
+				if err != nil {
+					return err
+				}
+				if a.output == outputJSON && !all {
+					return writeJSON(a.stdout, page.JSON())
+				}
+				tasks = append(tasks, page.Tasks...)
+				var raw struct {
+					Tasks []json.RawMessage `json:"tasks"`
+				}
+				if err := json.Unmarshal(page.JSON(), &raw); err != nil {
+					return fmt.Errorf("the API's listing: %w", err)
+				}
+				docs = append(docs, raw.Tasks...)
+				f.Cursor = page.NextCursor
+				if f.Cursor == "" || !all {
+					break
+				}
+			}
+			if a.output == outputJSON {
+				b, err := json.Marshal(map[string]any{"tasks": docs})
+				if err != nil {
+					return err
+				}
+				return writeJSON(a.stdout, b)
+			}
+			if err := a.writeTaskTable(tasks); err != nil {
+				return err
+			}
+			if f.Cursor != "" {
+				fmt.Fprintf(a.stderr, "more: %s --cursor %s\n", cmd.CommandPath(), f.Cursor)
+			}
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVarP(&f.Status, "status", "s", "", "only tasks of this status: "+strings.Join(statuses, ", "))
+	fl.StringVarP(&f.Type, "type", "t", "", "only tasks of this type")
+	fl.IntVarP(&f.Limit, "limit", "n", 0, "tasks per page, 1 to 500 (default: the API's, 50)")
+	fl.StringVar(&f.Cursor, "cursor", "", "start after this cursor, printed with the previous page")
+	fl.BoolVarP(&all, "all", "A", false, "fetch every page")
+	_ = cmd.RegisterFlagCompletionFunc("status", fixedCompletions(statuses...))
+	return cmd
+}
+
+// writeTaskTable writes tasks as a table.
+func (a *app) writeTaskTable(tasks []apiclient.Task) error {
+	now := a.now()
+	t := newTable(a.stdout, "ID", "TYPE", "STATUS", "PROGRESS", "STATE", "AGE", "UPDATED")
+	for _, task := range tasks {
+		t.row(task.ID, task.Type, task.Status, strconv.Itoa(task.Progress)+"%", truncate(task.State, 40),
+			ago(now, task.CreatedAt), agoPtr(now, task.UpdatedAt))
+	}
+	return t.flush()
+}
+
+func (a *app) cancelCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "cancel ID",
+		Short: "Cancel a task",
+		Long: `Cancel a task. A PENDING task is CANCELLED at once; for a running one the
+cancellation is requested, and its handler stops within a second or so.`,
+		Args: exactArgs(1, "ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.api(cmd)
+			if err != nil {
+				return err
+			}
+			t, requested, err := c.Cancel(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if a.output == outputJSON {
+				return writeJSON(a.stdout, t.JSON())
+			}
+			if requested {
+				_, err = fmt.Fprintf(a.stdout, "%s cancel requested (%s, %d%%)\n", t.ID, t.Status, t.Progress)
+				return err
+			}
+			_, err = fmt.Fprintf(a.stdout, "%s %s\n", t.ID, t.Status)
+			return err
+		},
+	}
+}
+
+func (a *app) retryCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "retry ID",
+		Short: "Run a FAILED or CANCELLED task again",
+		Args:  exactArgs(1, "ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.api(cmd)
+			if err != nil {
+				return err
+			}
+			t, err := c.Retry(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if a.output == outputJSON {
+				return writeJSON(a.stdout, t.JSON())
+			}
+			_, err = fmt.Fprintf(a.stdout, "%s %s (attempt %d of %d)\n", t.ID, t.Status, t.Attempt, t.MaxAttempts)
+			return err
+		},
+	}
+}
+
+// exactArgs wants n arguments, named by names in the message.
+func exactArgs(n int, names string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usagef("%s wants %s, got %d arguments", cmd.Name(), names, len(args))
+		}
+		return nil
+	}
+}
+
+// noArgs refuses arguments.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usagef("%s takes no arguments, got %q", cmd.Name(), args)
+	}
+	return nil
+}

@@ -1,0 +1,159 @@
+package main
+
+import (
+	"errors"
+	"io"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/creack/pty"
+	"github.com/hinshun/vt10x"
+	"github.com/stretchr/testify/require"
+)
+
+// These tests run `conveyor watch` on a pseudo-terminal of 120×20 and read
+// what a person would see: the pty's output goes through a terminal
+// emulator (vt10x), whose screen is read while the command runs and after
+// it ended.
+
+// terminal is a command running on a pseudo-terminal, and the screens it
+// showed.
+type terminal struct {
+	vt   vt10x.Terminal
+	done chan struct{}
+	code int
+
+	mu      sync.Mutex
+	screens []string // each distinct screen seen, in order
+}
+
+const termCols, termRows = 120, 20
+
+func (p *pipeline) onTerminal(t *testing.T, args ...string) *terminal {
+	t.Helper()
+	cmd := exec.Command(p.bin, args...)
+	cmd.Env = p.env("TERM=xterm-256color")
+	ptmx, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: termRows, Cols: termCols})
+	require.NoError(t, err)
+	term := &terminal{vt: vt10x.New(vt10x.WithSize(termCols, termRows)), done: make(chan struct{})}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-term.done
+	})
+
+	copied := make(chan struct{})
+	go func() {
+		// Ends with EIO once the command has exited and the pty drained.
+		_, _ = io.Copy(term.vt, ptmx)
+		close(copied)
+	}()
+	go func() {
+		defer close(term.done)
+		err := cmd.Wait()
+		term.code = 0
+		if exit, ok := errors.AsType[*exec.ExitError](err); ok {
+			term.code = exit.ExitCode()
+		}
+		select {
+		case <-copied:
+		case <-time.After(5 * time.Second):
+		}
+		_ = ptmx.Close()
+		term.snapshot()
+	}()
+	go func() {
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-term.done:
+				return
+			case <-tick.C:
+				term.snapshot()
+			}
+		}
+	}()
+	return term
+}
+
+func (term *terminal) snapshot() {
+	s := term.vt.String()
+	term.mu.Lock()
+	defer term.mu.Unlock()
+	if n := len(term.screens); n == 0 || term.screens[n-1] != s {
+		term.screens = append(term.screens, s)
+	}
+}
+
+// wait waits for the command's end and returns its exit code and last
+// screen.
+func (term *terminal) wait(t *testing.T) (int, string) {
+	t.Helper()
+	select {
+	case <-term.done:
+	case <-time.After(time.Minute):
+		t.Fatalf("still running after a minute; screen:\n%s", term.vt.String())
+	}
+	term.mu.Lock()
+	defer term.mu.Unlock()
+	return term.code, term.screens[len(term.screens)-1]
+}
+
+func (term *terminal) seen() []string {
+	term.mu.Lock()
+	defer term.mu.Unlock()
+	return append([]string(nil), term.screens...)
+}
+
+// barLine is the line of a task's bar on the screen.
+func barLine(screen, id string) string {
+	for line := range strings.Lines(screen) {
+		if strings.HasPrefix(line, id) && strings.Contains(line, "[") {
+			return strings.TrimRight(line, " \n")
+		}
+	}
+	return ""
+}
+
+var percent = regexp.MustCompile(`\] +(\d+)%`)
+
+// A task that completes: its bar rises through intermediate percentages,
+// and the final screen shows it full, at 100%, COMPLETED; exit 0. A task
+// that fails its only attempt: FAILED with its error; exit 1.
+func TestWatchOnATerminal(t *testing.T) {
+	p := startPipeline(t)
+
+	// Long enough to be seen running however late the watch starts on a
+	// busy machine.
+	ok := p.submit(t, "demo.sleep", "-p", `{"steps":10,"step_ms":400}`)
+	failing := p.submit(t, "demo.sleep", "-p", `{"steps":2,"step_ms":100,"fail_times":1}`, "--max-attempts", "1")
+	watchOK := p.onTerminal(t, "watch", ok)
+	watchFailing := p.onTerminal(t, "watch", failing)
+
+	code, screen := watchOK.wait(t)
+	t.Logf("final screen:\n%s", screen)
+	require.Equal(t, 0, code, screen)
+	line := barLine(screen, ok)
+	require.Regexp(t, `^`+ok+` demo.sleep +\[=+\] 100%  \S+  COMPLETED$`, line)
+
+	intermediate := map[string]bool{}
+	for _, s := range watchOK.seen() {
+		if m := percent.FindStringSubmatch(barLine(s, ok)); m != nil && m[1] != "0" && m[1] != "100" {
+			intermediate[m[1]+"%"] = true
+			require.Regexp(t, `^`+ok+` demo.sleep +\[=*>?-*\] +\d+%  \S+  ETA \S+  Step \d+/10$`, barLine(s, ok), "a bar while it runs")
+		}
+	}
+	require.NotEmpty(t, intermediate, "the bar was seen between 0 and 100%%; screens:\n%s", strings.Join(watchOK.seen(), "\n---\n"))
+	t.Logf("seen at %v", intermediate)
+
+	code, screen = watchFailing.wait(t)
+	t.Logf("final screen:\n%s", screen)
+	require.Equal(t, 1, code, screen)
+	require.Regexp(t, `^`+failing+` demo.sleep +\[-+\] +\d+%  \S+  FAILED: .*demo.sleep: fail`, barLine(screen, failing))
+	require.Regexp(t, `(?m)^`+failing+` FAILED: .*demo.sleep: failing attempt 1 of the first 1, as asked\s*$`, screen,
+		"the whole error, below the bars")
+}

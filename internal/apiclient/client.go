@@ -1,0 +1,247 @@
+// Package apiclient is a client of Conveyor's HTTP API: one typed call per
+// /v1 route, problem documents as *Error, and live streams followed across
+// reconnects without showing an event twice.
+package apiclient
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config says where the API is and how to talk to it.
+type Config struct {
+	// URL is the API's base, such as http://localhost:8080.
+	URL string
+	// Token is sent as the bearer of every request: an API key or an
+	// OpenID Connect token.
+	Token string
+	// Timeout bounds every request but streams; 0 means 30s.
+	Timeout time.Duration
+	// UserAgent names the caller in the API's logs.
+	UserAgent string
+	// Transport carries the requests; nil means http.DefaultTransport.
+	Transport http.RoundTripper
+
+	// ReconnectDelay is the first wait before a stream reconnects (0:
+	// 250ms); it doubles while reconnects fail, up to ReconnectMaxDelay
+	// (0: 2s, the server's own retry hint).
+	ReconnectDelay, ReconnectMaxDelay time.Duration
+	// ReconnectTries is how many reconnects in a row a stream makes
+	// without receiving an event before it gives up (0: 20, about 35s).
+	ReconnectTries int
+	// StreamIdleTimeout is how long a stream may stay silent, heartbeats
+	// included, before it is taken for dead and reconnected (0: 60s).
+	StreamIdleTimeout time.Duration
+}
+
+// Client calls the API. It is safe for concurrent use.
+type Client struct {
+	base   *url.URL
+	cfg    Config
+	http   *http.Client
+	stream *http.Client
+}
+
+// New returns a client of the API at cfg.URL.
+func New(cfg Config) (*Client, error) {
+	u, err := url.Parse(strings.TrimRight(cfg.URL, "/"))
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("API URL %q: want http(s)://host[:port]", cfg.URL)
+	}
+	cfg.Timeout = cmp.Or(cfg.Timeout, 30*time.Second)
+	cfg.ReconnectDelay = cmp.Or(cfg.ReconnectDelay, 250*time.Millisecond)
+	cfg.ReconnectMaxDelay = cmp.Or(cfg.ReconnectMaxDelay, 2*time.Second)
+	cfg.ReconnectTries = cmp.Or(cfg.ReconnectTries, 20)
+	cfg.StreamIdleTimeout = cmp.Or(cfg.StreamIdleTimeout, time.Minute)
+	transport := cfg.Transport
+	if transport == nil {
+		transport = http.DefaultTransport
+	}
+	return &Client{
+		base: u,
+		cfg:  cfg,
+		http: &http.Client{Timeout: cfg.Timeout, Transport: transport},
+		// A stream lives as long as its caller wants; its silence is
+		// bounded by StreamIdleTimeout instead.
+		stream: &http.Client{Transport: transport},
+	}, nil
+}
+
+// URL is the API's base URL.
+func (c *Client) URL() string { return c.base.String() }
+
+// Error is an answer of the API that is not a success, with the fields of
+// its problem document (RFC 9457) when it sent one.
+type Error struct {
+	// Status is the HTTP status code.
+	Status int
+	Type   string
+	Title  string
+	Detail string
+	// Field names the input at fault, for validation errors.
+	Field    string
+	Instance string
+	// RetryAfter is the wait the API asked for (429), if any.
+	RetryAfter time.Duration
+}
+
+// Error reads "detail (HTTP status)".
+func (e *Error) Error() string {
+	msg := cmp.Or(e.Detail, e.Title, http.StatusText(e.Status), "error")
+	return fmt.Sprintf("%s (HTTP %d)", msg, e.Status)
+}
+
+// StatusOf is the HTTP status of an *Error in err's chain, or 0.
+func StatusOf(err error) int {
+	if e, ok := errors.AsType[*Error](err); ok {
+		return e.Status
+	}
+	return 0
+}
+
+// Document keeps the JSON the API answered, so that a caller can show it
+// unchanged, fields this client does not know included.
+type Document struct{ raw json.RawMessage }
+
+// JSON is the document as the API sent it.
+func (d Document) JSON() json.RawMessage { return d.raw }
+
+func (d *Document) keep(b []byte) { d.raw = append(json.RawMessage(nil), b...) }
+
+type keeper interface{ keep([]byte) }
+
+// request is one call of the API.
+type request struct {
+	method string
+	path   string
+	query  url.Values
+	header http.Header
+	body   any
+}
+
+// do sends req and decodes a success into out (unless nil); it returns the
+// status, so callers can tell a 201 from a 200 or a 202.
+func (c *Client) do(ctx context.Context, req request, out any) (int, error) {
+	resp, err := c.send(ctx, c.http, req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return resp.StatusCode, readError(resp)
+	}
+	if out == nil || resp.StatusCode == http.StatusNoContent {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode, nil
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return resp.StatusCode, fmt.Errorf("%s %s: read answer: %w", req.method, req.path, err)
+	}
+	if err := json.Unmarshal(body, out); err != nil {
+		return resp.StatusCode, fmt.Errorf("%s %s: decode answer: %w", req.method, req.path, err)
+	}
+	if k, ok := out.(keeper); ok {
+		k.keep(body)
+	}
+	return resp.StatusCode, nil
+}
+
+// send builds and sends req; the caller closes the body.
+func (c *Client) send(ctx context.Context, hc *http.Client, req request) (*http.Response, error) {
+	u := *c.base
+	u.Path += req.path
+	if len(req.query) > 0 {
+		u.RawQuery = req.query.Encode()
+	}
+	var body io.Reader
+	if req.body != nil {
+		b, err := bodyBytes(req.body)
+		if err != nil {
+			return nil, fmt.Errorf("%s %s: encode: %w", req.method, req.path, err)
+		}
+		body = bytes.NewReader(b)
+	}
+	r, err := http.NewRequestWithContext(ctx, req.method, u.String(), body)
+	if err != nil {
+		return nil, err
+	}
+	for k, vs := range req.header {
+		r.Header[k] = vs
+	}
+	if body != nil {
+		r.Header.Set("Content-Type", "application/json")
+	}
+	if r.Header.Get("Accept") == "" {
+		r.Header.Set("Accept", "application/json, application/problem+json")
+	}
+	if c.cfg.Token != "" {
+		r.Header.Set("Authorization", "Bearer "+c.cfg.Token)
+	}
+	if c.cfg.UserAgent != "" {
+		r.Header.Set("User-Agent", c.cfg.UserAgent)
+	}
+	resp, err := hc.Do(r)
+	if err != nil {
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return nil, ctxErr
+		}
+		return nil, fmt.Errorf("cannot reach the API at %s: %w", c.base, unwrapURLError(err))
+	}
+	return resp, nil
+}
+
+func bodyBytes(v any) ([]byte, error) {
+	if raw, ok := v.(json.RawMessage); ok {
+		return raw, nil
+	}
+	return json.Marshal(v)
+}
+
+// unwrapURLError drops the "Get "http://…": " that *url.Error repeats.
+func unwrapURLError(err error) error {
+	if ue, ok := errors.AsType[*url.Error](err); ok {
+		return ue.Err
+	}
+	return err
+}
+
+// readError turns an unsuccessful answer into an *Error, from its problem
+// document when it is one, else from its status and the start of its body.
+func readError(resp *http.Response) error {
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	e := &Error{Status: resp.StatusCode}
+	if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s > 0 {
+		e.RetryAfter = time.Duration(s) * time.Second
+	}
+	media, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	if media == "application/problem+json" || media == "application/json" {
+		var p struct {
+			Type     string `json:"type"`
+			Title    string `json:"title"`
+			Detail   string `json:"detail"`
+			Field    string `json:"field"`
+			Instance string `json:"instance"`
+		}
+		if json.Unmarshal(body, &p) == nil {
+			e.Type, e.Title, e.Detail, e.Field, e.Instance = p.Type, p.Title, p.Detail, p.Field, p.Instance
+			return e
+		}
+	}
+	e.Title = http.StatusText(resp.StatusCode)
+	if text := strings.TrimSpace(string(body)); text != "" && len(text) <= 200 && !strings.ContainsAny(text, "<>") {
+		e.Detail = text
+	}
+	return e
+}

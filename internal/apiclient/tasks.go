@@ -1,0 +1,186 @@
+package apiclient
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+)
+
+// Task statuses; the last three are terminal.
+const (
+	StatusPending    = "PENDING"
+	StatusInProgress = "IN_PROGRESS"
+	StatusCompleted  = "COMPLETED"
+	StatusFailed     = "FAILED"
+	StatusCancelled  = "CANCELLED"
+)
+
+// Terminal reports whether a task of status will change no more (unless
+// it is retried).
+func Terminal(status string) bool {
+	return status == StatusCompleted || status == StatusFailed || status == StatusCancelled
+}
+
+// Task is a task as GET /v1/tasks/{id} answers it; in a listing the
+// payload, metadata, input hash, lease, result and trace URL are absent.
+type Task struct {
+	Document
+	ID                string          `json:"id"`
+	OrgID             string          `json:"org_id"`
+	Visibility        []string        `json:"visibility"`
+	Type              string          `json:"type"`
+	Status            string          `json:"status"`
+	State             string          `json:"state"`
+	Progress          int             `json:"progress"`
+	Priority          int             `json:"priority"`
+	Payload           json.RawMessage `json:"payload,omitempty"`
+	Metadata          json.RawMessage `json:"metadata,omitempty"`
+	Attempt           int             `json:"attempt"`
+	MaxAttempts       int             `json:"max_attempts"`
+	Error             string          `json:"error,omitempty"`
+	IdempotencyKey    string          `json:"idempotency_key,omitempty"`
+	InputHash         string          `json:"input_hash,omitempty"`
+	Version           int             `json:"version"`
+	WorkerID          string          `json:"worker_id,omitempty"`
+	LeaseExpiresAt    *time.Time      `json:"lease_expires_at,omitempty"`
+	NextRunAt         *time.Time      `json:"next_run_at,omitempty"`
+	CancelRequestedAt *time.Time      `json:"cancel_requested_at,omitempty"`
+	CreatedAt         time.Time       `json:"created_at"`
+	UpdatedAt         *time.Time      `json:"updated_at,omitempty"`
+	StartedAt         *time.Time      `json:"started_at,omitempty"`
+	CompletedAt       *time.Time      `json:"completed_at,omitempty"`
+	Result            json.RawMessage `json:"result,omitempty"`
+	TraceID           string          `json:"trace_id,omitempty"`
+	TraceURL          string          `json:"trace_url,omitempty"`
+}
+
+// Principal is who made a change through the API.
+type Principal struct {
+	Kind string `json:"kind"`
+	ID   string `json:"id,omitempty"`
+	Name string `json:"name,omitempty"`
+}
+
+// Event is one change of a task: an entry of its history, or a frame of a
+// stream (which also carries the task's type, and its result on the
+// COMPLETED event of a task's own stream).
+type Event struct {
+	Document
+	ID        int64           `json:"id"`
+	TaskID    string          `json:"task_id"`
+	Type      string          `json:"type,omitempty"`
+	Status    string          `json:"status"`
+	State     string          `json:"state"`
+	Progress  int             `json:"progress"`
+	Actor     string          `json:"actor"`
+	Detail    json.RawMessage `json:"detail,omitempty"`
+	By        *Principal      `json:"by,omitempty"`
+	Error     string          `json:"error,omitempty"`
+	Result    json.RawMessage `json:"result,omitempty"`
+	CreatedAt time.Time       `json:"created_at"`
+}
+
+// SubmitRequest is the body of POST /v1/tasks. Nil fields take the API's
+// defaults.
+type SubmitRequest struct {
+	Type string `json:"type"`
+	// Payload is sent unparsed (only compacted), so that its numbers
+	// keep their exact text, which the API hashes to find duplicates.
+	Payload     json.RawMessage `json:"payload,omitempty"`
+	Priority    *int            `json:"priority,omitempty"`
+	Metadata    json.RawMessage `json:"metadata,omitempty"`
+	MaxAttempts *int            `json:"max_attempts,omitempty"`
+	Dedupe      *bool           `json:"dedupe,omitempty"`
+	Visibility  []string        `json:"visibility,omitempty"`
+}
+
+// Submit submits a task; created is false when the API found it to be a
+// duplicate and answered the existing task. key is the Idempotency-Key
+// header, if not empty.
+func (c *Client) Submit(ctx context.Context, in SubmitRequest, key string) (t Task, created bool, err error) {
+	var h http.Header
+	if key != "" {
+		h = http.Header{"Idempotency-Key": {key}}
+	}
+	status, err := c.do(ctx, request{method: http.MethodPost, path: "/v1/tasks", header: h, body: in}, &t)
+	return t, status == http.StatusCreated, err
+}
+
+// Task returns a task.
+func (c *Client) Task(ctx context.Context, id string) (Task, error) {
+	var t Task
+	_, err := c.do(ctx, request{method: http.MethodGet, path: "/v1/tasks/" + url.PathEscape(id)}, &t)
+	return t, err
+}
+
+// ListFilter narrows a listing; zero fields are left to the API.
+type ListFilter struct {
+	Status string
+	Type   string
+	Limit  int
+	// Cursor is the NextCursor of the previous page.
+	Cursor string
+}
+
+// TaskPage is a page of a listing, newest first.
+type TaskPage struct {
+	Document
+	Tasks []Task `json:"tasks"`
+	// NextCursor fetches the next page; empty on the last.
+	NextCursor string `json:"next_cursor,omitempty"`
+}
+
+// Tasks lists tasks, newest first, as summaries.
+func (c *Client) Tasks(ctx context.Context, f ListFilter) (TaskPage, error) {
+	q := url.Values{}
+	set(q, "status", f.Status)
+	set(q, "type", f.Type)
+	set(q, "cursor", f.Cursor)
+	if f.Limit > 0 {
+		q.Set("limit", strconv.Itoa(f.Limit))
+	}
+	var p TaskPage
+	_, err := c.do(ctx, request{method: http.MethodGet, path: "/v1/tasks", query: q}, &p)
+	return p, err
+}
+
+// EventList is a task's most recent events, newest first.
+type EventList struct {
+	Document
+	Events []Event `json:"events"`
+}
+
+// Events returns a task's most recent events (at most limit, 0 for the
+// API's default), newest first.
+func (c *Client) Events(ctx context.Context, id string, limit int) (EventList, error) {
+	q := url.Values{}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	var l EventList
+	_, err := c.do(ctx, request{method: http.MethodGet, path: "/v1/tasks/" + url.PathEscape(id) + "/events", query: q}, &l)
+	return l, err
+}
+
+// Cancel cancels a task: a PENDING one at once, a running one by request
+// (requested is then true, and the task ends CANCELLED shortly).
+func (c *Client) Cancel(ctx context.Context, id string) (t Task, requested bool, err error) {
+	status, err := c.do(ctx, request{method: http.MethodPost, path: "/v1/tasks/" + url.PathEscape(id) + "/cancel"}, &t)
+	return t, status == http.StatusAccepted, err
+}
+
+// Retry runs a FAILED or CANCELLED task again from attempt 0.
+func (c *Client) Retry(ctx context.Context, id string) (Task, error) {
+	var t Task
+	_, err := c.do(ctx, request{method: http.MethodPost, path: "/v1/tasks/" + url.PathEscape(id) + "/retry"}, &t)
+	return t, err
+}
+
+func set(q url.Values, k, v string) {
+	if v != "" {
+		q.Set(k, v)
+	}
+}

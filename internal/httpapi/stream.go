@@ -1,0 +1,334 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/conveyorhq/conveyor/internal/auth"
+	"github.com/conveyorhq/conveyor/internal/stream"
+	"github.com/conveyorhq/conveyor/internal/task"
+)
+
+// Live streams: Server-Sent Events of task events, as they are committed.
+//
+// A stream first sends what the client missed (from the database, in its
+// scope), then what the hub delivers. Every frame's id is the event's id;
+// a client that reconnects with Last-Event-ID (or ?last_event_id=) gets
+// every later event exactly once: the catch-up reads up to the hub's
+// cursor, the hub delivers only after it, and nothing at or before the
+// last id sent is sent again.
+
+const (
+	// streamPage is how many events one catch-up read returns.
+	streamPage = 500
+	// streamRetry is the reconnection delay the stream suggests.
+	streamRetry = 2 * time.Second
+	// streamReady bounds how long a new stream waits for a starting hub.
+	streamReady = 5 * time.Second
+)
+
+// handleTaskStream streams one task's events, from its first (or after
+// Last-Event-ID), and ends after its terminal event.
+func (s *server) handleTaskStream() http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id, err := taskID(r)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		if err := onlyParams(r.URL.Query(), "last_event_id"); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		after, _, err := lastEventID(r)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		p := principal(r)
+		t, err := s.Store.Get(r.Context(), p, id)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		s.serveStream(w, r, p, task.EventFilter{TaskID: id}, after, t.Status.Terminal())
+	}
+}
+
+// handleEventStream streams the org's events that pass the filters, from
+// now (or after Last-Event-ID), until the client leaves.
+func (s *server) handleEventStream() http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		if err := onlyParams(q, "type", "status", "last_event_id"); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		f := task.EventFilter{Type: q.Get("type"), Status: task.Status(q.Get("status"))}
+		if f.Status != "" && !f.Status.Valid() {
+			s.writeError(w, r, task.Invalid("status", "must be one of %v", task.Statuses))
+			return
+		}
+		if f.Type != "" {
+			if err := task.ValidateType(f.Type); err != nil {
+				s.writeError(w, r, err)
+				return
+			}
+		}
+		after, resume, err := lastEventID(r)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		if !resume {
+			after = -1 // from the hub's cursor
+		}
+		s.serveStream(w, r, principal(r), f, after, false)
+	}
+}
+
+// lastEventID is where a stream resumes: the Last-Event-ID header, or the
+// last_event_id parameter for clients that cannot set headers. ok is false
+// when neither is given.
+func lastEventID(r *http.Request) (after int64, ok bool, err error) {
+	raw := r.Header.Get("Last-Event-ID")
+	if raw == "" {
+		raw = r.URL.Query().Get("last_event_id")
+	}
+	if raw == "" {
+		return 0, false, nil
+	}
+	after, err = strconv.ParseInt(raw, 10, 64)
+	if err != nil || after < 0 {
+		return 0, false, task.Invalid("last_event_id", "must be an event id (an integer, 0 or more), got %q", raw)
+	}
+	return after, true, nil
+}
+
+// serveStream sends the events of f in p's scope after the id after (-1:
+// from the hub's cursor). wasTerminal: the stream is one task's, and the
+// task was terminal when the request came in.
+func (s *server) serveStream(w http.ResponseWriter, r *http.Request, p auth.Principal, f task.EventFilter, after int64, wasTerminal bool) {
+	if s.Hub == nil {
+		s.writeError(w, r, task.Errorf(task.ErrCodeUnavailable, "live streams are not served by this instance"))
+		return
+	}
+	if s.cfg.MaxStreams > 0 && s.streams.Add(1) > int64(s.cfg.MaxStreams) {
+		s.streams.Add(-1)
+		w.Header().Set("Retry-After", "1")
+		s.writeError(w, r, task.Errorf(task.ErrCodeUnavailable, "this instance serves its most live streams (%d); try again", s.cfg.MaxStreams))
+		return
+	}
+	defer s.streams.Add(-1)
+	ctx := r.Context()
+	readyCtx, cancel := context.WithTimeout(ctx, streamReady)
+	sub, cursor, err := s.Hub.Subscribe(readyCtx, p.Scope(), f)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			s.writeError(w, r, task.Errorf(task.ErrCodeUnavailable, "live streams are starting; try again"))
+		}
+		return
+	}
+	defer sub.Close()
+	if after < 0 {
+		after = cursor
+	}
+	out := &sse{s: s, w: w, rc: http.NewResponseController(w), p: p, last: after, taskStream: f.TaskID != uuid.Nil}
+
+	// The catch-up. One task's events commit in id order (each is written
+	// under its task's row lock), so its catch-up reads them all; an org's
+	// stops at the hub's cursor, past which ids may still fill in.
+	upto := cursor
+	if out.taskStream {
+		upto = math.MaxInt64
+	}
+	page, err := s.Store.EventsBetween(ctx, p, f, after, upto, streamPage)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if out.taskStream && len(page) == 0 && after > 0 && wasTerminal {
+		// Resumed after the end: nothing will come. 204 stops an
+		// EventSource from reconnecting.
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	if err := out.open(); err != nil {
+		return
+	}
+	if !out.taskStream {
+		// The org's stream says where it starts, so that a client cut off
+		// before the first event resumes from here rather than from a
+		// later "now".
+		ready := fmt.Appendf(nil, "id: %d\nevent: ready\ndata: {\"last_event_id\":%d}\n\n", after, after)
+		if out.write(ready) != nil {
+			return
+		}
+	}
+	for {
+		for i := range page {
+			if err := out.event(ctx, &page[i], nil); err != nil {
+				return
+			}
+		}
+		if len(page) < streamPage {
+			break
+		}
+		if page, err = s.Store.EventsBetween(ctx, p, f, out.last, upto, streamPage); err != nil {
+			s.Log.WarnContext(ctx, "stream catch-up", "error", err)
+			return
+		}
+	}
+	if out.ended() {
+		_ = out.end()
+		return
+	}
+	out.live(ctx, r.Header.Get("Authorization"), sub)
+}
+
+// sse writes one stream's frames.
+type sse struct {
+	s          *server
+	w          http.ResponseWriter
+	rc         *http.ResponseController
+	p          auth.Principal
+	taskStream bool
+	// The last event sent.
+	last   int64
+	status task.Status
+	taskID uuid.UUID
+}
+
+func (o *sse) open() error {
+	h := o.w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
+	o.extendDeadline()
+	o.w.WriteHeader(http.StatusOK)
+	return o.write(fmt.Appendf(nil, "retry: %d\n\n", streamRetry.Milliseconds()))
+}
+
+// extendDeadline lets the stream write until the next heartbeat and the
+// write timeout after it: a client that takes nothing for that long is
+// dropped. (A deadline per write would cost a timer update per frame.)
+func (o *sse) extendDeadline() {
+	if o.s.cfg.WriteTimeout > 0 {
+		_ = o.rc.SetWriteDeadline(time.Now().Add(o.heartbeat() + o.s.cfg.WriteTimeout))
+	}
+}
+
+func (o *sse) heartbeat() time.Duration {
+	if o.s.cfg.StreamHeartbeat > 0 {
+		return o.s.cfg.StreamHeartbeat
+	}
+	return 15 * time.Second
+}
+
+// write sends b at once.
+func (o *sse) write(b []byte) error {
+	if _, err := o.w.Write(b); err != nil {
+		return err
+	}
+	return o.rc.Flush()
+}
+
+// event sends e as its frame, which the hub made unless frame is nil. An
+// event at or before the last one sent is not sent again.
+func (o *sse) event(ctx context.Context, e *task.Event, frame []byte) error {
+	if e.ID <= o.last {
+		return nil
+	}
+	if o.taskStream && e.Status == task.StatusCompleted {
+		// One task's stream ends with the result.
+		t, err := o.s.Store.Get(ctx, o.p, e.TaskID)
+		if err != nil {
+			return err
+		}
+		e.Result, frame = t.Result, nil
+	}
+	if frame == nil {
+		var err error
+		if frame, err = EventFrame(e); err != nil {
+			return err
+		}
+	}
+	if err := o.write(frame); err != nil {
+		return err
+	}
+	o.last, o.status, o.taskID = e.ID, e.Status, e.TaskID
+	return nil
+}
+
+// ended reports whether a task's stream has sent the task's end.
+func (o *sse) ended() bool { return o.taskStream && o.status.Terminal() }
+
+// end sends the end event of a task's stream.
+func (o *sse) end() error {
+	data, _ := json.Marshal(map[string]string{"task_id": o.taskID.String(), "status": string(o.status)})
+	return o.write(fmt.Appendf(nil, "event: end\ndata: %s\n\n", data))
+}
+
+// live sends what the hub delivers, and a heartbeat comment when idle; at
+// each heartbeat the caller's credentials are checked again, so a revoked
+// key's streams end too.
+func (o *sse) live(ctx context.Context, authorization string, sub *stream.Subscription) {
+	ticker := time.NewTicker(o.heartbeat())
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+			if _, err := o.s.Auth.Authenticate(ctx, authorization); err != nil && auth.ReasonOf(err) != auth.ReasonLookup {
+				_ = o.write([]byte(": credentials no longer valid\n\n"))
+				return
+			}
+			o.extendDeadline()
+			if o.write([]byte(": heartbeat\n\n")) != nil {
+				return
+			}
+		case item, ok := <-sub.Events():
+			if !ok {
+				if errors.Is(sub.Err(), stream.ErrLagged) {
+					_ = o.write([]byte(": too far behind; reconnect with Last-Event-ID\n\n"))
+				}
+				return
+			}
+			frame, err := item.Encoded()
+			if err != nil {
+				o.s.Log.ErrorContext(ctx, "stream: encoding an event", "error", err)
+				return
+			}
+			e := item.Event // a copy: the item is shared
+			if err := o.event(ctx, &e, frame); err != nil {
+				return
+			}
+			if o.ended() {
+				_ = o.end()
+				return
+			}
+		}
+	}
+}
+
+// EventFrame is the Server-Sent Event a stream sends for e: the hub's
+// encoder, so that every stream sends the same bytes, made once.
+func EventFrame(e *task.Event) ([]byte, error) {
+	data, err := json.Marshal(toEventView(*e))
+	if err != nil {
+		return nil, err
+	}
+	frame := make([]byte, 0, len(data)+48)
+	frame = fmt.Appendf(frame, "id: %d\nevent: task\ndata: ", e.ID)
+	return append(append(frame, data...), "\n\n"...), nil
+}

@@ -1,0 +1,430 @@
+// Package stream fans task events out to the API's live streams.
+//
+// One Hub per API instance reads every committed event once, in id order,
+// and hands it to each subscriber whose scope and filter take it in: the
+// database answers one query per wake-up however many clients watch. A
+// wake-up is a NOTIFY on the events channel (writers send it after they
+// commit), backed by a slow poll.
+//
+// Event ids come from a sequence, so they are handed out in the order
+// transactions ask for them, not the order they commit: id 7 may become
+// visible after id 8. The hub therefore moves its cursor only over a gap-free
+// prefix. At a gap it notes the transactions that were running when it saw
+// the gap — the gap's owner, if any, is among them, because every event is
+// written after its task row, once the transaction already has an id — and
+// waits until all of them have finished: then the missing ids either showed
+// up or never will (a rollback). Every id at or below the cursor is thus
+// settled, which is what lets a client resume after any id it was sent with
+// no gap and no duplicate: the catch-up reads (last sent, cursor] from the
+// database and the hub delivers everything after the cursor.
+package stream
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/conveyorhq/conveyor/internal/auth"
+	"github.com/conveyorhq/conveyor/internal/postgres"
+	"github.com/conveyorhq/conveyor/internal/task"
+)
+
+// Source is where the hub reads events: postgres.EventFeed.
+type Source interface {
+	// Head returns the newest committed event id and the snapshot it was
+	// read in.
+	Head(ctx context.Context) (int64, postgres.Snapshot, error)
+	// Read returns up to limit events after the id after, oldest first,
+	// and the snapshot they were read in.
+	Read(ctx context.Context, after int64, limit int) ([]task.Event, postgres.Snapshot, error)
+}
+
+// Config tunes a hub. Zero fields take the defaults.
+type Config struct {
+	// Poll is how often the hub reads without a wake-up (default 1s).
+	Poll time.Duration
+	// Recheck is how soon it reads again while a gap is open (default 5ms).
+	Recheck time.Duration
+	// GapTimeout is how long a gap may hold the stream before the hub
+	// passes it anyway (default 10s). A gap lasts as long as the longest
+	// transaction that was running when it appeared, whatever that
+	// transaction writes; past the timeout an event that commits later is
+	// not streamed (it stays in the history).
+	GapTimeout time.Duration
+	// PageSize is the most events one read returns (default 1000).
+	PageSize int
+	// Buffer is how many events a subscriber may have waiting before it
+	// is dropped as too slow (default 1024).
+	Buffer int
+	// Encode turns an event into the bytes every subscriber sends; it
+	// runs at most once per event, when a subscriber first asks.
+	Encode func(*task.Event) ([]byte, error)
+}
+
+func (c Config) withDefaults() Config {
+	if c.Poll <= 0 {
+		c.Poll = time.Second
+	}
+	if c.Recheck <= 0 {
+		c.Recheck = 5 * time.Millisecond
+	}
+	if c.GapTimeout <= 0 {
+		c.GapTimeout = 10 * time.Second
+	}
+	if c.PageSize <= 0 {
+		c.PageSize = 1000
+	}
+	if c.Buffer <= 0 {
+		c.Buffer = 1024
+	}
+	return c
+}
+
+// Why a subscription ends.
+var (
+	// ErrLagged: the subscriber fell Buffer events behind. It resumes
+	// from the last event it sent.
+	ErrLagged = errors.New("stream: the client fell too far behind")
+	// ErrClosed: the hub stopped (the API is shutting down).
+	ErrClosed = errors.New("stream: the server is shutting down")
+)
+
+// Hub reads the events and fans them out.
+type Hub struct {
+	src     Source
+	cfg     Config
+	log     *slog.Logger
+	metrics *metrics
+
+	wake  chan struct{}
+	ready chan struct{} // closed once the cursor is settled
+
+	mu     sync.Mutex
+	cursor int64 // every id up to it is settled and was delivered
+	byOrg  map[uuid.UUID]map[*Subscription]struct{}
+	byTask map[uuid.UUID]map[*Subscription]struct{}
+	closed bool
+
+	gap *gap // the gap the cursor waits at, if any
+}
+
+// gap is a missing id right after the cursor, and the transactions that
+// were running when the hub first saw it.
+type gap struct {
+	at    int64
+	xip   []uint64
+	since time.Time
+}
+
+// NewHub returns a hub reading src. reg, when not nil, gets its metrics.
+func NewHub(src Source, cfg Config, log *slog.Logger, reg prometheus.Registerer) *Hub {
+	return &Hub{src: src, cfg: cfg.withDefaults(), log: log, metrics: newMetrics(reg),
+		wake: make(chan struct{}, 1), ready: make(chan struct{}),
+		byOrg: map[uuid.UUID]map[*Subscription]struct{}{}, byTask: map[uuid.UUID]map[*Subscription]struct{}{}}
+}
+
+// Wake asks the hub to read soon. It never blocks.
+func (h *Hub) Wake() {
+	select {
+	case h.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run reads and fans out until ctx is done, then ends every subscription
+// with ErrClosed.
+func (h *Hub) Run(ctx context.Context) error {
+	defer h.close()
+	if err := h.settle(ctx); err != nil {
+		return nil //nolint:nilerr // settle fails only when ctx is done
+	}
+	// After an error, and while a gap holds, read again soon, then less
+	// and less often.
+	backoff := h.cfg.Recheck
+	for {
+		wait := h.cfg.Poll
+		blocked, err := h.step(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
+			h.log.WarnContext(ctx, "stream: reading events", "error", err, "retry_in", backoff)
+			wait, backoff = backoff, min(backoff*2, 5*time.Second)
+		case blocked:
+			wait, backoff = backoff, min(backoff*2, 200*time.Millisecond)
+		default:
+			backoff = h.cfg.Recheck
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil
+		case <-h.wake:
+			timer.Stop()
+		case <-timer.C:
+		}
+	}
+}
+
+// settle starts the cursor at the newest event, once every transaction
+// that may still commit an older one has finished.
+func (h *Hub) settle(ctx context.Context) error {
+	var barrier []uint64
+	first := true
+	for {
+		head, snap, err := h.src.Head(ctx)
+		switch {
+		case err != nil:
+			h.log.WarnContext(ctx, "stream: reading the newest event", "error", err)
+		case first:
+			h.cursor, barrier, first = head, snap.Xip, false
+			continue
+		case snap.Finished(barrier):
+			close(h.ready)
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(h.cfg.Recheck):
+		}
+	}
+}
+
+// step reads and delivers until it has caught up; blocked means a gap
+// holds the cursor.
+func (h *Hub) step(ctx context.Context) (blocked bool, err error) {
+	for {
+		events, snap, err := h.src.Read(ctx, h.cursor, h.cfg.PageSize)
+		if err != nil {
+			return false, err
+		}
+		if blocked := h.deliver(events, snap); blocked {
+			return true, nil
+		}
+		if len(events) < h.cfg.PageSize {
+			return false, nil
+		}
+	}
+}
+
+// deliver hands out events in id order up to the first gap that may still
+// fill.
+func (h *Hub) deliver(events []task.Event, snap postgres.Snapshot) (blocked bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i := range events {
+		e := &events[i]
+		if e.ID != h.cursor+1 && !h.gapPassed(e.ID, snap) {
+			return true
+		}
+		h.dispatch(e)
+		h.cursor = e.ID
+	}
+	return false
+}
+
+// gapPassed reports whether the ids between the cursor and next are
+// settled: all the transactions running when the gap was first seen have
+// finished (snap is newer, and the ids are still missing from it), or the
+// gap has waited GapTimeout.
+func (h *Hub) gapPassed(next int64, snap postgres.Snapshot) bool {
+	if h.gap == nil || h.gap.at != h.cursor+1 {
+		h.gap = &gap{at: h.cursor + 1, xip: snap.Xip, since: time.Now()}
+	}
+	switch {
+	case snap.Finished(h.gap.xip):
+		h.metrics.gaps.WithLabelValues("settled").Inc()
+	case time.Since(h.gap.since) >= h.cfg.GapTimeout:
+		h.metrics.gaps.WithLabelValues("timed_out").Inc()
+		h.log.Warn("stream: passing a gap in the event ids after waiting for it",
+			"from", h.gap.at, "to", next-1, "waited", time.Since(h.gap.since))
+	default:
+		return false
+	}
+	h.gap = nil
+	return true
+}
+
+// dispatch offers e to every subscriber it is for. A subscriber whose
+// buffer is full is dropped, never waited for.
+func (h *Hub) dispatch(e *task.Event) {
+	h.metrics.events.Inc()
+	var item *Item
+	offer := func(subs map[*Subscription]struct{}) {
+		for s := range subs {
+			if !s.scope.Sees(e.OrgID, e.Visibility) || !s.filter.Match(e) {
+				continue
+			}
+			if item == nil {
+				item = &Item{Event: *e, encode: h.cfg.Encode}
+			}
+			select {
+			case s.ch <- item:
+			default:
+				h.metrics.dropped.Inc()
+				h.end(s, ErrLagged)
+			}
+		}
+	}
+	offer(h.byTask[e.TaskID])
+	offer(h.byOrg[e.OrgID])
+}
+
+// Cursor waits until the hub is ready and returns its cursor: every event
+// up to it is settled in the database.
+func (h *Hub) Cursor(ctx context.Context) (int64, error) {
+	if err := h.waitReady(ctx); err != nil {
+		return 0, err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return 0, ErrClosed
+	}
+	return h.cursor, nil
+}
+
+func (h *Hub) waitReady(ctx context.Context) error {
+	select {
+	case <-h.ready:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Subscribe registers a subscriber for the events of scope that pass f,
+// and returns the cursor: the subscription receives every such event after
+// it, and none at or before it. It waits until the hub is ready.
+func (h *Hub) Subscribe(ctx context.Context, scope auth.Scope, f task.EventFilter) (*Subscription, int64, error) {
+	if err := h.waitReady(ctx); err != nil {
+		return nil, 0, err
+	}
+	s := &Subscription{hub: h, scope: scope, filter: f, ch: make(chan *Item, h.cfg.Buffer)}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return nil, 0, ErrClosed
+	}
+	index, key := h.byOrg, scope.OrgID
+	if f.TaskID != uuid.Nil {
+		index, key = h.byTask, f.TaskID
+	}
+	if index[key] == nil {
+		index[key] = map[*Subscription]struct{}{}
+	}
+	index[key][s] = struct{}{}
+	h.metrics.subscribers.Inc()
+	return s, h.cursor, nil
+}
+
+// end removes s and closes its channel with err; h.mu is held.
+func (h *Hub) end(s *Subscription, err error) {
+	index, key := h.byOrg, s.scope.OrgID
+	if s.filter.TaskID != uuid.Nil {
+		index, key = h.byTask, s.filter.TaskID
+	}
+	if _, ok := index[key][s]; !ok {
+		return
+	}
+	delete(index[key], s)
+	if len(index[key]) == 0 {
+		delete(index, key)
+	}
+	s.err = err
+	close(s.ch)
+	h.metrics.subscribers.Dec()
+}
+
+func (h *Hub) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.closed = true
+	for _, index := range []map[uuid.UUID]map[*Subscription]struct{}{h.byOrg, h.byTask} {
+		for _, subs := range index {
+			for s := range subs {
+				h.end(s, ErrClosed)
+			}
+		}
+	}
+}
+
+// Subscription is one subscriber's share of the events.
+type Subscription struct {
+	hub    *Hub
+	scope  auth.Scope
+	filter task.EventFilter
+	ch     chan *Item
+	err    error // why ch was closed; written before the close
+}
+
+// Events delivers the subscription's events in id order. It is closed when
+// the subscription ends; Err then says why.
+func (s *Subscription) Events() <-chan *Item { return s.ch }
+
+// Err is why the subscription ended: ErrLagged, ErrClosed, or nil after
+// Close. Call it once Events is closed.
+func (s *Subscription) Err() error { return s.err }
+
+// Close ends the subscription.
+func (s *Subscription) Close() {
+	s.hub.mu.Lock()
+	defer s.hub.mu.Unlock()
+	s.hub.end(s, nil)
+}
+
+// Item is one event as the hub delivers it: shared by every subscriber,
+// and encoded once for all of them.
+type Item struct {
+	Event  task.Event
+	encode func(*task.Event) ([]byte, error)
+	once   sync.Once
+	data   []byte
+	err    error
+}
+
+// Encoded is the event as the hub's Encode makes it, computed on first use.
+func (it *Item) Encoded() ([]byte, error) {
+	it.once.Do(func() {
+		if it.encode == nil {
+			it.err = errors.New("stream: the hub has no encoder")
+			return
+		}
+		it.data, it.err = it.encode(&it.Event)
+	})
+	return it.data, it.err
+}
+
+type metrics struct {
+	subscribers prometheus.Gauge
+	events      prometheus.Counter
+	dropped     prometheus.Counter
+	gaps        *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		subscribers: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "conveyor_stream_subscribers", Help: "Open live streams of this API instance."}),
+		events: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "conveyor_stream_events_total", Help: "Task events the stream hub read and fanned out."}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "conveyor_stream_dropped_total",
+			Help: "Streams closed because their client fell too far behind (it resumes with Last-Event-ID)."}),
+		gaps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "conveyor_stream_gaps_total",
+			Help: "Gaps in the event ids the hub passed: settled (their transactions ended) or timed_out."},
+			[]string{"outcome"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.subscribers, m.events, m.dropped, m.gaps)
+	}
+	return m
+}
