@@ -72,17 +72,12 @@ func (s *server) handleEventStream() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
-		f := task.EventFilter{Type: q.Get("type"), Status: task.Status(q.Get("status"))}
-		if f.Status != "" && !f.Status.Valid() {
-			s.writeError(w, r, task.Invalid("status", "must be one of %v", task.Statuses))
+		status, typ, err := statusAndType(q)
+		if err != nil {
+			s.writeError(w, r, err)
 			return
 		}
-		if f.Type != "" {
-			if err := task.ValidateType(f.Type); err != nil {
-				s.writeError(w, r, err)
-				return
-			}
-		}
+		f := task.EventFilter{Type: typ, Status: status}
 		after, resume, err := lastEventID(r)
 		if err != nil {
 			s.writeError(w, r, err)

@@ -169,18 +169,12 @@ func (s *server) handleList() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
-		f := task.ListFilter{Status: task.Status(q.Get("status")), Type: q.Get("type")}
-		if f.Status != "" && !f.Status.Valid() {
-			s.writeError(w, r, task.Invalid("status", "must be one of %v", task.Statuses))
+		status, typ, err := statusAndType(q)
+		if err != nil {
+			s.writeError(w, r, err)
 			return
 		}
-		if f.Type != "" {
-			if err := task.ValidateType(f.Type); err != nil {
-				s.writeError(w, r, err)
-				return
-			}
-		}
-		var err error
+		f := task.ListFilter{Status: status, Type: typ}
 		if f.Limit, err = limitParam(q, defaultListLimit, maxListLimit); err != nil {
 			s.writeError(w, r, err)
 			return
@@ -329,6 +323,21 @@ func limitParam(q url.Values, def, max int) (int, error) {
 
 // onlyParams rejects query parameters the endpoint does not know, so a typo
 // is an error instead of a silently ignored filter.
+// statusAndType reads the status and type filters of a listing or a
+// stream; empty means any.
+func statusAndType(q url.Values) (task.Status, string, error) {
+	status, typ := task.Status(q.Get("status")), q.Get("type")
+	if status != "" && !status.Valid() {
+		return "", "", task.Invalid("status", "must be one of %v", task.Statuses)
+	}
+	if typ != "" {
+		if err := task.ValidateType(typ); err != nil {
+			return "", "", err
+		}
+	}
+	return status, typ, nil
+}
+
 func onlyParams(q url.Values, known ...string) error {
 	for name, values := range q {
 		ok := false
