@@ -15,7 +15,7 @@ MODULES := . bench tools
 # its dependencies stay out of the root go.mod); the first run builds it.
 GOLANGCI_LINT := $(GO) tool -modfile=tools/go.mod golangci-lint
 
-.PHONY: help build run test test-short lint fmt bench chaos tidy tidy-check clean
+.PHONY: help build run test test-short lint fmt bench chaos screenshots tidy tidy-check clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -46,6 +46,9 @@ bench: ## Benchmarks against the machine's ceilings and River, as ratios measure
 
 chaos: ## Chaos soak: api, 2 relays, 3 workers under faults for CHAOS_DURATION (default 10m), then every guarantee checked
 	$(GO) test -count=1 -timeout 60m -run TestChaos ./chaos -v -chaos.duration=$(or $(CHAOS_DURATION),10m) -chaos.report=$(or $(CHAOS_REPORT),chaos-report.json)
+
+screenshots: ## Retake the dashboard's screenshots in docs/screenshots (its browser test, in chromium)
+	CONVEYOR_SCREENSHOTS=$(CURDIR)/docs/screenshots $(GO) test -count=1 -run TestDashboardInABrowser ./cmd/worker
 
 tidy: ## go mod tidy in every module (root, bench/, tools/)
 	@set -e; for m in $(MODULES); do echo "go mod tidy ($$m)"; $(GO) -C $$m mod tidy; done

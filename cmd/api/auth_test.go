@@ -127,6 +127,9 @@ func (w *authWorld) check(t *testing.T, op specOp, need auth.Role, how opSpec) {
 		for _, id := range w.orgAIDs {
 			requireAbsent(t, string(resp.body), id, "org B sees org A's %s", id)
 		}
+		if how.vis == visBulk {
+			require.EqualValues(t, 0, resp.json(t)["matched"], "org B's action counts org A's task")
+		}
 	})
 
 	if how.vis != visNone {
@@ -143,6 +146,9 @@ func (w *authWorld) check(t *testing.T, op specOp, need auth.Role, how opSpec) {
 					require.Equal(t, http.StatusOK, resp.status, "%s: %s", c.name, resp.body)
 					require.Contains(t, string(resp.body), w.openTask, "%s sees the open task", c.name)
 					requireAbsent(t, string(resp.body), w.restrictedTask, "%s sees a task restricted to %s", c.name, seers)
+				case visBulk:
+					require.Equal(t, http.StatusOK, resp.status, "%s: %s", c.name, resp.body)
+					require.EqualValues(t, 0, resp.json(t)["matched"], "%s counts a task restricted to %s", c.name, seers)
 				}
 			}
 		})
@@ -155,6 +161,9 @@ func (w *authWorld) check(t *testing.T, op specOp, need auth.Role, how opSpec) {
 			for _, id := range how.sees(w) {
 				require.Contains(t, string(resp.body), id)
 			}
+		}
+		for name, want := range how.answers {
+			require.EqualValues(t, want, resp.json(t)[name], "%s in %s", name, resp.body)
 		}
 		resp = w.send(t, w.prepare(t, op, how), w.users[need].header)
 		w.requireSuccess(t, op, resp, w.users[need])
@@ -176,6 +185,8 @@ type opSpec struct {
 	vis     visibility
 	// sees lists ids the allowed caller's answer must show.
 	sees func(w *authWorld) []string
+	// answers are members the allowed caller's JSON answer must hold.
+	answers map[string]any
 }
 
 // visibility says how a task's visibility shows in an operation.
@@ -186,6 +197,7 @@ const (
 	visByID              // the path names a restricted task: 404 for outsiders
 	visSubmit            // the body restricts the task: 403 for outsiders
 	visList              // a listing: outsiders do not see restricted tasks
+	visBulk              // an action on the tasks a filter matches: outsiders count (and change) none
 )
 
 // authOps teaches the test every authenticated operation, by "METHOD path"
@@ -224,6 +236,22 @@ var authOps = map[string]opSpec{
 		w.asAdmin(t, http.MethodPost, "/v1/tasks/"+id+"/cancel", "")
 		return map[string]string{"id": id}, ""
 	}},
+
+	// A bulk action's filter matches one fresh restricted task: every
+	// caller refused before the allowed one must have left it alone.
+	"POST /v1/tasks/cancel": {vis: visBulk, answers: map[string]any{"matched": 1, "cancelled": 1},
+		prepare: func(t *testing.T, w *authWorld) (map[string]string, string) {
+			typ := fmt.Sprintf("auth.bulk-%d", w.seq())
+			w.newTaskOf(t, typ)
+			return nil, `{"filter":{"type":"` + typ + `"}}`
+		}},
+	"POST /v1/tasks/retry": {vis: visBulk, answers: map[string]any{"matched": 1, "retried": 1},
+		prepare: func(t *testing.T, w *authWorld) (map[string]string, string) {
+			typ := fmt.Sprintf("auth.bulk-%d", w.seq())
+			w.asAdmin(t, http.MethodPost, "/v1/tasks/"+w.newTaskOf(t, typ)+"/cancel", "")
+			return nil, `{"filter":{"type":"` + typ + `","status":"CANCELLED"}}`
+		}},
+	"GET /v1/overview": {},
 
 	"POST /v1/keys": {prepare: func(_ *testing.T, w *authWorld) (map[string]string, string) {
 		return nil, fmt.Sprintf(`{"name":"key-%d","role":"reader"}`, w.seq())
@@ -654,6 +682,12 @@ func (w *authWorld) asAdmin(t *testing.T, method, path, body string) map[string]
 }
 
 func (w *authWorld) seq() int64 { return w.n.Add(1) }
+
+// newTaskOf submits a task of the type to org A, restricted to seers.
+func (w *authWorld) newTaskOf(t *testing.T, typ string) string {
+	t.Helper()
+	return w.asAdmin(t, http.MethodPost, "/v1/tasks", fmt.Sprintf(`{"type":%q,"visibility":[%q]}`, typ, seers))["id"].(string)
+}
 
 // newTask submits a task to org A, restricted to seers or open to all.
 func (w *authWorld) newTask(t *testing.T, restricted bool) string {

@@ -65,6 +65,7 @@ func run(ctx context.Context, cfg config.API, stdout io.Writer) error {
 		Propagator:     rt.Propagator,
 		Registry:       rt.Registry,
 		Hub:            hub,
+		Workers:        postgres.NewRegistryStore(rt.Pool),
 	})
 
 	ln, err := new(net.ListenConfig).Listen(ctx, "tcp", cfg.Addr)

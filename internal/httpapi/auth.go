@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"math"
 	"net/http"
 	"strconv"
@@ -51,7 +52,13 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 		if s.cfg.RequestTimeout > 0 {
 			actx, cancel = context.WithTimeout(actx, s.cfg.RequestTimeout)
 		}
-		p, err := s.Auth.Authenticate(actx, r.Header.Get("Authorization"))
+		header, err := credentials(r)
+		if err != nil {
+			cancel()
+			s.writeError(w, r, err)
+			return
+		}
+		p, err := s.Auth.Authenticate(actx, header)
 		cancel()
 		if err != nil {
 			reason := auth.ReasonOf(err)
@@ -76,6 +83,40 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
 	})
+}
+
+// SessionCookie holds the API key of a person signed in to the dashboard
+// (HttpOnly, SameSite=Strict): the browser sends it with the dashboard's
+// requests and its streams, which cannot carry an Authorization header.
+const SessionCookie = "conveyor_session"
+
+// UIHeader must come with every request that changes something and is
+// authenticated by the session cookie: a page of another site can make a
+// browser send the cookie (SameSite aside) but not a custom header, which
+// would need a CORS preflight this API never grants.
+const UIHeader = "X-Conveyor-UI"
+
+// credentials is the Authorization header of r, or the session cookie's
+// key when there is none.
+func credentials(r *http.Request) (string, error) {
+	if h := r.Header.Get("Authorization"); h != "" {
+		return h, nil
+	}
+	c, err := r.Cookie(SessionCookie)
+	if errors.Is(err, http.ErrNoCookie) || (err == nil && c.Value == "") {
+		return "", nil // no credentials: refused as missing
+	}
+	if err != nil {
+		return "", task.Invalid("cookie", "unreadable %s cookie", SessionCookie)
+	}
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions:
+	default:
+		if r.Header.Get(UIHeader) == "" {
+			return "", task.Errorf(task.ErrCodeForbidden, "a request authenticated by the dashboard's cookie must carry the %s header", UIHeader)
+		}
+	}
+	return "Bearer " + c.Value, nil
 }
 
 // require lets in only principals whose role allows what need does.

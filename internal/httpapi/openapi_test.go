@@ -50,7 +50,9 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 	s.metrics = newMetrics(s.Registry)
 	var served []string
 	require.NoError(t, chi.Walk(s.router(), func(method, route string, _ http.Handler, _ ...func(http.Handler) http.Handler) error {
-		served = append(served, method+" "+route)
+		if !strings.HasPrefix(route, "/ui") { // the dashboard's pages are not the API
+			served = append(served, method+" "+route)
+		}
 		return nil
 	}))
 	sort.Strings(documented)
@@ -252,6 +254,12 @@ func (nopStore) Cancel(context.Context, auth.Principal, uuid.UUID, task.Carrier)
 }
 func (nopStore) Retry(context.Context, auth.Principal, uuid.UUID, task.Carrier) (task.Task, error) {
 	return task.Task{}, nil
+}
+func (nopStore) Bulk(context.Context, auth.Principal, task.Bulk, task.Carrier) (task.BulkResult, error) {
+	return task.BulkResult{}, nil
+}
+func (nopStore) Overview(context.Context, auth.Principal, []string) (task.Overview, error) {
+	return task.Overview{}, nil
 }
 func (nopStore) KnownTypes(context.Context) ([]string, error)                    { return nil, nil }
 func (nopStore) AdmitTypes(context.Context, auth.Principal, []string, int) error { return nil }

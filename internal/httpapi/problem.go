@@ -32,11 +32,20 @@ type problem struct {
 	// Field names the input at fault, for validation errors.
 	Field    string `json:"field,omitempty"`
 	Instance string `json:"instance,omitempty"`
+	// Matched is how many tasks a bulk action's filter matches now, when
+	// that is more than the request expected (an extension member).
+	Matched *int `json:"matched,omitempty"`
 }
 
 // writeError answers with the problem document for err. Errors that are not
 // *task.Error are internal: logged, and hidden from the client.
 func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	s.writeErrorWith(w, r, err, nil)
+}
+
+// writeErrorWith is writeError with extend, when not nil, adding extension
+// members to the document.
+func (s *server) writeErrorWith(w http.ResponseWriter, r *http.Request, err error, extend func(*problem)) {
 	var e *task.Error
 	if !errors.As(err, &e) {
 		s.Log.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "error", err)
@@ -59,6 +68,9 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		if e.Field != "" {
 			p.Detail = e.Field + ": " + e.Message
 		}
+	}
+	if extend != nil {
+		extend(&p)
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")

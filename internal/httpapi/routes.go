@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"net/http"
 
 	"github.com/go-chi/chi/v5"
@@ -9,6 +10,8 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
 	"github.com/conveyorhq/conveyor/internal/auth"
+	"github.com/conveyorhq/conveyor/internal/task"
+	"github.com/conveyorhq/conveyor/internal/ui"
 )
 
 // routes is the API's handler: the router inside the tracing middleware.
@@ -52,6 +55,7 @@ func (s *server) router() chi.Router {
 		r.Group(func(r chi.Router) {
 			r.Use(s.timeout, s.require(auth.Reader))
 			r.Get("/whoami", s.handleWhoami())
+			r.Get("/overview", s.handleOverview())
 			r.Get("/tasks", s.handleList())
 			r.Get("/tasks/{id}", s.handleGet())
 			r.Get("/tasks/{id}/events", s.handleEvents())
@@ -60,6 +64,8 @@ func (s *server) router() chi.Router {
 			r.Use(s.timeout, s.require(auth.Writer))
 			r.Post("/tasks", s.handleSubmit())
 			r.Post("/tasks/batch", s.handleSubmitBatch())
+			r.Post("/tasks/cancel", s.handleBulk(task.ActionCancel))
+			r.Post("/tasks/retry", s.handleBulk(task.ActionRetry))
 			r.Post("/tasks/{id}/cancel", s.handleCancel())
 			r.Post("/tasks/{id}/retry", s.handleRetry())
 		})
@@ -81,6 +87,14 @@ func (s *server) router() chi.Router {
 		})
 	})
 
+	// The dashboard: static pages that use the routes above.
+	r.Group(func(r chi.Router) {
+		r.Use(s.timeout)
+		r.Mount("/ui", ui.Handler(ui.Config{Cookie: SessionCookie, Header: UIHeader,
+			Authenticate: func(ctx context.Context, header string) (auth.Principal, error) {
+				return s.Auth.Authenticate(ctx, header)
+			}}))
+	})
 	r.Group(func(r chi.Router) {
 		r.Use(s.timeout)
 		r.Get("/healthz", s.handleHealthz())

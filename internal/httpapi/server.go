@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/conveyorhq/conveyor/internal/auth"
+	"github.com/conveyorhq/conveyor/internal/registry"
 	"github.com/conveyorhq/conveyor/internal/stream"
 	"github.com/conveyorhq/conveyor/internal/task"
 )
@@ -39,12 +40,23 @@ type Store interface {
 	EventsBetween(ctx context.Context, p auth.Principal, f task.EventFilter, after, upto int64, limit int) ([]task.Event, error)
 	Cancel(ctx context.Context, p auth.Principal, id uuid.UUID, trace task.Carrier) (task.Task, task.CancelOutcome, error)
 	Retry(ctx context.Context, p auth.Principal, id uuid.UUID, trace task.Carrier) (task.Task, error)
+	// Bulk cancels or retries the tasks a filter matches, or counts them.
+	Bulk(ctx context.Context, p auth.Principal, b task.Bulk, trace task.Carrier) (task.BulkResult, error)
+	// Overview sums up the org's tasks, with the tasks each of workers
+	// runs.
+	Overview(ctx context.Context, p auth.Principal, workers []string) (task.Overview, error)
 	// AdmitTypes refuses types that would leave the org with more than max
 	// task types no worker serves waiting.
 	AdmitTypes(ctx context.Context, p auth.Principal, types []string, max int) error
 	// KnownTypes lists the types some worker has declared a queue for.
 	KnownTypes(ctx context.Context) ([]string, error)
 	Ping(ctx context.Context) error
+}
+
+// WorkerRegistry is what the API reads of the worker registry: the
+// deployment's workers, shared by every org, read outside any org's scope.
+type WorkerRegistry interface {
+	Fleet(ctx context.Context, liveWithin time.Duration) (registry.Fleet, error)
 }
 
 // Config is what the handlers need to know.
@@ -89,6 +101,9 @@ type Deps struct {
 	Registry       *prometheus.Registry
 	// Hub feeds the live streams; without it they answer 503.
 	Hub *stream.Hub
+	// Workers lists the workers in the overview; without it the list is
+	// empty.
+	Workers WorkerRegistry
 }
 
 // NewHandler returns the API's HTTP handler with every route of routes.go.

@@ -72,7 +72,7 @@ func (s *server) handleEventStream() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
-		status, typ, err := statusAndType(q)
+		status, typ, err := statusAndType(q.Get("status"), q.Get("type"), "")
 		if err != nil {
 			s.writeError(w, r, err)
 			return

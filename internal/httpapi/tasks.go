@@ -8,6 +8,9 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
@@ -165,16 +168,17 @@ func (s *server) handleList() http.HandlerFunc {
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
-		if err := onlyParams(q, "status", "type", "limit", "cursor"); err != nil {
+		if err := onlyParams(q, "status", "type", "created_after", "created_before", "q", "limit", "cursor"); err != nil {
 			s.writeError(w, r, err)
 			return
 		}
-		status, typ, err := statusAndType(q)
+		filter, err := toFilter(filterInput{Status: q.Get("status"), Type: q.Get("type"),
+			CreatedAfter: q.Get("created_after"), CreatedBefore: q.Get("created_before"), Q: q.Get("q")}, "")
 		if err != nil {
 			s.writeError(w, r, err)
 			return
 		}
-		f := task.ListFilter{Status: status, Type: typ}
+		f := task.ListFilter{Filter: filter}
 		if f.Limit, err = limitParam(q, defaultListLimit, maxListLimit); err != nil {
 			s.writeError(w, r, err)
 			return
@@ -321,23 +325,91 @@ func limitParam(q url.Values, def, max int) (int, error) {
 	return n, nil
 }
 
-// onlyParams rejects query parameters the endpoint does not know, so a typo
-// is an error instead of a silently ignored filter.
-// statusAndType reads the status and type filters of a listing or a
-// stream; empty means any.
-func statusAndType(q url.Values) (task.Status, string, error) {
-	status, typ := task.Status(q.Get("status")), q.Get("type")
+// statusAndType reads the status and type filters of a listing, a stream
+// or a bulk action; empty means any. prefix leads the name of the field at
+// fault.
+func statusAndType(rawStatus, typ, prefix string) (task.Status, string, error) {
+	status := task.Status(rawStatus)
 	if status != "" && !status.Valid() {
-		return "", "", task.Invalid("status", "must be one of %v", task.Statuses)
+		return "", "", task.Invalid(prefix+"status", "must be one of %v", task.Statuses)
 	}
 	if typ != "" {
 		if err := task.ValidateType(typ); err != nil {
+			err.Field = prefix + err.Field
 			return "", "", err
 		}
 	}
 	return status, typ, nil
 }
 
+// filterInput is a task filter as a client writes it: the query parameters
+// of a listing, the "filter" object of a bulk action. Empty fields do not
+// filter.
+type filterInput struct {
+	Status string `json:"status"`
+	Type   string `json:"type"`
+	// CreatedAfter (inclusive) and CreatedBefore (exclusive) are RFC 3339
+	// times.
+	CreatedAfter  string `json:"created_after"`
+	CreatedBefore string `json:"created_before"`
+	// Q is a task id, or key=value: the tasks whose metadata holds the key
+	// with that value (as text).
+	Q string `json:"q"`
+}
+
+// Bounds of a metadata search (q=key=value).
+const (
+	maxSearchKey   = 255
+	maxSearchValue = 1024
+)
+
+// toFilter checks a filter and converts it to the domain's; prefix leads
+// the names of the fields at fault.
+func toFilter(in filterInput, prefix string) (task.Filter, error) {
+	status, typ, err := statusAndType(in.Status, in.Type, prefix)
+	if err != nil {
+		return task.Filter{}, err
+	}
+	f := task.Filter{Status: status, Type: typ}
+	if f.CreatedAfter, err = timeParam(in.CreatedAfter, prefix+"created_after"); err != nil {
+		return task.Filter{}, err
+	}
+	if f.CreatedBefore, err = timeParam(in.CreatedBefore, prefix+"created_before"); err != nil {
+		return task.Filter{}, err
+	}
+	if !f.CreatedAfter.IsZero() && !f.CreatedBefore.IsZero() && !f.CreatedAfter.Before(f.CreatedBefore) {
+		return task.Filter{}, task.Invalid(prefix+"created_before", "must be later than created_after")
+	}
+	switch key, value, isPair := strings.Cut(in.Q, "="); {
+	case in.Q == "":
+	case len(in.Q) == 36 && uuid.Validate(in.Q) == nil:
+		f.ID = uuid.MustParse(in.Q)
+	case isPair && key != "":
+		if len(key) > maxSearchKey || len(value) > maxSearchValue || !utf8.ValidString(in.Q) || strings.ContainsRune(in.Q, 0) {
+			return task.Filter{}, task.Invalid(prefix+"q", "a metadata key=value must be valid text, without NUL, "+
+				"its key at most %d bytes and its value at most %d", maxSearchKey, maxSearchValue)
+		}
+		f.MetaKey, f.MetaValue = key, value
+	default:
+		return task.Filter{}, task.Invalid(prefix+"q", "must be a task id (a UUID) or a metadata key=value, got %q", in.Q)
+	}
+	return f, nil
+}
+
+// timeParam reads an RFC 3339 time; empty is the zero time.
+func timeParam(raw, field string) (time.Time, error) {
+	if raw == "" {
+		return time.Time{}, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, raw)
+	if err != nil {
+		return time.Time{}, task.Invalid(field, "must be an RFC 3339 time such as 2026-01-02T15:04:05Z, got %q", raw)
+	}
+	return t, nil
+}
+
+// onlyParams rejects query parameters the endpoint does not know, so a typo
+// is an error instead of a silently ignored filter.
 func onlyParams(q url.Values, known ...string) error {
 	for name, values := range q {
 		ok := false

@@ -76,10 +76,6 @@ var sqlGetTask = statement("tasks.get", `SELECT `+taskColumns+`,
 var summaryColumns = strings.Replace(taskColumns, "payload, metadata",
 	"NULL::jsonb AS payload, NULL::jsonb AS metadata", 1)
 
-var sqlListTasks = statement("tasks.list", `SELECT `+summaryColumns+` FROM tasks
-	WHERE org_id = $5 AND ($1 = '' OR status = $1) AND ($2 = '' OR type = $2) AND ($3::uuid IS NULL OR id < $3)
-	ORDER BY id DESC LIMIT $4`)
-
 // sqlTaskEvents answers no row at all when the task is not there (or not
 // the caller's to see), and a row with a NULL event id when it has no events.
 var sqlTaskEvents = statement("task_events.list", `SELECT e.id, t.id, e.status, e.state, e.progress,
@@ -412,12 +408,9 @@ func get[Q any](ctx context.Context, row func(context.Context, Q, auth.Scope, st
 // List returns task summaries (no payload, metadata or result), newest
 // first.
 func (s *APIStore) List(ctx context.Context, p auth.Principal, f task.ListFilter) ([]task.Task, error) {
-	var after *uuid.UUID
-	if f.After != uuid.Nil {
-		after = &f.After
-	}
+	sql, args := listSQL(p.OrgID, f)
 	tasks, err := scopedRows(ctx, s.pool, p.Scope(), func(row pgx.CollectableRow) (task.Task, error) { return scanTask(row) },
-		sqlListTasks, string(f.Status), f.Type, after, f.Limit, p.OrgID)
+		sql, args...)
 	return tasks, translate(err)
 }
 

@@ -4,7 +4,8 @@
 // outbox relay), worker_store.go (a worker's claims, writes and registry),
 // maintenance_store.go (the elected maintenance leader), org_store.go (the
 // admin API's keys, users and roles), directory.go (finding a key or a user
-// before any org is known) — the one statement that applies a lifecycle
+// before any org is known), registry_store.go (the worker registry, as the
+// API shows it) — the one statement that applies a lifecycle
 // transition (lifecycle.go), and the caller's scope every API transaction
 // opens with (scope.go). Stores
 // return domain types; pgx stays inside, except for the *pgxpool.Pool that

@@ -54,11 +54,24 @@ UPDATE outbox o SET attempts = o.attempts + 1, last_error = f.reason, available_
 FROM unnest($1::bigint[], $2::text[]) AS f(id, reason)
 WHERE o.id = f.id`)
 
-var sqlOutboxStats = statement("outbox.stats", `
-SELECT count(*) FILTER (WHERE available_at <= now()),
+var sqlOutboxStats = statement("outbox.stats", `SELECT `+outboxStatsColumns+` FROM outbox`)
+
+// outboxStatsColumns are the columns of an outbox.Stats, read by
+// scanOutboxStats: the rows due, how long the oldest of them has been due,
+// and the rows parked.
+const outboxStatsColumns = `count(*) FILTER (WHERE available_at <= now()),
 	coalesce(extract(epoch FROM now() - min(available_at) FILTER (WHERE available_at <= now())), 0),
-	count(*) FILTER (WHERE available_at = 'infinity')
-FROM outbox`)
+	count(*) FILTER (WHERE available_at = 'infinity')`
+
+func scanOutboxStats(row pgx.Row) (outbox.Stats, error) {
+	var st outbox.Stats
+	var age float64
+	if err := row.Scan(&st.Due, &age, &st.Parked); err != nil {
+		return outbox.Stats{}, err
+	}
+	st.OldestDueAge = time.Duration(age * float64(time.Second))
+	return st, nil
+}
 
 // RelayStore runs the relay's statements.
 type RelayStore struct {
@@ -172,12 +185,10 @@ func scanMessage(row pgx.CollectableRow) (outbox.Message, error) {
 
 // Stats measures the due backlog and the parked rows.
 func (s *RelayStore) Stats(ctx context.Context) (outbox.Stats, error) {
-	var st outbox.Stats
-	var age float64
-	if err := s.pool.QueryRow(ctx, sqlOutboxStats).Scan(&st.Due, &age, &st.Parked); err != nil {
+	st, err := scanOutboxStats(s.pool.QueryRow(ctx, sqlOutboxStats))
+	if err != nil {
 		return st, fmt.Errorf("outbox stats: %w", err)
 	}
-	st.OldestDueAge = time.Duration(age * float64(time.Second))
 	return st, nil
 }
 

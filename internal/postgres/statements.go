@@ -18,10 +18,15 @@ var statements []Statement
 // as a comment, so database spans, server logs and pg_stat_statements say
 // what a statement does ("tasks.claim") rather than how it starts ("WITH").
 func statement(name, sql string) string {
-	text := "-- " + name + "\n" + strings.TrimSpace(sql)
+	text := named(name, sql)
 	statements = append(statements, Statement{Name: name, SQL: text})
 	return text
 }
+
+// named is sql led by its name, as statement writes it: for the shapes of
+// a dynamic statement, built per call, whose widest form statement
+// registered.
+func named(name, sql string) string { return "-- " + name + "\n" + strings.TrimSpace(sql) }
 
 // Statements lists every statement the adapter runs (a dynamic one in its
 // widest form), so a test can prepare each against the migrated schema.

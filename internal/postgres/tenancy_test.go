@@ -48,15 +48,17 @@ func TestTenantRoleWithoutAScopeSeesNothing(t *testing.T) {
 	pool := tenantPool(t, db)
 	ctx := context.Background()
 	for _, table := range []string{"tasks", "task_events", "task_idempotency_keys", "orgs", "users", "api_keys",
-		"org_roles", "org_role_memberships", "api_key_roles"} {
+		"org_roles", "org_role_memberships", "api_key_roles", "outbox"} {
 		var n int
 		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&n), table)
 		require.Zero(t, n, table)
 	}
 	_, err := pool.Exec(ctx, `INSERT INTO tasks (id, org_id, type) VALUES ($1, $2, 'demo.noop')`, uuid.New(), admin.OrgID)
 	require.ErrorContains(t, err, "row-level security")
-	_, err = pool.Exec(ctx, `SELECT * FROM outbox`)
-	require.ErrorContains(t, err, "permission denied", "the API only ever adds to the outbox")
+	for _, change := range []string{`UPDATE outbox SET attempts = 0`, `DELETE FROM outbox`} {
+		_, err = pool.Exec(ctx, change)
+		require.ErrorContains(t, err, "permission denied", "the API only adds to the outbox (and counts its own rows)")
+	}
 }
 
 // Inside a caller's scope, a statement that names no org at all — the
@@ -109,6 +111,7 @@ func TestScopeKeepsEveryTableInsideTheOrg(t *testing.T) {
 		require.Equal(t, c.tasks, count(c.p, "tasks"), c.who)
 		require.Equal(t, c.events, count(c.p, "task_events"), c.who)
 		require.Equal(t, c.result, count(c.p, "task_results"), c.who)
+		require.Equal(t, c.tasks, count(c.p, "outbox"), c.who+": each task has its task.run message")
 		require.Equal(t, 1, count(c.p, "orgs"), c.who)
 	}
 	require.Equal(t, 3, count(adminA, "api_keys"))

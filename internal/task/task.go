@@ -143,10 +143,24 @@ type Submitted struct {
 	Created bool
 }
 
-// ListFilter selects tasks for a listing. Zero values do not filter.
-type ListFilter struct {
+// Filter selects tasks of an org, for a listing or a bulk action. Zero
+// fields do not filter.
+type Filter struct {
 	Status Status
 	Type   string
+	// CreatedAfter (inclusive) and CreatedBefore (exclusive) bound when
+	// the task was created.
+	CreatedAfter, CreatedBefore time.Time
+	// ID selects one task.
+	ID uuid.UUID
+	// MetaKey selects the tasks whose metadata holds the key with the
+	// value MetaValue, compared as text (metadata->>key = value).
+	MetaKey, MetaValue string
+}
+
+// ListFilter selects tasks for a listing.
+type ListFilter struct {
+	Filter
 	// After is the keyset cursor: only tasks older than this id.
 	After uuid.UUID
 	Limit int

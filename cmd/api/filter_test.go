@@ -1,0 +1,100 @@
+package main
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/conveyorhq/conveyor/internal/auth"
+)
+
+// listIDs lists tasks with the query and returns their ids, in order.
+func (b *testBundle) listIDs(t *testing.T, query url.Values, header ...string) []string {
+	t.Helper()
+	resp := b.do(t, http.MethodGet, "/v1/tasks?"+query.Encode(), "", "", header...)
+	require.Equal(t, http.StatusOK, resp.status, string(resp.body))
+	var page struct{ Tasks []struct{ ID string } }
+	require.NoError(t, json.Unmarshal(resp.body, &page))
+	ids := []string{}
+	for _, tk := range page.Tasks {
+		ids = append(ids, tk.ID)
+	}
+	return ids
+}
+
+// A listing narrows to a creation window, to one task by id, or to the
+// tasks whose metadata holds a key=value; the filters combine, page, and
+// keep within what the caller sees.
+func TestListFiltersByCreationIDAndMetadata(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	old := b.submitTask(t, `{"type":"lf.a","payload":{"n":1},"metadata":{"team":"billing"}}`)
+	older := b.submitTask(t, `{"type":"lf.a","payload":{"n":2},"metadata":{"team":"billing","n":5}}`)
+	recent := b.submitTask(t, `{"type":"lf.b","payload":{"n":3},"metadata":{"team":"ops"}}`)
+	hidden := b.submitTask(t, `{"type":"lf.a","payload":{"n":4},"metadata":{"team":"billing"},"visibility":["seers"]}`)
+	b.exec(t, `UPDATE tasks SET created_at = now() - interval '1 day' WHERE id = $1`, old)
+	b.exec(t, `UPDATE tasks SET created_at = now() - interval '2 days' WHERE id = $1`, older)
+	outsider, _ := b.db.Key(t, "test", auth.Reader)
+	otherOrg, _ := b.db.Key(t, "other", auth.Admin)
+	now := time.Now().UTC()
+	at := func(d time.Duration) string { return now.Add(d).Format(time.RFC3339Nano) }
+	q := func(kv ...string) url.Values {
+		v := url.Values{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			v.Set(kv[i], kv[i+1])
+		}
+		return v
+	}
+
+	require.Equal(t, []string{hidden, recent}, b.listIDs(t, q("created_after", at(-12*time.Hour))))
+	require.Equal(t, []string{older, old}, b.listIDs(t, q("created_before", at(-12*time.Hour))), "newest id first")
+	require.Equal(t, []string{old}, b.listIDs(t, q("created_after", at(-36*time.Hour), "created_before", at(-12*time.Hour))))
+	require.Equal(t, []string{older, old}, b.listIDs(t, q("created_before", at(-12*time.Hour), "type", "lf.a", "status", "PENDING")))
+
+	require.Equal(t, []string{recent}, b.listIDs(t, q("q", recent)))
+	require.Equal(t, []string{hidden, older, old}, b.listIDs(t, q("q", "team=billing")))
+	require.Equal(t, []string{older}, b.listIDs(t, q("q", "n=5")), "values compare as text: a number matches its digits")
+	require.Equal(t, []string{old}, b.listIDs(t, q("q", "team=billing", "created_after", at(-36*time.Hour), "type", "lf.a", "created_before", at(-time.Hour))))
+	require.Empty(t, b.listIDs(t, q("q", "team=")), "an empty value matches only an empty value")
+	require.Empty(t, b.listIDs(t, q("q", "team=billing", "type", "lf.b")))
+
+	// Paged with its filters.
+	require.Equal(t, []string{hidden}, b.listIDs(t, q("q", "team=billing", "limit", "1")))
+	page := b.get(t, "/v1/tasks?"+q("q", "team=billing", "limit", "2").Encode()).json(t)
+	require.NotEmpty(t, page["next_cursor"])
+	require.Equal(t, []string{old}, b.listIDs(t, q("q", "team=billing", "limit", "2", "cursor", page["next_cursor"].(string))))
+
+	// Within what the caller sees.
+	require.Equal(t, []string{older, old}, b.listIDs(t, q("q", "team=billing"), "Authorization", "Bearer "+outsider))
+	require.Empty(t, b.listIDs(t, q("q", hidden), "Authorization", "Bearer "+outsider))
+	require.Empty(t, b.listIDs(t, q("q", recent), "Authorization", "Bearer "+otherOrg))
+}
+
+// Bad filters are 422s naming the parameter.
+func TestListRefusesBadFilters(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, tt := range []struct {
+		name  string
+		query url.Values
+		field string
+	}{
+		{"created_after not a time", url.Values{"created_after": {"yesterday"}}, "created_after"},
+		{"created_before without a zone", url.Values{"created_before": {"2026-01-02T15:04:05"}}, "created_before"},
+		{"an empty window", url.Values{"created_after": {"2026-01-02T00:00:00Z"}, "created_before": {"2026-01-02T00:00:00Z"}}, "created_before"},
+		{"q neither an id nor key=value", url.Values{"q": {"billing"}}, "q"},
+		{"q a UUID of another form", url.Values{"q": {"0190c8a500007000800000000000000a"}}, "q"},
+		{"q with an empty key", url.Values{"q": {"=billing"}}, "q"},
+		{"q with a NUL", url.Values{"q": {"team=a\x00b"}}, "q"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			resp := b.get(t, "/v1/tasks?"+tt.query.Encode())
+			require.Equal(t, http.StatusUnprocessableEntity, resp.status, string(resp.body))
+			require.Equal(t, tt.field, resp.json(t)["field"])
+		})
+	}
+}

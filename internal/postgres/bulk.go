@@ -1,0 +1,152 @@
+package postgres
+
+import (
+	"context"
+	"slices"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/conveyorhq/conveyor/internal/auth"
+	"github.com/conveyorhq/conveyor/internal/task"
+)
+
+// A bulk action counts the tasks its filter matches and picks those it
+// will change, in one round trip; then applies the lifecycle's transition
+// to each, fenced by the version it read, in one statement.
+
+const (
+	nameBulkCount = "tasks.bulk_count"
+	nameBulkPick  = "tasks.bulk_pick"
+)
+
+// bulkWhere selects the tasks of org that f matches and that the action
+// would change: in one of statuses (the action's, narrowed by the
+// filter's). A running task already asked to stop is left out of a
+// cancel: task.OnCancel writes nothing for it, so counting it would make a
+// filter match forever.
+func bulkWhere(org uuid.UUID, a task.Action, statuses []task.Status, f task.Filter) *where {
+	f.Status = ""
+	w := taskWhere(org, f)
+	names := make([]string, len(statuses))
+	for i, s := range statuses {
+		names[i] = string(s)
+	}
+	w.and("status = ANY (" + w.arg(names) + "::text[])")
+	if a == task.ActionCancel {
+		w.and("NOT (" + isRunning + ") OR cancel_requested_at IS NULL")
+	}
+	return w
+}
+
+// bulkCountSQL counts the tasks a bulk action matches.
+func bulkCountSQL(org uuid.UUID, a task.Action, statuses []task.Status, f task.Filter) (string, []any) {
+	w := bulkWhere(org, a, statuses, f)
+	return named(nameBulkCount, `SELECT count(*) FROM tasks WHERE `+w.String()), w.args
+}
+
+// bulkPickSQL reads where the first limit of them stand, in id order (the
+// order the transition statement locks them in).
+func bulkPickSQL(org uuid.UUID, a task.Action, statuses []task.Status, f task.Filter, limit int) (string, []any) {
+	w := bulkWhere(org, a, statuses, f)
+	n := w.arg(limit)
+	return named(nameBulkPick, `SELECT id, status, version, cancel_requested_at IS NOT NULL FROM tasks
+	WHERE `+w.String()+` ORDER BY id LIMIT `+n), w.args
+}
+
+var (
+	_ = statement(nameBulkCount, widest(bulkCountSQL(uuid.Max, task.ActionCancel, task.ActionCancel.Statuses(), widestFilter)))
+	_ = statement(nameBulkPick, widest(bulkPickSQL(uuid.Max, task.ActionCancel, task.ActionCancel.Statuses(), widestFilter, 1)))
+)
+
+// Bulk applies an action to every task of the principal's org that the
+// filter matches and the principal may see (at most b.Limit of them), or
+// with b.DryRun only counts them. With b.Expected set, a filter that now
+// matches more tasks than that is a conflict (the result still holds the
+// count), and no more than that many tasks change. Each task gets the
+// transition the single-task endpoint would apply, at the version read: a
+// task that moved meanwhile is skipped. Everything happens in one
+// transaction of the principal's scope.
+func (s *APIStore) Bulk(ctx context.Context, p auth.Principal, b task.Bulk, trace task.Carrier) (task.BulkResult, error) {
+	statuses, err := b.Action.Narrow(b.Filter.Status)
+	if err != nil {
+		return task.BulkResult{}, err
+	}
+	limit := b.Limit
+	if b.Expected != nil {
+		limit = min(limit, *b.Expected)
+	}
+	var res task.BulkResult
+	var queued bool
+	err = inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
+		res = task.BulkResult{}
+		var picked []task.Standing
+		batch := &pgx.Batch{}
+		countSQL, countArgs := bulkCountSQL(p.OrgID, b.Action, statuses, b.Filter)
+		batch.Queue(countSQL, countArgs...).QueryRow(func(row pgx.Row) error { return row.Scan(&res.Matched) })
+		if !b.DryRun {
+			pickSQL, pickArgs := bulkPickSQL(p.OrgID, b.Action, statuses, b.Filter, limit)
+			batch.Queue(pickSQL, pickArgs...).Query(func(rows pgx.Rows) error {
+				var err error
+				picked, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (task.Standing, error) {
+					var st task.Standing
+					var status string
+					err := row.Scan(&st.ID, &status, &st.Version, &st.CancelPending)
+					st.Status = task.Status(status)
+					return st, err
+				})
+				return err
+			})
+		}
+		if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+			return err
+		}
+		if b.Expected != nil && res.Matched > *b.Expected {
+			return task.Errorf(task.ErrCodeConflict, "the filter matches %d tasks now, more than the %d expected: "+
+				"count them again and confirm that number", res.Matched, *b.Expected)
+		}
+		if b.DryRun {
+			return nil
+		}
+		res.More = res.Matched > len(picked)
+		changes := make([]task.Change, 0, len(picked))
+		for _, st := range picked {
+			tr, err := b.Action.Decide(st.Status, st.CancelPending)
+			if err != nil || tr == "" {
+				res.Skipped++ // cannot happen for the rows bulkWhere picks
+				continue
+			}
+			changes = append(changes, task.Change{TaskID: st.ID, Version: st.Version, Transition: tr,
+				Trace: trace, By: p.Actor()})
+		}
+		if len(changes) == 0 {
+			return nil
+		}
+		applied, errs, q, err := apply(ctx, tx, changes)
+		if err != nil {
+			return err
+		}
+		if i := slices.IndexFunc(errs, func(err error) bool { return err != nil }); i >= 0 {
+			return errs[i]
+		}
+		for _, a := range applied {
+			if a.Fenced {
+				res.Skipped++
+			} else {
+				res.Changed++
+			}
+		}
+		queued = q
+		return nil
+	})
+	if err != nil {
+		return res, translate(err)
+	}
+	if queued {
+		s.onOutbox()
+	}
+	if res.Changed > 0 {
+		call(s.OnEvents)
+	}
+	return res, nil
+}

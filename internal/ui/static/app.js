@@ -1,0 +1,474 @@
+// Conveyor's dashboard: every page reads and acts through the /v1 API, with
+// the session cookie the sign-in set; live parts follow the API's
+// Server-Sent Event streams. No framework, no build step.
+"use strict";
+
+const STATUSES = ["PENDING", "IN_PROGRESS", "COMPLETED", "FAILED", "CANCELLED"];
+const TERMINAL = new Set(["COMPLETED", "FAILED", "CANCELLED"]);
+const main = document.getElementById("main");
+let me = null; // the signed-in principal (GET /v1/whoami)
+
+// h builds an element: h("a", {href: "/"}, "text", child…). Text is always
+// text, never HTML.
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === false || v === null || v === undefined) continue;
+    if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else if (k === "class") el.className = v;
+    else el.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+// fill replaces el's children with the given ones, leaving out null,
+// undefined and false and flattening arrays (the DOM's replaceChildren would
+// print them).
+function fill(el, ...children) {
+  el.replaceChildren(...children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
+  return el;
+}
+
+function svg(tag, attrs) {
+  const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, v);
+  return el;
+}
+
+// api calls the API as the signed-in person. A 401 sends them to sign in.
+async function api(method, path, body) {
+  const opts = { method, credentials: "same-origin", headers: { "X-Conveyor-UI": "1" } };
+  if (body !== undefined) {
+    opts.headers["Content-Type"] = "application/json";
+    opts.body = JSON.stringify(body);
+  }
+  const resp = await fetch(path, opts);
+  if (resp.status === 401 && !location.pathname.startsWith("/ui/login")) {
+    location.assign("/ui/login?next=" + encodeURIComponent(location.pathname + location.search));
+    throw new Error("signed out");
+  }
+  const text = await resp.text();
+  const data = text ? JSON.parse(text) : null;
+  if (!resp.ok) {
+    const err = new Error((data && (data.detail || data.title)) || resp.statusText);
+    err.status = resp.status;
+    err.data = data;
+    throw err;
+  }
+  return data;
+}
+
+const mayWrite = () => me && (me.role === "writer" || me.role === "admin");
+
+function when(ts) {
+  if (!ts) return "";
+  const d = new Date(ts);
+  return h("time", { datetime: ts, title: d.toISOString() }, d.toLocaleString());
+}
+
+function ago(ts) {
+  const s = Math.max(0, (Date.now() - new Date(ts).getTime()) / 1000);
+  if (s < 60) return Math.round(s) + "s ago";
+  if (s < 3600) return Math.round(s / 60) + "m ago";
+  if (s < 86400) return Math.round(s / 3600) + "h ago";
+  return Math.round(s / 86400) + "d ago";
+}
+
+function statusBadge(status) {
+  return h("span", { class: "status " + status, "data-status": status }, status);
+}
+
+function showError(where, err) {
+  fill(where, h("p", { class: "error", role: "alert" }, err.message || String(err)));
+}
+
+// follow opens an EventSource and calls onEvent with each task event; the
+// browser resumes a dropped stream with Last-Event-ID by itself.
+function follow(url, onEvent, onEnd) {
+  const es = new EventSource(url, { withCredentials: true });
+  es.addEventListener("task", (m) => onEvent(JSON.parse(m.data)));
+  es.addEventListener("end", (m) => { es.close(); if (onEnd) onEnd(JSON.parse(m.data)); });
+  window.addEventListener("pagehide", () => es.close());
+  return es;
+}
+
+// ---- sign-in ------------------------------------------------------------
+
+function renderLogin() {
+  document.title = "Sign in · Conveyor";
+  const msg = h("p", { role: "alert", class: "error" });
+  const key = h("input", { id: "key", name: "key", type: "password", autocomplete: "off", required: true, placeholder: "cvk_…" });
+  const form = h("form", {
+    onsubmit: async (e) => {
+      e.preventDefault();
+      msg.textContent = "";
+      try {
+        const resp = await fetch("/ui/session", {
+          method: "POST", credentials: "same-origin",
+          headers: { "X-Conveyor-UI": "1", "Content-Type": "application/json" },
+          body: JSON.stringify({ key: key.value }),
+        });
+        if (!resp.ok) {
+          const p = await resp.json().catch(() => ({}));
+          throw new Error(p.detail || resp.statusText);
+        }
+        const next = new URLSearchParams(location.search).get("next");
+        location.assign(next && next.startsWith("/ui/") ? next : "/ui/");
+      } catch (err) {
+        msg.textContent = "Sign-in failed: " + err.message;
+      }
+    },
+  },
+    h("label", { for: "key" }, "API key"), key,
+    h("button", { class: "primary", type: "submit" }, "Sign in"), msg);
+  fill(main, h("section", { class: "login" },
+    h("h1", {}, "Sign in to Conveyor"),
+    h("p", { class: "muted" }, "Paste an API key of your org (an admin makes one with ",
+      h("code", {}, "conveyor keys create"), "). It is kept in a cookie this site alone can read, until you sign out or close the browser."),
+    form));
+  key.focus();
+}
+
+// ---- overview -------------------------------------------------------------
+
+async function renderOverview() {
+  document.title = "Overview · Conveyor";
+  const body = h("div", {});
+  fill(main, h("h1", {}, "Overview"), body);
+  const draw = async () => {
+    let o;
+    try {
+      o = await api("GET", "/v1/overview");
+    } catch (err) {
+      showError(body, err);
+      return;
+    }
+    fill(body, 
+      countCards(o.counts),
+      h("div", { class: "grid2" },
+        h("section", { "aria-labelledby": "hour" }, h("h2", { id: "hour" }, "The last hour"),
+          h("p", {}, `${o.last_hour.completed} completed, ${o.last_hour.failed} failed (${o.last_hour.throughput_per_minute.toFixed(1)} a minute)`),
+          hourChart(o.last_hour.minutes || o.last_hour.buckets || [])),
+        h("section", { "aria-labelledby": "outbox" }, h("h2", { id: "outbox" }, "Outbox"),
+          h("p", {}, `${o.outbox.depth} messages waiting`,
+            o.outbox.depth ? `, the oldest for ${Math.round(o.outbox.oldest_age_seconds)}s` : ""))),
+      h("section", { "aria-labelledby": "types" }, h("h2", { id: "types" }, "Queues by type"), typesTable(o.types || [])),
+      h("section", { "aria-labelledby": "workers" }, h("h2", { id: "workers" }, "Workers"), workersTable(o.workers || [], o.leader)));
+  };
+  await draw();
+  setInterval(draw, 5000);
+}
+
+function countCards(counts) {
+  return h("ul", { class: "cards", "aria-label": "Tasks by status" },
+    STATUSES.map((s) => h("li", {},
+      h("a", { href: "/ui/tasks?status=" + s }, h("span", { class: "n", "data-count": s }, String((counts || {})[s] || 0)), statusBadge(s)))));
+}
+
+function hourChart(minutes) {
+  const w = 600, hgt = 100, max = Math.max(1, ...minutes.map((m) => (m.completed || 0) + (m.failed || 0)));
+  const chart = svg("svg", { class: "chart", viewBox: `0 0 ${w} ${hgt}`, preserveAspectRatio: "none", role: "img",
+    "aria-label": "Tasks completed (green) and failed (red) per minute over the last hour" });
+  const bw = w / Math.max(60, minutes.length);
+  minutes.forEach((m, i) => {
+    const c = ((m.completed || 0) / max) * hgt, f = ((m.failed || 0) / max) * hgt;
+    chart.append(svg("rect", { class: "completed", x: i * bw, y: hgt - c - f, width: bw - 1, height: c }));
+    chart.append(svg("rect", { class: "failed", x: i * bw, y: hgt - f, width: bw - 1, height: f }));
+  });
+  return chart;
+}
+
+function typesTable(types) {
+  if (!types.length) return h("p", { class: "muted" }, "No tasks yet.");
+  return h("div", { class: "table-wrap" }, h("table", {},
+    h("thead", {}, h("tr", {}, ["Type", "Waiting", "Scheduled", "Running", "Oldest waiting"].map((t) => h("th", { scope: "col" }, t)))),
+    h("tbody", {}, types.map((t) => h("tr", {},
+      h("td", {}, h("a", { href: "/ui/tasks?type=" + encodeURIComponent(t.type) }, t.type)),
+      h("td", {}, String(t.pending)), h("td", {}, String(t.scheduled)), h("td", {}, String(t.running)),
+      h("td", {}, t.pending ? Math.round(t.oldest_pending_age_seconds) + "s" : "—"))))));
+}
+
+function workersTable(workers, leader) {
+  if (!workers.length) return h("p", { class: "muted" }, "No worker is running.");
+  return h("div", { class: "table-wrap" }, h("table", {},
+    h("thead", {}, h("tr", {}, ["Worker", "Types", "Concurrency", "Heartbeat", "Running"].map((t) => h("th", { scope: "col" }, t)))),
+    h("tbody", {}, workers.map((w) => h("tr", {},
+      h("td", { class: "id" }, w.id, w.id === leader ? h("span", { class: "muted" }, " (maintenance leader)") : ""),
+      h("td", {}, (w.types || []).join(", ")), h("td", {}, String(w.concurrency)),
+      h("td", {}, ago(w.last_heartbeat_at)),
+      h("td", {}, (w.running || []).length ? (w.running || []).map((r) => h("a", { href: "/ui/tasks/" + r.id, title: r.type }, r.id.slice(-6) + " ")) : "idle"))))));
+}
+
+// ---- tasks ----------------------------------------------------------------
+
+const FILTERS = ["status", "type", "created_after", "created_before", "q"];
+
+async function renderTasks() {
+  document.title = "Tasks · Conveyor";
+  const params = new URLSearchParams(location.search);
+  const filter = {};
+  for (const f of FILTERS) if (params.get(f)) filter[f] = params.get(f);
+
+  const counts = h("div", {});
+  const rows = h("tbody", {});
+  const more = h("button", { type: "button", hidden: true }, "Older tasks");
+  const note = h("p", { role: "status", class: "muted" });
+  const table = h("div", { class: "table-wrap" }, h("table", { "aria-describedby": "tasks-h" },
+    h("thead", {}, h("tr", {}, ["Task", "Type", "Status", "Progress", "State", "Updated"].map((t, i) =>
+      h("th", { scope: "col", class: i === 5 ? "hide-narrow" : null }, t)))),
+    rows));
+  fill(main, h("h1", { id: "tasks-h" }, "Tasks"), counts, filterForm(filter),
+    mayWrite() ? bulkPanel(filter, note) : null, mayWrite() ? submitPanel() : null,
+    note, table, more);
+
+  api("GET", "/v1/overview").then((o) => fill(counts, countCards(o.counts))).catch(() => {});
+
+  const byID = new Map();
+  const row = (t) => {
+    const bar = h("progress", { max: 100, value: t.progress, "aria-label": `Progress of ${t.id}` }, t.progress + "%");
+    const r = h("tr", { "data-task": t.id },
+      h("td", { class: "id" }, h("a", { href: "/ui/tasks/" + t.id }, t.id)),
+      h("td", {}, t.type), h("td", { class: "st" }, statusBadge(t.status)), h("td", {}, bar),
+      h("td", { class: "state" }, t.state), h("td", { class: "hide-narrow upd" }, ago(t.updated_at || t.created_at)));
+    byID.set(t.id, { r, bar });
+    return r;
+  };
+  let cursor = "";
+  const load = async () => {
+    const q = new URLSearchParams({ ...filter, limit: "50" });
+    if (cursor) q.set("cursor", cursor);
+    try {
+      const page = await api("GET", "/v1/tasks?" + q);
+      rows.append(...page.tasks.map(row));
+      cursor = page.next_cursor || "";
+      more.hidden = !cursor;
+      if (!rows.children.length) note.textContent = "No task matches.";
+    } catch (err) {
+      showError(note, err);
+    }
+  };
+  more.addEventListener("click", load);
+  await load();
+
+  // Live: rows change as their tasks do; new tasks appear on top.
+  const live = new URLSearchParams();
+  if (filter.type) live.set("type", filter.type);
+  follow("/v1/events/stream?" + live, (e) => {
+    const known = byID.get(e.task_id);
+    if (known) {
+      known.r.querySelector(".st").replaceChildren(statusBadge(e.status));
+      known.bar.value = e.progress;
+      known.r.querySelector(".state").textContent = e.state;
+      known.r.querySelector(".upd").textContent = ago(e.created_at);
+    } else if (e.status === "PENDING" && e.actor === "API" && !filter.created_before && !filter.q &&
+      (!filter.status || filter.status === "PENDING")) {
+      rows.prepend(row({ id: e.task_id, type: e.type, status: e.status, progress: e.progress, state: e.state, created_at: e.created_at }));
+      note.textContent = "";
+    }
+  });
+}
+
+function filterForm(filter) {
+  const f = (name, label, input) => h("label", { for: "f-" + name }, label, input);
+  const local = (ts) => (ts ? new Date(ts).toISOString().slice(0, 16) : "");
+  return h("form", { class: "filters", role: "search", "aria-label": "Filter tasks",
+    onsubmit: (e) => {
+      e.preventDefault();
+      const q = new URLSearchParams();
+      const data = new FormData(e.target);
+      for (const name of FILTERS) {
+        let v = (data.get(name) || "").trim();
+        if (v && name.startsWith("created_")) v = new Date(v + "Z").toISOString();
+        if (v) q.set(name, v);
+      }
+      location.assign("/ui/tasks" + (q.toString() ? "?" + q : ""));
+    } },
+    f("status", "Status", h("select", { id: "f-status", name: "status" }, h("option", { value: "" }, "any"),
+      STATUSES.map((s) => h("option", { value: s, selected: filter.status === s }, s)))),
+    f("type", "Type", h("input", { id: "f-type", name: "type", value: filter.type || "", placeholder: "demo.sleep" })),
+    f("created_after", "Created after (UTC)", h("input", { id: "f-created_after", name: "created_after", type: "datetime-local", value: local(filter.created_after) })),
+    f("created_before", "Created before (UTC)", h("input", { id: "f-created_before", name: "created_before", type: "datetime-local", value: local(filter.created_before) })),
+    f("q", "Task id, or metadata key=value", h("input", { id: "f-q", name: "q", value: filter.q || "", type: "search" })),
+    h("button", { type: "submit", class: "primary" }, "Filter"),
+    h("a", { href: "/ui/tasks" }, "Clear"));
+}
+
+function bulkPanel(filter, note) {
+  const act = (verb, path) => async () => {
+    try {
+      const dry = await api("POST", path, { filter, dry_run: true });
+      if (!dry.matched) { note.textContent = `No task to ${verb}.`; return; }
+      if (!confirm(`${verb[0].toUpperCase() + verb.slice(1)} ${dry.matched} task(s) matching this filter?`)) return;
+      const done = await api("POST", path, { filter, expected: dry.matched });
+      note.textContent = `${done.cancelled ?? done.retried ?? 0} task(s) ${verb === "cancel" ? "cancelled" : "retried"}` +
+        (done.skipped ? `, ${done.skipped} skipped (they changed meanwhile)` : "") + (done.more ? "; more match: run it again." : ".");
+    } catch (err) {
+      note.textContent = `Could not ${verb}: ${err.message}`;
+    }
+  };
+  return h("details", { class: "panel" }, h("summary", {}, "Act on every task this filter matches"),
+    h("div", { class: "row" },
+      h("button", { type: "button", class: "danger", onclick: act("cancel", "/v1/tasks/cancel") }, "Cancel matching…"),
+      h("button", { type: "button", onclick: act("retry", "/v1/tasks/retry") }, "Retry matching (failed or cancelled)…")));
+}
+
+function submitPanel() {
+  const msg = h("p", { role: "alert", class: "error" });
+  return h("details", { class: "panel" }, h("summary", {}, "Submit a task"),
+    h("form", { onsubmit: async (e) => {
+      e.preventDefault();
+      const d = new FormData(e.target);
+      try {
+        const body = { type: d.get("type"), payload: JSON.parse(d.get("payload") || "{}"), dedupe: false };
+        if (d.get("priority")) body.priority = Number(d.get("priority"));
+        if (d.get("max_attempts")) body.max_attempts = Number(d.get("max_attempts"));
+        const t = await api("POST", "/v1/tasks", body);
+        location.assign("/ui/tasks/" + t.id);
+      } catch (err) {
+        msg.textContent = "Not submitted: " + err.message;
+      }
+    } },
+    h("div", { class: "row" },
+      h("label", { for: "s-type" }, "Type", h("input", { id: "s-type", name: "type", required: true, placeholder: "demo.sleep" })),
+      h("label", { for: "s-priority" }, "Priority (0–9)", h("input", { id: "s-priority", name: "priority", type: "number", min: 0, max: 9 })),
+      h("label", { for: "s-attempts" }, "Max attempts", h("input", { id: "s-attempts", name: "max_attempts", type: "number", min: 1, max: 100 }))),
+    h("label", { for: "s-payload" }, "Payload (JSON)", h("textarea", { id: "s-payload", name: "payload" }, '{"steps": 10, "step_ms": 500}')),
+    h("div", { class: "row" }, h("button", { type: "submit", class: "primary" }, "Submit")), msg));
+}
+
+// ---- one task ---------------------------------------------------------------
+
+async function renderTask(id) {
+  document.title = "Task · Conveyor";
+  let t;
+  try {
+    t = await api("GET", "/v1/tasks/" + encodeURIComponent(id));
+  } catch (err) {
+    fill(main, h("h1", {}, "Task not found"),
+      h("p", { role: "alert" }, err.status === 404 ? "There is no such task, or it is not yours to see." : err.message),
+      h("p", {}, h("a", { href: "/ui/tasks" }, "All tasks")));
+    return;
+  }
+  document.title = `${t.type} ${t.id.slice(-6)} · Conveyor`;
+  const badge = h("span", { id: "status" }, statusBadge(t.status));
+  const bar = h("progress", { id: "bar", max: 100, value: t.progress, "aria-labelledby": "bar-label" }, t.progress + "%");
+  const label = h("span", { id: "bar-label", "aria-live": "polite" });
+  const setBar = (p, state) => { bar.value = p; label.textContent = `${p}% · ${state}`; };
+  setBar(t.progress, t.state);
+  const actions = h("div", { class: "row" });
+  const details = h("div", {});
+  const timeline = h("ol", { class: "timeline", id: "timeline", "aria-label": "Events, oldest first" });
+
+  const drawActions = () => {
+    actions.replaceChildren();
+    if (!mayWrite()) return;
+    if (!TERMINAL.has(t.status)) {
+      actions.append(h("button", { type: "button", class: "danger", id: "cancel", onclick: () => act("cancel") }, "Cancel task"));
+    } else if (t.status !== "COMPLETED") {
+      actions.append(h("button", { type: "button", id: "retry", onclick: () => act("retry") }, "Retry task"));
+    }
+  };
+  const act = async (verb) => {
+    if (!confirm(verb === "cancel" ? "Cancel this task? A running handler is told to stop." : "Run this task again from its first attempt?")) return;
+    try {
+      t = await api("POST", `/v1/tasks/${t.id}/${verb}`);
+      drawDetails();
+      if (verb === "retry") location.reload(); // a new run: follow it from the start
+    } catch (err) {
+      actions.append(h("p", { class: "error", role: "alert" }, err.message));
+    }
+  };
+  const drawDetails = () => {
+    badge.replaceChildren(statusBadge(t.status));
+    drawActions();
+    fill(details, 
+      h("dl", { class: "details" },
+        h("dt", {}, "Type"), h("dd", {}, t.type),
+        h("dt", {}, "Attempt"), h("dd", {}, `${t.attempt} of ${t.max_attempts}`),
+        h("dt", {}, "Priority"), h("dd", {}, String(t.priority)),
+        h("dt", {}, "Worker"), h("dd", {}, t.worker_id || "—"),
+        h("dt", {}, "Created"), h("dd", {}, when(t.created_at)),
+        h("dt", {}, "Started"), h("dd", {}, t.started_at ? when(t.started_at) : "—"),
+        h("dt", {}, "Finished"), h("dd", {}, t.completed_at ? when(t.completed_at) : "—"),
+        h("dt", {}, "Visible to"), h("dd", {}, t.visibility.length ? t.visibility.join(", ") : "the whole org"),
+        h("dt", {}, "Trace"), h("dd", {}, t.trace_url ? h("a", { href: t.trace_url, rel: "noopener", target: "_blank" }, "Open in Jaeger") : "—")),
+      t.error ? [h("h2", {}, "Error"), h("pre", { class: "error", id: "error" }, t.error)] : null,
+      t.result !== undefined && t.result !== null ? [h("h2", {}, "Result"), h("pre", { id: "result" }, JSON.stringify(t.result, null, 2))] : null,
+      h("h2", {}, "Payload"), h("pre", {}, JSON.stringify(t.payload, null, 2)),
+      t.metadata && Object.keys(t.metadata).length ? [h("h2", {}, "Metadata"), h("pre", {}, JSON.stringify(t.metadata, null, 2))] : null);
+  };
+
+  fill(main, 
+    h("h1", {}, "Task ", h("span", { class: "id" }, t.id), " ", badge),
+    h("div", { class: "bar" }, bar, label), actions,
+    h("div", { class: "grid2" }, h("section", {}, details),
+      h("section", { "aria-labelledby": "events-h" }, h("h2", { id: "events-h" }, "Events"), timeline)));
+  drawDetails();
+
+  // The stream replays the task's history from its first event, then
+  // follows it live, and ends after its terminal event.
+  follow(`/v1/tasks/${t.id}/stream`, (e) => {
+    timeline.append(h("li", { "data-event": e.id },
+      when(e.created_at), statusBadge(e.status), " ", e.state, ` · ${e.progress}%`,
+      h("span", { class: "muted" }, " — ", e.by ? `${e.by.name} (${e.by.kind})` : e.actor.toLowerCase()),
+      e.error ? h("div", { class: "error" }, e.error) : null));
+    setBar(e.progress, e.state);
+    if (e.status !== t.status) {
+      t.status = e.status;
+      badge.replaceChildren(statusBadge(e.status));
+      drawActions();
+    }
+  }, async () => {
+    try { t = await api("GET", "/v1/tasks/" + t.id); drawDetails(); } catch { /* the page still shows the stream */ }
+  });
+}
+
+// ---- frame ----------------------------------------------------------------
+
+function theme() {
+  const btn = document.getElementById("theme");
+  const apply = (v) => {
+    if (v) document.documentElement.dataset.theme = v; else delete document.documentElement.dataset.theme;
+    const dark = v ? v === "dark" : matchMedia("(prefers-color-scheme: dark)").matches;
+    btn.setAttribute("aria-pressed", String(dark));
+    btn.textContent = dark ? "Light theme" : "Dark theme";
+  };
+  apply(localStorage.getItem("theme"));
+  btn.addEventListener("click", () => {
+    const dark = btn.getAttribute("aria-pressed") === "true";
+    localStorage.setItem("theme", dark ? "light" : "dark");
+    apply(dark ? "light" : "dark");
+  });
+}
+
+async function start() {
+  theme();
+  const path = location.pathname.replace(/\/+$/, "") || "/ui";
+  for (const a of document.querySelectorAll("[data-nav]")) {
+    const on = (a.dataset.nav === "overview" && path === "/ui") || (a.dataset.nav === "tasks" && path.startsWith("/ui/tasks"));
+    if (on) a.setAttribute("aria-current", "page");
+  }
+  if (path === "/ui/login") return renderLogin();
+  try {
+    me = await api("GET", "/v1/whoami");
+  } catch (err) {
+    return showError(main, err);
+  }
+  document.getElementById("who").textContent = `${me.name} · ${me.org} · ${me.role}`;
+  const out = document.getElementById("signout");
+  out.hidden = false;
+  out.addEventListener("click", async () => {
+    await fetch("/ui/logout", { method: "POST", credentials: "same-origin", headers: { "X-Conveyor-UI": "1" } });
+    location.assign("/ui/login");
+  });
+  const task = path.match(/^\/ui\/tasks\/([^/]+)$/);
+  if (task) return renderTask(decodeURIComponent(task[1]));
+  if (path === "/ui/tasks") return renderTasks();
+  return renderOverview();
+}
+
+start();
