@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -108,6 +109,8 @@ type cli struct {
 	env       map[string]string
 	configDir string
 	stdin     io.Reader
+	// terminal makes stdin a terminal, where a person answers questions.
+	terminal bool
 }
 
 type result struct {
@@ -137,7 +140,7 @@ func (c *cli) runContext(ctx context.Context, stdout io.Writer, args ...string) 
 	if stdin == nil {
 		stdin = strings.NewReader("")
 	}
-	e := env{stdin: stdin, stdout: stdout, stderr: &stderr,
+	e := env{stdin: stdin, stdinTerminal: c.terminal, stdout: stdout, stderr: &stderr,
 		getenv:        func(k string) string { return c.env[k] },
 		userConfigDir: func() (string, error) { return c.configDir, nil },
 		now:           func() time.Time { return testNow }}
@@ -293,7 +296,8 @@ func TestListShowsATable(t *testing.T) {
 0193a2b4-0000-7000-8000-000000000002  images.resize  PENDING      0%        Queued with a tab                         1h   1h
 0193a2b4-0000-7000-8000-000000000001  demo.noop      COMPLETED    100%      A state far too long for the table's co…  3d   2d
 `, r.stdout)
-	require.Equal(t, "more: conveyor ls --cursor Q1VSU09S\n", r.stderr)
+	require.Equal(t, "more: conveyor ls --status IN_PROGRESS --type demo.sleep --limit 3 --cursor Q1VSU09S\n", r.stderr,
+		"the next page's command repeats the filters, which the cursor does not carry")
 	require.Equal(t, "limit=3&status=IN_PROGRESS&type=demo.sleep", api.recorded()[0].Query)
 
 	r = c.run("ls", "-o", "json")
@@ -328,6 +332,89 @@ func TestListAllPages(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Equal(t, 3, strings.Count(r.stdout, "\n"), r.stdout)
 	require.Empty(t, r.stderr, "no next page to point at")
+}
+
+// The filters reach the API's query: a duration is that long before now,
+// an RFC 3339 time goes as written.
+func TestListFilters(t *testing.T) {
+	t.Parallel()
+	api := newFakeAPI(t)
+	api.json("GET /v1/tasks", 200, `{"tasks":[]}`)
+	c := newCLI(t, api)
+
+	r := c.run("ls", "--created-after", "1h", "--created-before", "2026-11-23T11:30:00+01:00", "--q", "team=billing",
+		"-s", "failed", "-t", "demo.sleep")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, "ID  TYPE  STATUS  PROGRESS  STATE  AGE  UPDATED\n", r.stdout)
+	q, err := url.ParseQuery(api.recorded()[0].Query)
+	require.NoError(t, err)
+	require.Equal(t, url.Values{"created_after": {"2026-11-23T11:00:00Z"}, "created_before": {"2026-11-23T11:30:00+01:00"},
+		"q": {"team=billing"}, "status": {"FAILED"}, "type": {"demo.sleep"}}, q)
+
+	r = c.run("ls", "--created-before", "90m", "--q", "0193a2b4-0000-7000-8000-000000000001")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, "created_before=2026-11-23T10%3A30%3A00Z&q=0193a2b4-0000-7000-8000-000000000001", api.recorded()[1].Query)
+}
+
+const overviewJSON = `{"counts":{"PENDING":3,"IN_PROGRESS":1,"COMPLETED":120,"FAILED":2,"CANCELLED":4},
+	"last_hour":{"minutes":[{"minute":"2026-11-23T11:01:00Z","completed":57,"failed":2}],"completed":57,"failed":2,"throughput_per_minute":0.95},
+	"types":[
+		{"type":"demo.sleep","pending":2,"scheduled":1,"running":1,"oldest_pending_age_seconds":75.5},
+		{"type":"images.resize","pending":0,"scheduled":1,"running":0,"oldest_pending_age_seconds":0}],
+	"outbox":{"depth":2,"oldest_age_seconds":3.2,"parked":1},
+	"workers":[
+		{"id":"w-a","hostname":"host-a","types":["demo.sleep","demo.noop"],"concurrency":4,"version":"v1.2.0","last_heartbeat_at":"2026-11-23T11:59:58Z",
+		 "running":[{"id":"0193a2b4-0000-7000-8000-000000000003","type":"demo.sleep"}]},
+		{"id":"w-b","hostname":"host-b","types":["images.resize"],"concurrency":16,"version":"v1.2.0","last_heartbeat_at":"2026-11-23T11:59:55Z","running":[]}],
+	"leader":"w-b","future_field":1}`
+
+func TestOverview(t *testing.T) {
+	t.Parallel()
+	api := newFakeAPI(t)
+	api.json("GET /v1/overview", 200, overviewJSON)
+	c := newCLI(t, api)
+
+	r := c.run("overview")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, `tasks:     PENDING 3  IN_PROGRESS 1  COMPLETED 120  FAILED 2  CANCELLED 4
+last hour: 57 completed, 2 failed, 0.95 completed per minute
+
+TYPE           WAITING  SCHEDULED  RUNNING  OLDEST
+demo.sleep     2        1          1        1m
+images.resize  0        1          0
+
+outbox: 2 due, the oldest for 3s, 1 parked (waiting for a worker of their type)
+
+ID            HOST    TYPES                 CONCURRENCY  HEARTBEAT  RUNNING
+w-a           host-a  demo.sleep,demo.noop  4            2s         1
+w-b (leader)  host-b  images.resize         16           5s         0
+`, r.stdout)
+	require.Equal(t, "/v1/overview", api.recorded()[0].Path)
+
+	// JSON is the API's document as it came.
+	r = c.run("overview", "-o", "json")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.JSONEq(t, overviewJSON, r.stdout)
+}
+
+// A quiet org: nothing queued, no worker, no leader.
+func TestOverviewWhenQuiet(t *testing.T) {
+	t.Parallel()
+	api := newFakeAPI(t)
+	api.json("GET /v1/overview", 200, `{"counts":{"PENDING":0,"IN_PROGRESS":0,"COMPLETED":0,"FAILED":0,"CANCELLED":0,"PAUSED":1},
+		"last_hour":{"minutes":[],"completed":0,"failed":0,"throughput_per_minute":0},"types":[],
+		"outbox":{"depth":0,"oldest_age_seconds":0,"parked":0},"workers":[],"leader":null}`)
+	r := newCLI(t, api).run("overview")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, `tasks:     PENDING 0  IN_PROGRESS 0  COMPLETED 0  FAILED 0  CANCELLED 0  PAUSED 1
+last hour: 0 completed, 0 failed, 0.00 completed per minute
+
+no task is waiting or running
+
+outbox: 0 due, 0 parked (waiting for a worker of their type)
+
+no worker heard from in the last minute
+`, r.stdout)
 }
 
 func TestEventsShowsTheHistoryOldestFirst(t *testing.T) {
@@ -449,6 +536,20 @@ func TestErrors(t *testing.T) {
 		"bad output": {args: []string{"ls", "-o", "yaml"}, code: 2, stderr: "conveyor: --output must be text or json, not \"yaml\"\nRun 'conveyor ls --help' for usage.\n"},
 		"events without id": {args: []string{"events"}, code: 2,
 			stderr: "conveyor: events wants a task ID, or --follow for the org's live events\nRun 'conveyor events --help' for usage.\n"},
+		"bad time": {args: []string{"ls", "--created-after", "yesterday"}, code: 2,
+			stderr: "conveyor: --created-after \"yesterday\" is neither an RFC 3339 time such as 2026-01-02T15:04:05Z nor a duration back from now such as 1h or 30m\nRun 'conveyor ls --help' for usage.\n"},
+		"negative duration": {args: []string{"cancel", "--all", "--created-before", "-1h", "--yes"}, code: 2,
+			stderr: "conveyor: --created-before \"-1h\" is neither an RFC 3339 time such as 2026-01-02T15:04:05Z nor a duration back from now such as 1h or 30m\nRun 'conveyor cancel --help' for usage.\n"},
+		"--all with an id": {args: []string{"cancel", "--all", "x"}, code: 2,
+			stderr: "conveyor: cancel --all takes no task ID (the filter flags choose the tasks), got [\"x\"]\nRun 'conveyor cancel --help' for usage.\n"},
+		"filter without --all": {args: []string{"retry", "x", "--type", "demo.sleep"}, code: 2,
+			stderr: "conveyor: --type goes with --all\nRun 'conveyor retry --help' for usage.\n"},
+		"--yes without --all": {args: []string{"cancel", "x", "--yes"}, code: 2,
+			stderr: "conveyor: --yes goes with --all\nRun 'conveyor cancel --help' for usage.\n"},
+		"cancel without id": {args: []string{"cancel"}, code: 2,
+			stderr: "conveyor: cancel wants a task ID, or --all and filter flags; got 0 arguments\nRun 'conveyor cancel --help' for usage.\n"},
+		"no terminal to ask": {args: []string{"retry", "--all", "--type", "demo.sleep"}, code: 2,
+			stderr: "conveyor: retry --all asks for a confirmation, and standard input is not a terminal: give --yes to retry without asking (--dry-run counts)\nRun 'conveyor retry --help' for usage.\n"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -201,7 +203,7 @@ func TestCommandsAgainstThePipeline(t *testing.T) {
 	r = p.run(t, "ls", "--limit", "1")
 	require.Equal(t, 0, r.code)
 	require.Contains(t, r.stdout, long)
-	require.Contains(t, r.stderr, "more: conveyor ls --cursor ")
+	require.Contains(t, r.stderr, "more: conveyor ls --limit 1 --cursor ")
 	require.Len(t, strings.Split(strings.TrimSpace(p.ok(t, "ls", "--limit", "1", "--all")), "\n"), 3, "header and both tasks")
 
 	// The API's refusals: exit 1 and its detail.
@@ -230,8 +232,14 @@ func TestCommandsAgainstThePipeline(t *testing.T) {
 	require.Equal(t, 1, r.code, "a writer is no admin")
 	require.Contains(t, r.stderr, "(HTTP 403)")
 
-	out = p.ok(t, "keys", "ls")
-	require.Regexp(t, `(?m)^`+keyID+`\s+billing\s+writer\s+cvk_[a-z2-7]{16}\s+`+`\S+\s+\S+\s+active$`, out)
+	// The API writes when a key was last used once a second: wait for it.
+	testenv.Eventually(t, 10*time.Second, func() error {
+		out = p.ok(t, "keys", "ls")
+		if !regexp.MustCompile(`(?m)^` + keyID + `\s+billing\s+writer\s+cvk_[a-z2-7]{16}\s+\S+\s+\S+\s+active$`).MatchString(out) {
+			return fmt.Errorf("the key, used, not listed as such:\n%s", out)
+		}
+		return nil
+	})
 	require.Regexp(t, `(?m)^[0-9a-f-]{36}\s+cli-tests\s+admin\s+`, out)
 
 	require.Regexp(t, `^revoked key `+keyID+` \(billing, cvk_[a-z2-7]{16}\)\n$`, p.ok(t, "keys", "revoke", keyID))
@@ -322,4 +330,90 @@ func TestStreamingCommandsAgainstThePipeline(t *testing.T) {
 	for line := range strings.Lines(out.String()) {
 		require.Regexp(t, `^\S+  [0-9a-f-]{36}  demo.sleep  COMPLETED   100%  Completed\n$`, line)
 	}
+}
+
+// overview, the listing's new filters, and cancel --all and retry --all
+// against the real API.
+func TestOverviewAndBulkActionsAgainstThePipeline(t *testing.T) {
+	p := startPipeline(t)
+
+	// No worker runs these types: their tasks stay PENDING.
+	var ids []string
+	for i := range 3 {
+		ids = append(ids, p.submit(t, "cli.bulk", "-p", fmt.Sprintf(`{"n":%d}`, i), "--metadata", `{"batch":"b1"}`))
+	}
+	other := p.submit(t, "cli.other", "--metadata", `{"batch":"b2"}`)
+	slices.Sort(ids)
+	listed := func(args ...string) []string {
+		t.Helper()
+		var page struct {
+			Tasks []taskDoc `json:"tasks"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(p.ok(t, append(append([]string{"ls"}, args...), "-o", "json")...)), &page))
+		var got []string
+		for _, d := range page.Tasks {
+			got = append(got, d.ID)
+		}
+		slices.Sort(got)
+		return got
+	}
+
+	// The listing's filters: metadata, an id, creation times.
+	require.Equal(t, ids, listed("--q", "batch=b1", "--created-after", "10m"))
+	require.Equal(t, []string{ids[1]}, listed("--q", ids[1]))
+	require.Empty(t, listed("--created-before", "10m"))
+	require.Equal(t, []string{other}, listed("--created-after", time.Now().Add(-time.Hour).UTC().Format(time.RFC3339), "--type", "cli.other"))
+
+	// The overview: the five counts, the queues, the worker.
+	var o struct {
+		Counts map[string]int `json:"counts"`
+		Types  []struct {
+			Type    string `json:"type"`
+			Pending int    `json:"pending"`
+		} `json:"types"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(p.ok(t, "overview", "-o", "json")), &o))
+	require.Equal(t, map[string]int{"PENDING": 4, "IN_PROGRESS": 0, "COMPLETED": 0, "FAILED": 0, "CANCELLED": 0}, o.Counts)
+	require.Len(t, o.Types, 2)
+	require.Equal(t, "cli.bulk", o.Types[0].Type)
+	require.Equal(t, 3, o.Types[0].Pending)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		out := p.ok(t, "overview")
+		for _, re := range []string{
+			`(?m)^tasks:\s+PENDING 4  IN_PROGRESS 0  COMPLETED 0  FAILED 0  CANCELLED 0$`,
+			`(?m)^last hour: 0 completed, 0 failed, 0.00 completed per minute$`,
+			`(?m)^TYPE\s+WAITING\s+SCHEDULED\s+RUNNING\s+OLDEST$`,
+			`(?m)^cli\.bulk\s+3\s+0\s+0\s+\d+[smh]$`,
+			`(?m)^outbox: \d+ due.*, \d+ parked`,
+			`(?m)^ID\s+HOST\s+TYPES\s+CONCURRENCY\s+HEARTBEAT\s+RUNNING$`,
+			`(?m)^cli-worker \(leader\)\s+\S+\s+\S*demo\.sleep\S*\s+4\s+\d+s\s+0$`,
+		} {
+			if !regexp.MustCompile(re).MatchString(out) {
+				return fmt.Errorf("no %s in\n%s", re, out)
+			}
+		}
+		return nil
+	})
+
+	// cancel --all asks, and refuses when there is no terminal to ask on.
+	r := p.run(t, "cancel", "--all", "--type", "cli.bulk")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "standard input is not a terminal: give --yes")
+	require.Equal(t, "3\n", p.ok(t, "cancel", "--all", "--type", "cli.bulk", "--dry-run"))
+	require.Equal(t, ids, listed("--status", "PENDING", "--type", "cli.bulk"), "nothing changed yet")
+
+	require.Equal(t, "cancelled 3, skipped 0\n", p.ok(t, "cancel", "--all", "--type", "cli.bulk", "--yes"))
+	require.Equal(t, ids, listed("--status", "CANCELLED", "--type", "cli.bulk"))
+	require.Equal(t, "PENDING", p.task(t, other).Status, "another type is left alone")
+	require.Equal(t, "cancelled 0, skipped 0\n", p.ok(t, "cancel", "--all", "--type", "cli.bulk", "--yes"))
+
+	// retry --all by metadata puts them back to PENDING.
+	require.Equal(t, "3\n", p.ok(t, "retry", "--all", "--q", "batch=b1", "--dry-run"))
+	require.Equal(t, "retried 3, skipped 0\n", p.ok(t, "retry", "--all", "--q", "batch=b1", "--yes"))
+	require.Equal(t, ids, listed("--status", "PENDING", "--type", "cli.bulk"))
+
+	// A status the action cannot change is the API's refusal.
+	r = p.run(t, "cancel", "--all", "--status", "COMPLETED", "--yes")
+	require.Equal(t, 1, r.code)
+	require.Regexp(t, `^conveyor: .+ \(HTTP 422\)\n$`, r.stderr)
 }

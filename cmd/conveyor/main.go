@@ -1,6 +1,6 @@
 // Command conveyor is Conveyor's command line: it submits, inspects,
-// watches, cancels and retries tasks, and manages the org's keys, users
-// and roles, through the HTTP API. `conveyor --help` lists the commands.
+// watches, cancels and retries tasks, shows the org's overview, and
+// manages the org's keys, users and roles, through the HTTP API. `conveyor --help` lists the commands.
 package main
 
 import (

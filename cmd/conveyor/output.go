@@ -108,7 +108,12 @@ func ago(now, t time.Time) string {
 	if t.IsZero() {
 		return ""
 	}
-	d := max(now.Sub(t), 0)
+	return age(now.Sub(t))
+}
+
+// age is d in its largest unit: "45s", "12m", "5h", "3d".
+func age(d time.Duration) string {
+	d = max(d, 0)
 	switch {
 	case d < time.Minute:
 		return fmt.Sprintf("%ds", int(d/time.Second))

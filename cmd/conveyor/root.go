@@ -20,7 +20,10 @@ var version = "dev"
 // env is what a run takes from its surroundings, so that tests can give
 // their own.
 type env struct {
-	stdin          io.Reader
+	stdin io.Reader
+	// stdinTerminal says whether stdin is a terminal: a person who can
+	// answer a question, not a pipe or a file to read a payload from.
+	stdinTerminal  bool
 	stdout, stderr io.Writer
 	getenv         func(string) string
 	userConfigDir  func() (string, error)
@@ -28,8 +31,8 @@ type env struct {
 }
 
 func systemEnv() env {
-	return env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv,
-		userConfigDir: os.UserConfigDir, now: time.Now}
+	return env{stdin: os.Stdin, stdinTerminal: isTerminal(os.Stdin), stdout: os.Stdout, stderr: os.Stderr,
+		getenv: os.Getenv, userConfigDir: os.UserConfigDir, now: time.Now}
 }
 
 // isTerminal reports whether v is a terminal: a file that is one.
@@ -71,8 +74,9 @@ func (a *app) rootCommand() *cobra.Command {
 		Use:   "conveyor",
 		Short: "Submit, watch and manage Conveyor's background tasks",
 		Long: `conveyor talks to Conveyor's HTTP API: it submits tasks, shows them and
-their events, follows them live, cancels and retries them, and manages the
-org's API keys, users and roles.
+their events, follows them live, cancels and retries them (one, or every
+one a filter matches), shows the org's overview, and manages the org's API
+keys, users and roles.
 
 The API's URL and the API key come from the flags --url and --token, else
 the environment (CONVEYOR_URL; CONVEYOR_TOKEN, or CONVEYOR_KEY as printed
@@ -100,8 +104,8 @@ complete, 2 when a command is used wrongly, 130 when interrupted.`,
 	_ = root.RegisterFlagCompletionFunc("output", fixedCompletions(outputText, outputJSON))
 
 	root.AddGroup(&cobra.Group{ID: "tasks", Title: "Tasks:"}, &cobra.Group{ID: "admin", Title: "Administration (admin role):"})
-	for _, c := range []*cobra.Command{a.submitCommand(), a.getCommand(), a.listCommand(), a.eventsCommand(),
-		a.watchCommand(), a.cancelCommand(), a.retryCommand()} {
+	for _, c := range []*cobra.Command{a.submitCommand(), a.getCommand(), a.listCommand(), a.overviewCommand(),
+		a.eventsCommand(), a.watchCommand(), a.cancelCommand(), a.retryCommand()} {
 		c.GroupID = "tasks"
 		root.AddCommand(c)
 	}

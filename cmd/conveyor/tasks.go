@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -116,7 +117,7 @@ func (a *app) readPayload(cmd *cobra.Command, payload, file string) (json.RawMes
 	case file != "":
 		source = file
 		b, err = os.ReadFile(file)
-	case a.stdin != nil && !isTerminal(a.stdin):
+	case a.stdin != nil && !a.stdinTerminal:
 		source = "standard input"
 		if b, err = io.ReadAll(a.stdin); err == nil && len(bytes.TrimSpace(b)) == 0 {
 			return nil, nil
@@ -199,8 +200,9 @@ func (a *app) writeTask(t apiclient.Task) error {
 
 func (a *app) listCommand() *cobra.Command {
 	var (
-		f   apiclient.ListFilter
-		all bool
+		f       apiclient.ListFilter
+		filters filterFlags
+		all     bool
 	)
 	cmd := &cobra.Command{
 		Use:     "ls",
@@ -209,12 +211,22 @@ func (a *app) listCommand() *cobra.Command {
 		Long: `List the tasks of the org that the caller may see, newest first, a page
 at a time (--limit, up to 500; the API's default is 50). When there are
 more, the command for the next page is printed on standard error; --all
-fetches every page.`,
+fetches every page.
+
+The filters combine: --status, --type, --created-after and --created-before
+(each an RFC 3339 time, or a duration such as 1h or 30m meaning that long
+ago), and --q (a task id, or key=value: the tasks whose metadata has that
+key with that value, compared as text).`,
 		Example: `  conveyor ls --status FAILED --type demo.sleep
+  conveyor ls --created-after 1h --q team=billing
+  conveyor ls --created-after 2026-11-01T00:00:00Z --created-before 2026-11-02T00:00:00Z
   conveyor ls --limit 500 --all -o json`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			f.Status = strings.ToUpper(f.Status)
+			var err error
+			if f.TaskFilter, err = filters.filter(a.now()); err != nil {
+				return err
+			}
 			c, err := a.api(cmd)
 			if err != nil {
 				return err
@@ -253,19 +265,50 @@ fetches every page.`,
 				return err
 			}
 			if f.Cursor != "" {
-				fmt.Fprintf(a.stderr, "more: %s --cursor %s\n", cmd.CommandPath(), f.Cursor)
+				fmt.Fprintf(a.stderr, "more: %s\n", nextPage(cmd.CommandPath(), f))
 			}
 			return nil
 		},
 	}
+	filters.register(cmd, statuses)
 	fl := cmd.Flags()
-	fl.StringVarP(&f.Status, "status", "s", "", "only tasks of this status: "+strings.Join(statuses, ", "))
-	fl.StringVarP(&f.Type, "type", "t", "", "only tasks of this type")
 	fl.IntVarP(&f.Limit, "limit", "n", 0, "tasks per page, 1 to 500 (default: the API's, 50)")
 	fl.StringVar(&f.Cursor, "cursor", "", "start after this cursor, printed with the previous page")
 	fl.BoolVarP(&all, "all", "A", false, "fetch every page")
-	_ = cmd.RegisterFlagCompletionFunc("status", fixedCompletions(statuses...))
 	return cmd
+}
+
+// nextPage is the command that lists the next page: the cursor does not
+// carry the filters, so they are repeated (times resolved, as sent).
+func nextPage(command string, f apiclient.ListFilter) string {
+	words := []string{command}
+	add := func(flag, value string) {
+		if value != "" {
+			words = append(words, "--"+flag, shellWord(value))
+		}
+	}
+	add("status", f.Status)
+	add("type", f.Type)
+	if !f.CreatedAfter.IsZero() {
+		add("created-after", f.CreatedAfter.Format(time.RFC3339Nano))
+	}
+	if !f.CreatedBefore.IsZero() {
+		add("created-before", f.CreatedBefore.Format(time.RFC3339Nano))
+	}
+	add("q", f.Q)
+	if f.Limit > 0 {
+		add("limit", strconv.Itoa(f.Limit))
+	}
+	add("cursor", f.Cursor)
+	return strings.Join(words, " ")
+}
+
+// shellWord quotes s for a POSIX shell when it is not a plain word.
+func shellWord(s string) string {
+	if strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:=/+-") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // writeTaskTable writes tasks as a table.
@@ -280,13 +323,22 @@ func (a *app) writeTaskTable(tasks []apiclient.Task) error {
 }
 
 func (a *app) cancelCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "cancel ID",
-		Short: "Cancel a task",
+	var b bulkFlags
+	cmd := &cobra.Command{
+		Use:   "cancel {ID | --all [filters]}",
+		Short: "Cancel a task, or every task a filter matches",
 		Long: `Cancel a task. A PENDING task is CANCELLED at once; for a running one the
-cancellation is requested, and its handler stops within a second or so.`,
-		Args: exactArgs(1, "ID"),
+cancellation is requested, and its handler stops within a second or so.
+` + bulkHelp(cancelAll),
+		Example: `  conveyor cancel 0193a2b4-5c6d-7e8f-9a0b-1c2d3e4f5a6b
+  conveyor cancel --all --type demo.sleep --status PENDING --created-after 1h
+  conveyor cancel --all --q team=billing --dry-run
+  conveyor cancel --all --type demo.sleep --yes`,
+		Args: b.args,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if b.all {
+				return a.runBulk(cmd, cancelAll, b)
+			}
 			c, err := a.api(cmd)
 			if err != nil {
 				return err
@@ -306,14 +358,24 @@ cancellation is requested, and its handler stops within a second or so.`,
 			return err
 		},
 	}
+	b.register(cmd, cancelAll)
+	return cmd
 }
 
 func (a *app) retryCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "retry ID",
-		Short: "Run a FAILED or CANCELLED task again",
-		Args:  exactArgs(1, "ID"),
+	var b bulkFlags
+	cmd := &cobra.Command{
+		Use:   "retry {ID | --all [filters]}",
+		Short: "Run a FAILED or CANCELLED task again, or every one a filter matches",
+		Long: `Run a FAILED or CANCELLED task again, from attempt 0.
+` + bulkHelp(retryAll),
+		Example: `  conveyor retry 0193a2b4-5c6d-7e8f-9a0b-1c2d3e4f5a6b
+  conveyor retry --all --status FAILED --type demo.sleep --created-after 24h`,
+		Args: b.args,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if b.all {
+				return a.runBulk(cmd, retryAll, b)
+			}
 			c, err := a.api(cmd)
 			if err != nil {
 				return err
@@ -329,6 +391,8 @@ func (a *app) retryCommand() *cobra.Command {
 			return err
 		},
 	}
+	b.register(cmd, retryAll)
+	return cmd
 }
 
 // exactArgs wants n arguments, named by names in the message.

@@ -116,11 +116,37 @@ func (c *Client) Task(ctx context.Context, id string) (Task, error) {
 	return t, err
 }
 
+// TaskFilter selects tasks, for a listing or a bulk action; zero fields
+// do not filter, and the ones given must all hold.
+type TaskFilter struct {
+	Status string `json:"status,omitempty"`
+	Type   string `json:"type,omitempty"`
+	// CreatedAfter (inclusive) and CreatedBefore (exclusive) bound when
+	// the task was created.
+	CreatedAfter  time.Time `json:"created_after,omitzero"`
+	CreatedBefore time.Time `json:"created_before,omitzero"`
+	// Q is a task id (that task alone) or a metadata key=value (the tasks
+	// whose metadata has the key with that value, compared as text).
+	Q string `json:"q,omitempty"`
+}
+
+// addTo adds the filter to a query.
+func (f TaskFilter) addTo(q url.Values) {
+	set(q, "status", f.Status)
+	set(q, "type", f.Type)
+	if !f.CreatedAfter.IsZero() {
+		q.Set("created_after", f.CreatedAfter.Format(time.RFC3339Nano))
+	}
+	if !f.CreatedBefore.IsZero() {
+		q.Set("created_before", f.CreatedBefore.Format(time.RFC3339Nano))
+	}
+	set(q, "q", f.Q)
+}
+
 // ListFilter narrows a listing; zero fields are left to the API.
 type ListFilter struct {
-	Status string
-	Type   string
-	Limit  int
+	TaskFilter
+	Limit int
 	// Cursor is the NextCursor of the previous page.
 	Cursor string
 }
@@ -136,8 +162,7 @@ type TaskPage struct {
 // Tasks lists tasks, newest first, as summaries.
 func (c *Client) Tasks(ctx context.Context, f ListFilter) (TaskPage, error) {
 	q := url.Values{}
-	set(q, "status", f.Status)
-	set(q, "type", f.Type)
+	f.addTo(q)
 	set(q, "cursor", f.Cursor)
 	if f.Limit > 0 {
 		q.Set("limit", strconv.Itoa(f.Limit))
@@ -177,6 +202,52 @@ func (c *Client) Retry(ctx context.Context, id string) (Task, error) {
 	var t Task
 	_, err := c.do(ctx, request{method: http.MethodPost, path: "/v1/tasks/" + url.PathEscape(id) + "/retry"}, &t)
 	return t, err
+}
+
+// BulkRequest is the body of POST /v1/tasks/cancel and /v1/tasks/retry.
+type BulkRequest struct {
+	Filter TaskFilter `json:"filter"`
+	// DryRun counts the tasks the action would change, and changes none.
+	DryRun bool `json:"dry_run,omitempty"`
+	// Expected is the count the person confirmed (a dry run's Matched):
+	// if the filter matches more tasks by then, the API answers 409 and
+	// changes nothing; it never changes more than this many.
+	Expected *int `json:"expected,omitempty"`
+	// Limit bounds the tasks this call changes; 0 means the API's, 1000.
+	Limit int `json:"limit,omitempty"`
+}
+
+// BulkResult is what a bulk action did, or for a dry run would do.
+type BulkResult struct {
+	Document
+	// Matched is how many tasks the filter matches that the action can
+	// change: all of them, not only those of this call.
+	Matched int `json:"matched"`
+	// Cancelled counts the tasks a cancel CANCELLED or asked to stop;
+	// Retried the tasks a retry put back to PENDING.
+	Cancelled int `json:"cancelled"`
+	Retried   int `json:"retried"`
+	// Skipped tasks changed between the count and their change, and were
+	// left alone.
+	Skipped int `json:"skipped"`
+	// More says that more tasks match than this call took on: call again.
+	More bool `json:"more"`
+}
+
+// CancelTasks cancels the tasks a filter matches, as Cancel does each, or
+// with DryRun counts them.
+func (c *Client) CancelTasks(ctx context.Context, in BulkRequest) (BulkResult, error) {
+	var r BulkResult
+	_, err := c.do(ctx, request{method: http.MethodPost, path: "/v1/tasks/cancel", body: in}, &r)
+	return r, err
+}
+
+// RetryTasks retries the FAILED and CANCELLED tasks a filter matches, as
+// Retry does each, or with DryRun counts them.
+func (c *Client) RetryTasks(ctx context.Context, in BulkRequest) (BulkResult, error) {
+	var r BulkResult
+	_, err := c.do(ctx, request{method: http.MethodPost, path: "/v1/tasks/retry", body: in}, &r)
+	return r, err
 }
 
 func set(q url.Values, k, v string) {
