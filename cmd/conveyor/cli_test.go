@@ -463,6 +463,8 @@ func TestSubmitSendsTheRequest(t *testing.T) {
 			"--visibility", "finance,ops", "--visibility", "hr", "--no-dedupe", "-k", "order-42"},
 			want: `{"type":"demo.sleep","payload":{},"priority":0,"metadata":{"team":"b"},"max_attempts":1,"dedupe":false,"visibility":["finance","ops","hr"]}`,
 			key:  "order-42"},
+		"delay":  {args: []string{"demo.noop", "--delay", "90s"}, want: `{"type":"demo.noop","delay":"90s"}`},
+		"run at": {args: []string{"demo.noop", "--run-at", "2026-11-23T18:00:00+01:00"}, want: `{"type":"demo.noop","run_at":"2026-11-23T18:00:00+01:00"}`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := newCLI(t, api)

@@ -25,6 +25,7 @@ func (a *app) submitCommand() *cobra.Command {
 		priority, maxAttempts               int
 		visibility                          []string
 		noDedupe, wait                      bool
+		runAt, delay                        string
 	)
 	cmd := &cobra.Command{
 		Use:   "submit TYPE",
@@ -33,13 +34,17 @@ func (a *app) submitCommand() *cobra.Command {
 from --payload-file (- for standard input), or from standard input when it
 is not a terminal; without any, the payload is {}.
 
+The task is due at once, or at --run-at (RFC 3339), or --delay (such as
+90s or 2h30m) after the API stores it.
+
 The same type and payload as an existing task is that task (its id is
 printed, with a note on standard error), unless --no-dedupe. With --wait,
 the task is then followed to its end, as watch does, and the exit status
 is 0 only if it COMPLETED.`,
 		Example: `  conveyor submit demo.sleep --payload '{"steps":5,"step_ms":200}'
   echo '{"steps":3}' | conveyor submit demo.sleep --priority 9 --wait
-  conveyor submit demo.sleep --payload-file job.json --idempotency-key order-42 -o json`,
+  conveyor submit demo.sleep --payload-file job.json --idempotency-key order-42 -o json
+  conveyor submit demo.sleep --delay 10m`,
 		Args: exactArgs(1, "TYPE"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req := apiclient.SubmitRequest{Type: args[0], Visibility: visibility}
@@ -61,6 +66,14 @@ is 0 only if it COMPLETED.`,
 			if noDedupe {
 				req.Dedupe = new(false)
 			}
+			if runAt != "" {
+				at, err := time.Parse(time.RFC3339, runAt)
+				if err != nil {
+					return usagef("--run-at: want an RFC 3339 time such as 2026-11-23T18:00:00Z, got %q", runAt)
+				}
+				req.RunAt = &at
+			}
+			req.Delay = delay
 			c, err := a.api(cmd)
 			if err != nil {
 				return err
@@ -97,7 +110,10 @@ is 0 only if it COMPLETED.`,
 	f.BoolVar(&noDedupe, "no-dedupe", false, "submit even if a task of the same type and payload exists")
 	f.StringVarP(&key, "idempotency-key", "k", "", "the Idempotency-Key: the same key always gets the same task")
 	f.BoolVarP(&wait, "wait", "w", false, "follow the task to its end; exit 0 only if it COMPLETED")
+	f.StringVar(&runAt, "run-at", "", "when the task becomes due, RFC 3339")
+	f.StringVar(&delay, "delay", "", "how long after it is stored the task becomes due, such as 90s or 2h30m")
 	cmd.MarkFlagsMutuallyExclusive("payload", "payload-file")
+	cmd.MarkFlagsMutuallyExclusive("run-at", "delay")
 	return cmd
 }
 

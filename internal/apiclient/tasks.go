@@ -95,6 +95,9 @@ type SubmitRequest struct {
 	MaxAttempts *int            `json:"max_attempts,omitempty"`
 	Dedupe      *bool           `json:"dedupe,omitempty"`
 	Visibility  []string        `json:"visibility,omitempty"`
+	// RunAt or Delay (a Go duration such as "90s") schedule the task.
+	RunAt *time.Time `json:"run_at,omitempty"`
+	Delay string     `json:"delay,omitempty"`
 }
 
 // Submit submits a task; created is false when the API found it to be a

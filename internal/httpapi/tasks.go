@@ -29,6 +29,8 @@ type submitRequest struct {
 	MaxAttempts *int            `json:"max_attempts"`
 	Dedupe      *bool           `json:"dedupe"`
 	Visibility  []string        `json:"visibility"`
+	RunAt       *time.Time      `json:"run_at"`
+	Delay       string          `json:"delay"`
 }
 
 // batchEntry is one entry of POST /v1/tasks/batch; it carries its own
@@ -41,7 +43,7 @@ type batchEntry struct {
 func toSubmitInput(req submitRequest, key string) task.SubmitInput {
 	return task.SubmitInput{Type: req.Type, Payload: req.Payload, Priority: req.Priority,
 		Metadata: req.Metadata, MaxAttempts: req.MaxAttempts, Dedupe: req.Dedupe, IdempotencyKey: key,
-		Visibility: req.Visibility}
+		Visibility: req.Visibility, RunAt: req.RunAt, Delay: req.Delay}
 }
 
 func (s *server) handleSubmit() http.HandlerFunc {

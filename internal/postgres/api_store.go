@@ -25,8 +25,9 @@ import (
 var sqlSubmit = statement("tasks.submit", `
 WITH ins AS (
 	INSERT INTO tasks (id, org_id, type, status, state, priority, payload, metadata, input_hash,
-		idempotency_key, max_attempts, traceparent, visibility)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::jsonb->>'traceparent', $15)
+		idempotency_key, max_attempts, traceparent, visibility, next_run_at)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::jsonb->>'traceparent', $15,
+		coalesce($17::timestamptz, now() + $18::bigint * interval '1 millisecond'))
 	ON CONFLICT DO NOTHING
 	RETURNING `+taskColumns+`
 ), event AS (
@@ -385,7 +386,8 @@ func submitArgs(id uuid.UUID, sub task.Submission, by *task.Principal, trace tas
 		visibility = []string{}
 	}
 	return []any{id, sub.OrgID, sub.Type, string(r.To), r.State, sub.Priority, sub.Payload, sub.Metadata,
-		hash, key, sub.MaxAttempts, headersArg(trace), string(r.Actor), string(r.Message), visibility, by}
+		hash, key, sub.MaxAttempts, headersArg(trace), string(r.Actor), string(r.Message), visibility, by,
+		sub.RunAt, sub.Delay.Milliseconds()}
 }
 
 // Get returns the task with its result once it has one: a task of the

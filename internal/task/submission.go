@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 )
@@ -22,6 +23,8 @@ const (
 	MaxBatchSize         = 1000
 	MaxIdempotencyKeyLen = 255
 	MaxTypeLen           = 128
+	// MaxDelay bounds how far ahead a task may be scheduled.
+	MaxDelay = 366 * 24 * time.Hour
 )
 
 // TypePattern is what a task type must match: it names the type's queue
@@ -47,9 +50,14 @@ type Submission struct {
 	InputHash string
 	Dedupe    bool
 	// RequestHash identifies the whole submission (type, payload,
-	// metadata, priority, max_attempts, dedupe, after defaults): an
-	// idempotency key answers the same only for the same request.
+	// metadata, priority, max_attempts, dedupe, run_at or delay, after
+	// defaults): an idempotency key answers the same only for the same
+	// request.
 	RequestHash string
+	// RunAt, when set, is when the task becomes due; else Delay after
+	// the database's now (zero: at once).
+	RunAt *time.Time
+	Delay time.Duration
 }
 
 // SubmitInput is a submission as a client sent it, before defaults and rules.
@@ -62,6 +70,10 @@ type SubmitInput struct {
 	Dedupe         *bool
 	IdempotencyKey string
 	Visibility     []string
+	// RunAt (RFC 3339) or Delay (a duration such as "90s" or "2h30m"):
+	// when the task becomes due. At most one; neither means now.
+	RunAt *time.Time
+	Delay string
 }
 
 // Defaults are the values a submission takes when the client leaves them out.
@@ -115,6 +127,9 @@ func NewSubmission(in SubmitInput, d Defaults, field string) (Submission, error)
 	if s.Visibility, err = visibility(in.Visibility, field+"visibility"); err != nil {
 		return Submission{}, err
 	}
+	if s.RunAt, s.Delay, err = due(in.RunAt, in.Delay, field); err != nil {
+		return Submission{}, err
+	}
 	if s.InputHash, err = InputHash(s.Type, s.Payload); err != nil {
 		return Submission{}, Invalid(field+"payload", "%v", err)
 	}
@@ -139,7 +154,41 @@ func requestHash(s Submission) (string, error) {
 	}
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\x00%s\x00%d\x00%d\x00%t\x00", s.InputHash, metadata, s.Priority, s.MaxAttempts, s.Dedupe)
+	if s.RunAt != nil || s.Delay != 0 {
+		// Only when asked for, so that requests recorded before delays
+		// existed keep their hashes.
+		runAt := ""
+		if s.RunAt != nil {
+			runAt = s.RunAt.UTC().Format(time.RFC3339Nano)
+		}
+		fmt.Fprintf(h, "%s\x00%d\x00", runAt, s.Delay)
+	}
 	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// due checks when a submission asks its task to become due: at run_at, or
+// delay after it is stored.
+func due(runAt *time.Time, delay, field string) (*time.Time, time.Duration, error) {
+	switch {
+	case runAt != nil && delay != "":
+		return nil, 0, Invalid(field+"delay", "give run_at or delay, not both")
+	case runAt != nil:
+		if runAt.After(time.Now().Add(MaxDelay)) {
+			return nil, 0, Invalid(field+"run_at", "is more than %d days ahead", int(MaxDelay.Hours()/24))
+		}
+		t := runAt.UTC()
+		return &t, 0, nil
+	case delay != "":
+		d, err := time.ParseDuration(delay)
+		if err != nil || d < 0 {
+			return nil, 0, Invalid(field+"delay", "must be a duration of 0 or more such as 90s or 2h30m, got %q", delay)
+		}
+		if d > MaxDelay {
+			return nil, 0, Invalid(field+"delay", "is more than %d days", int(MaxDelay.Hours()/24))
+		}
+		return nil, d, nil
+	}
+	return nil, 0, nil
 }
 
 // SlugPattern is what org and org role slugs match.

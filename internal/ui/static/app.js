@@ -326,6 +326,7 @@ function submitPanel() {
         const body = { type: d.get("type"), payload: JSON.parse(d.get("payload") || "{}"), dedupe: false };
         if (d.get("priority")) body.priority = Number(d.get("priority"));
         if (d.get("max_attempts")) body.max_attempts = Number(d.get("max_attempts"));
+        if (d.get("delay")) body.delay = d.get("delay").trim();
         const t = await api("POST", "/v1/tasks", body);
         location.assign("/ui/tasks/" + t.id);
       } catch (err) {
@@ -335,7 +336,8 @@ function submitPanel() {
     h("div", { class: "row" },
       h("label", { for: "s-type" }, "Type", h("input", { id: "s-type", name: "type", required: true, placeholder: "demo.sleep" })),
       h("label", { for: "s-priority" }, "Priority (0–9)", h("input", { id: "s-priority", name: "priority", type: "number", min: 0, max: 9 })),
-      h("label", { for: "s-attempts" }, "Max attempts", h("input", { id: "s-attempts", name: "max_attempts", type: "number", min: 1, max: 100 }))),
+      h("label", { for: "s-attempts" }, "Max attempts", h("input", { id: "s-attempts", name: "max_attempts", type: "number", min: 1, max: 100 })),
+      h("label", { for: "s-delay" }, "Delay (such as 90s; empty: now)", h("input", { id: "s-delay", name: "delay", placeholder: "0s" }))),
     h("label", { for: "s-payload" }, "Payload (JSON)", h("textarea", { id: "s-payload", name: "payload" }, '{"steps": 10, "step_ms": 500}')),
     h("div", { class: "row" }, h("button", { type: "submit", class: "primary" }, "Submit")), msg));
 }
