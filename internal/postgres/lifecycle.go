@@ -274,15 +274,21 @@ func applySorted(ctx context.Context, q querier, changes []task.Change) ([]task.
 	return out, queued, nil
 }
 
-// wroteEvents reports whether any of the changes that landed appends an
-// event.
-func wroteEvents(changes []task.Change, applied []task.Applied) bool {
+// applyAndWake applies changes and, after the commit, wakes the relays
+// when it wrote outbox messages and the stream hubs when a change that
+// landed appended an event.
+func applyAndWake(ctx context.Context, q querier, changes []task.Change, onOutbox, onEvents func()) ([]task.Applied, []error, error) {
+	out, errs, queued, err := apply(ctx, q, changes)
+	if queued {
+		call(onOutbox)
+	}
 	for i, c := range changes {
-		if i < len(applied) && !applied[i].Fenced && task.Lifecycle[c.Transition].Event {
-			return true
+		if i < len(out) && i < len(errs) && errs[i] == nil && !out[i].Fenced && task.Lifecycle[c.Transition].Event {
+			call(onEvents)
+			break
 		}
 	}
-	return false
+	return out, errs, err
 }
 
 // call calls f, when set.

@@ -140,14 +140,7 @@ func (s *MaintenanceStore) standings(ctx context.Context, sql string, args ...an
 
 // Apply applies the leader's changes, each fenced by its version.
 func (s *MaintenanceStore) Apply(ctx context.Context, changes []task.Change) ([]task.Applied, []error, error) {
-	out, errs, queued, err := apply(ctx, s.pool, changes)
-	if queued {
-		s.onOutbox()
-	}
-	if wroteEvents(changes, out) {
-		call(s.OnEvents)
-	}
-	return out, errs, err
+	return applyAndWake(ctx, s.pool, changes, s.onOutbox, s.OnEvents)
 }
 
 // DeleteExpired deletes up to limit terminal tasks (with their events,

@@ -106,14 +106,7 @@ func (s *WorkerStore) Claim(ctx context.Context, ids []uuid.UUID, workerID strin
 // change: a change PostgreSQL refuses for its data fails alone. err is a
 // failure of the whole call.
 func (s *WorkerStore) Apply(ctx context.Context, changes []task.Change) ([]task.Applied, []error, error) {
-	out, errs, queued, err := apply(ctx, s.pool, changes)
-	if queued {
-		s.onOutbox()
-	}
-	if wroteEvents(changes, out) {
-		call(s.OnEvents)
-	}
-	return out, errs, err
+	return applyAndWake(ctx, s.pool, changes, s.onOutbox, s.OnEvents)
 }
 
 // Inspect reads who holds a task, after a fenced write missed.
