@@ -50,7 +50,8 @@ type Reporter interface {
 	// Progress sets the percentage done (0 to 100) and a human label of the
 	// current step, such as "Resizing 3/10". It returns the context's cause
 	// once the task was cancelled or lost, and an error for a percentage out
-	// of range.
+	// of range. Each report is also a heartbeat: a task with a heartbeat
+	// timeout fails when its handler reports nothing for that long.
 	Progress(ctx context.Context, percent int, state string) error
 }
 
@@ -86,8 +87,9 @@ var (
 	// ErrShutdown: the worker is stopping and the grace period is over. The
 	// task is handed back and runs again elsewhere.
 	ErrShutdown = errors.New("conveyor: worker shutting down")
-	// ErrTimeout: the attempt ran longer than the worker's maximum run
-	// time. It fails as timed out, and is retried if attempts are left.
+	// ErrTimeout: the attempt ran longer than its task's timeout (or the
+	// worker's maximum run time). It fails as timed out, and is retried if
+	// attempts are left.
 	ErrTimeout = errors.New("conveyor: attempt timed out")
 )
 

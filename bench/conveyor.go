@@ -112,9 +112,10 @@ func (s *system) startRelay() error {
 	return waitHTTP("http://"+s.relay+"/readyz", 30*time.Second)
 }
 
-func (s *system) startWorker(name string, concurrency int) error {
+// startWorker starts a worker; vars are added to its environment.
+func (s *system) startWorker(name string, concurrency int, vars ...string) error {
 	addr := freeAddr()
-	if err := s.start(name, "WORKER_ADMIN_ADDR="+addr, fmt.Sprintf("WORKER_CONCURRENCY=%d", concurrency)); err != nil {
+	if err := s.start(name, append([]string{"WORKER_ADMIN_ADDR=" + addr, fmt.Sprintf("WORKER_CONCURRENCY=%d", concurrency)}, vars...)...); err != nil {
 		return err
 	}
 	return waitHTTP("http://"+addr+"/readyz", 30*time.Second)
@@ -136,18 +137,29 @@ func (s *system) waitOutboxEmpty(ctx context.Context, timeout time.Duration) err
 var httpClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxConnsPerHost: 256}, Timeout: 30 * time.Second}
 
 func (s *system) post(path string, body []byte) (int, error) {
+	return s.postAs(s.token, path, body, nil)
+}
+
+// postAs posts body with token and, when out is not nil and the request
+// succeeded, decodes the response into it.
+func (s *system) postAs(token, path string, body []byte, out any) (int, error) {
 	req, err := http.NewRequest(http.MethodPost, s.api+path, bytes.NewReader(body))
 	if err != nil {
 		return 0, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+s.token)
+	req.Header.Set("Authorization", "Bearer "+token)
 	resp, err := httpClient.Do(req)
 	if err != nil {
 		return 0, err
 	}
+	defer resp.Body.Close()
+	if out != nil && resp.StatusCode < 300 {
+		if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+			return resp.StatusCode, err
+		}
+	}
 	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
 	return resp.StatusCode, nil
 }
 

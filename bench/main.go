@@ -44,6 +44,11 @@ type options struct {
 	only        string
 	streams     int
 	streamRate  int
+	fairBacklog int
+	fairRate    int
+	fairSeconds int
+	fairProcs   int
+	fairRef     int
 }
 
 // result is one line of the report.
@@ -80,7 +85,12 @@ func main() {
 	flag.BoolVar(&o.skipBacklog, "skip-backlog", false, "skip the memory-versus-backlog measurement")
 	flag.IntVar(&o.streams, "streams", 1000, "open live streams in the stream measurement")
 	flag.IntVar(&o.streamRate, "stream-rate", 20, "progress writes per second in the stream measurement (each reaches every stream)")
-	flag.StringVar(&o.only, "only", "", "comma-separated steps to run: ceilings,river,submits,relay,burndown,latency,streams,backlog (default all)")
+	flag.IntVar(&o.fairBacklog, "fair-backlog", 100000, "org A's backlog in the fairness measurement")
+	flag.IntVar(&o.fairRate, "fair-rate", 20, "org B's trickle (tasks/s) in the fairness measurement")
+	flag.IntVar(&o.fairSeconds, "fair-seconds", 15, "how long org B's trickle lasts, in seconds")
+	flag.IntVar(&o.fairRef, "fair-ref-backlog", 20000, "org A's backlog in the fairness measurement's reference run with fair mode off (B waits for all of it)")
+	flag.IntVar(&o.fairProcs, "fair-procs", 1, "worker processes in the fairness measurement, sharing -workers slots")
+	flag.StringVar(&o.only, "only", "", "comma-separated steps to run: ceilings,river,submits,relay,burndown,latency,streams,fairness,backlog (default all)")
 	flag.StringVar(&o.out, "out", "results/latest.json", "where to write the JSON report")
 	flag.StringVar(&o.adminURL, "database", envOr("BENCH_DATABASE_URL", "postgres://postgres@localhost:5432/postgres?sslmode=disable"), "PostgreSQL to create scratch databases in")
 	flag.StringVar(&o.amqpURL, "amqp", envOr("BENCH_AMQP_URL", "amqp://guest:guest@localhost:5672/"), "RabbitMQ to create scratch vhosts in")
@@ -88,6 +98,11 @@ func main() {
 	if *quick {
 		o.dur, o.burnN, o.messages, o.sampleFor = 2*time.Second, 2000, 10000, 3*time.Second
 		*backlogs = "10000,100000"
+		o.fairBacklog, o.fairRef, o.fairSeconds = 20000, 5000, 4
+	}
+	if o.fairRate < 1 || o.fairSeconds < 1 || o.fairBacklog < 1 || o.fairRef < 1 || o.fairProcs < 1 {
+		fmt.Fprintln(os.Stderr, "bench: -fair-backlog, -fair-ref-backlog, -fair-rate, -fair-seconds and -fair-procs must be positive")
+		os.Exit(2)
 	}
 	for _, b := range strings.Split(*backlogs, ",") {
 		var n int
@@ -163,6 +178,7 @@ func run(ctx context.Context, o options) error {
 		{"burndown", "Conveyor: burn-down", b.burnDown},
 		{"latency", "Conveyor: submit-to-start latency at a fixed rate", b.latency},
 		{"streams", "Conveyor: live streams, progress write to clients", b.streams},
+		{"fairness", "Conveyor: one org's trickle beside another's backlog", b.fairness},
 		{"backlog", "Conveyor: memory against backlog", b.backlog},
 	}
 	for _, s := range steps {
@@ -180,7 +196,8 @@ func run(ctx context.Context, o options) error {
 		Options: map[string]any{
 			"concurrency": o.conc, "pool": o.pool, "duration": o.dur.String(), "n": o.burnN, "workers": o.workers,
 			"messages": o.messages, "rate": o.rate, "backlogs": o.backlogs, "sample": o.sampleFor.String(),
-			"streams": o.streams, "stream_rate": o.streamRate,
+			"streams": o.streams, "stream_rate": o.streamRate, "fair_backlog": o.fairBacklog, "fair_rate": o.fairRate,
+			"fair_seconds": o.fairSeconds, "fair_procs": o.fairProcs, "fair_ref_backlog": o.fairRef,
 		},
 	}
 	printTable(os.Stdout, rep)

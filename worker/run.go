@@ -13,6 +13,7 @@ import (
 	"github.com/conveyorhq/conveyor"
 	"github.com/conveyorhq/conveyor/internal/admin"
 	"github.com/conveyorhq/conveyor/internal/config"
+	"github.com/conveyorhq/conveyor/internal/job"
 	"github.com/conveyorhq/conveyor/internal/postgres"
 	"github.com/conveyorhq/conveyor/internal/rabbitmq"
 	"github.com/conveyorhq/conveyor/internal/registry"
@@ -48,7 +49,6 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 	// Progress and every other change wake the API's live streams.
 	events := postgres.NewNotifier(rt.Pool, postgres.EventsChannel, 2*time.Millisecond, log)
 	store := postgres.NewWorkerStore(rt.Pool, notifier.Poke)
-	store.OnEvents = events.Poke
 	name := "conveyor-worker " + cfg.ID
 	w, err := runner.New(runner.Config{
 		Info: registry.Worker{
@@ -91,6 +91,23 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 		WorkerID: cfg.ID, Interval: cfg.MaintenanceInterval, LeaderTTL: cfg.LeaderTTL,
 		RepublishAfter: cfg.RepublishAfter, Retention: cfg.Retention, DeadAfter: cfg.WorkerDeadAfter,
 	}, maintenance, runner.QueuesFunc(inspector.QueueReady), log, metrics)
+	schedulerStore := postgres.NewSchedulerStore(rt.Pool, notifier.Poke)
+	schedulerStore.OnEvents = events.Poke
+	scheduler := runner.NewScheduler(runner.SchedulerConfig{
+		Interval: cfg.SchedulerInterval, MinInterval: cfg.SchedulerMinInterval, CronEvery: 200 * time.Millisecond,
+		Cron: job.CronConfig{CatchUp: cfg.CronCatchUp, MaxJobs: 100, MaxTicks: 1000},
+		Admit: job.AdmitConfig{Window: cfg.AdmissionWindow, MinWindow: cfg.AdmissionMinWindow,
+			DeadAfter: cfg.WorkerDeadAfter, MaxGroups: 1000, MaxAdmit: 1000},
+	}, schedulerStore, maintainer.Leading, log, metrics)
+	// Every task written or finished anywhere may be one to admit, or
+	// free a slot: the scheduler wakes on the events' notifications, and
+	// on this worker's own changes at once.
+	wakeOnEvents := func() {
+		events.Poke()
+		scheduler.Wake()
+	}
+	store.OnEvents = wakeOnEvents
+	listener := postgres.NewListener(cfg.DatabaseURL, postgres.EventsChannel, scheduler.Wake, log)
 
 	adm, err := admin.Listen(ctx, cfg.AdminAddr, rt.Registry, func(context.Context) (bool, map[string]any) {
 		return w.Ready(), map[string]any{}
@@ -109,6 +126,8 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 	g.Go(func() error { return notifier.Run(bg) })
 	g.Go(func() error { return events.Run(bg) })
 	g.Go(func() error { return maintainer.Run(gctx) })
+	g.Go(func() error { return scheduler.Run(gctx) })
+	g.Go(func() error { return listener.Run(gctx) })
 	g.Go(func() error {
 		err := w.Run(gctx)
 		stopBG()

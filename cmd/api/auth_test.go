@@ -114,7 +114,7 @@ func (w *authWorld) check(t *testing.T, op specOp, need auth.Role, how opSpec) {
 	}
 
 	t.Run("another org's admin: 404 or its own rows", func(t *testing.T) {
-		if len(call.names) > 0 {
+		if len(call.names) > 0 && !how.orgless {
 			resp := w.send(t, call, w.adminB.header)
 			require.Equal(t, http.StatusNotFound, resp.status, string(resp.body))
 			require.Equal(t, "application/problem+json", resp.header.Get("Content-Type"))
@@ -187,6 +187,11 @@ type opSpec struct {
 	sees func(w *authWorld) []string
 	// answers are members the allowed caller's JSON answer must hold.
 	answers map[string]any
+	// contentType is the body's, when not JSON.
+	contentType string
+	// orgless: the path names no org's resource but something every org
+	// has (a task type), so another org's call acts on its own.
+	orgless bool
 }
 
 // visibility says how a task's visibility shows in an operation.
@@ -298,6 +303,41 @@ var authOps = map[string]opSpec{
 		w.asAdmin(t, http.MethodPut, "/v1/roles/"+slug+"/members/"+user, "")
 		return map[string]string{"slug": slug, "user_id": user}, ""
 	}},
+
+	// Every call on a named job gets a fresh job of org A; org B has no job
+	// of that name.
+	"GET /v1/jobs": {sees: func(w *authWorld) []string { return []string{w.jobID} }},
+	"POST /v1/jobs/apply": {contentType: "application/yaml", query: "?prune=false",
+		prepare: func(_ *testing.T, w *authWorld) (map[string]string, string) {
+			return nil, jobFile(fmt.Sprintf("auth-apply-%d", w.seq()))
+		}},
+	"GET /v1/jobs/{name}": {prepare: func(t *testing.T, w *authWorld) (map[string]string, string) {
+		return map[string]string{"name": w.newJob(t)}, ""
+	}},
+	"POST /v1/jobs/{name}/trigger": {prepare: func(t *testing.T, w *authWorld) (map[string]string, string) {
+		return map[string]string{"name": w.newJob(t)}, ""
+	}},
+	"POST /v1/jobs/{name}/pause": {answers: map[string]any{"paused": true},
+		prepare: func(t *testing.T, w *authWorld) (map[string]string, string) {
+			return map[string]string{"name": w.newJob(t)}, ""
+		}},
+	"POST /v1/jobs/{name}/resume": {answers: map[string]any{"paused": false},
+		prepare: func(t *testing.T, w *authWorld) (map[string]string, string) {
+			name := w.newJob(t)
+			w.asAdmin(t, http.MethodPost, "/v1/jobs/"+name+"/pause", "")
+			return map[string]string{"name": name}, ""
+		}},
+	"GET /v1/types": {sees: func(*authWorld) []string { return []string{limitedType} }},
+	"POST /v1/types/{type}/pause": {orgless: true, answers: map[string]any{"paused": true},
+		prepare: func(_ *testing.T, w *authWorld) (map[string]string, string) {
+			return map[string]string{"type": fmt.Sprintf("auth.paused-%d", w.seq())}, ""
+		}},
+	"POST /v1/types/{type}/resume": {orgless: true, answers: map[string]any{"paused": false},
+		prepare: func(t *testing.T, w *authWorld) (map[string]string, string) {
+			typ := fmt.Sprintf("auth.paused-%d", w.seq())
+			w.asAdmin(t, http.MethodPost, "/v1/types/"+typ+"/pause", "")
+			return map[string]string{"type": typ}, ""
+		}},
 }
 
 // Revocation reaches every instance within a second: two APIs on one
@@ -521,6 +561,9 @@ type authWorld struct {
 	refused []caller
 
 	openTask, restrictedTask string
+	// jobID is org A's job of the jobs file the world starts with, which
+	// also limits limitedType.
+	jobID                    string
 	keyIDs, userIDs, seerIDs []string
 	// orgAIDs are the ids of org A and its resources: none may show in an
 	// answer to org B.
@@ -566,7 +609,10 @@ func newAuthWorld(t *testing.T) *authWorld {
 		w.userIDs = append(w.userIDs, id)
 	}
 	w.openTask, w.restrictedTask = w.newTask(t, false), w.newTask(t, true)
-	w.orgAIDs = slices.Concat([]string{w.orgA, w.seersID, w.openTask, w.restrictedTask}, w.keyIDs, w.userIDs)
+	w.asAdmin(t, http.MethodPost, "/v1/jobs/apply", fmt.Sprintf(`{"jobs":[{"name":"auth-fixture","type":"auth.job"}],
+		"types":[{"type":%q,"max_concurrency":3}]}`, limitedType))
+	w.jobID = w.asAdmin(t, http.MethodGet, "/v1/jobs/auth-fixture", "")["id"].(string)
+	w.orgAIDs = slices.Concat([]string{w.orgA, w.seersID, w.openTask, w.restrictedTask, w.jobID, limitedType}, w.keyIDs, w.userIDs)
 	w.refused = w.refusedCallers(t)
 	return w
 }
@@ -634,6 +680,8 @@ func (w *authWorld) refusedCallers(t *testing.T) []caller {
 // apiCall is one request to an operation.
 type apiCall struct {
 	method, path, body string
+	// contentType is the body's; "" for JSON.
+	contentType string
 	// names are the path parameters: ids of org A's resources.
 	names []string
 }
@@ -641,7 +689,7 @@ type apiCall struct {
 // prepare fills op's path and body for org A, as how says.
 func (w *authWorld) prepare(t *testing.T, op specOp, how opSpec) apiCall {
 	t.Helper()
-	c := apiCall{method: op.method, path: op.path}
+	c := apiCall{method: op.method, path: op.path, contentType: how.contentType}
 	if how.prepare != nil {
 		var params map[string]string
 		params, c.body = how.prepare(t, w)
@@ -658,8 +706,8 @@ func (w *authWorld) prepare(t *testing.T, op specOp, how opSpec) apiCall {
 
 func (w *authWorld) send(t *testing.T, c apiCall, authorization string) response {
 	t.Helper()
-	contentType := ""
-	if c.body != "" {
+	contentType := c.contentType
+	if c.body != "" && contentType == "" {
 		contentType = "application/json"
 	}
 	return w.do(t, c.method, c.path, contentType, c.body, "Authorization", authorization)
@@ -697,6 +745,24 @@ func (w *authWorld) newTask(t *testing.T, restricted bool) string {
 		vis = `["` + seers + `"]`
 	}
 	return w.asAdmin(t, http.MethodPost, "/v1/tasks", fmt.Sprintf(`{"type":"auth.fixture","payload":{"n":%d},"visibility":%s}`, w.seq(), vis))["id"].(string)
+}
+
+// limitedType is the task type the world's jobs file limits in org A.
+const limitedType = "auth.limited"
+
+// jobFile is a jobs file, in YAML, of one job.
+func jobFile(name string) string {
+	return "jobs:\n  - name: " + name + "\n    type: auth.job\n    payload: {from: " + name + "}\n"
+}
+
+// newJob applies a jobs file of one fresh job to org A, leaving the other
+// jobs alone, and returns its name.
+func (w *authWorld) newJob(t *testing.T) string {
+	t.Helper()
+	name := fmt.Sprintf("auth-job-%d", w.seq())
+	resp := w.do(t, http.MethodPost, "/v1/jobs/apply", "application/yaml", jobFile(name))
+	require.Equal(t, http.StatusOK, resp.status, string(resp.body))
+	return name
 }
 
 func (w *authWorld) newKey(t *testing.T) string {

@@ -44,6 +44,10 @@ func run(ctx context.Context, cfg config.API, stdout io.Writer) error {
 	}
 	store := postgres.NewAPIStore(rt.TenantPool, notifier.Poke)
 	store.OnEvents = events.Poke
+	// Jobs' changes (a limit raised, a resume) wake the scheduler through
+	// the events channel it listens on.
+	jobs := postgres.NewJobStore(rt.TenantPool)
+	jobs.OnChange, jobs.OnOutbox = events.Poke, notifier.Poke
 	handler := httpapi.NewHandler(httpapi.Config{
 		MaxBodyBytes:      cfg.MaxBodyBytes,
 		Defaults:          task.Defaults{MaxAttempts: cfg.DefaultMaxAttempts},
@@ -59,6 +63,7 @@ func run(ctx context.Context, cfg config.API, stdout io.Writer) error {
 	}, httpapi.Deps{
 		Store:          store,
 		Admin:          store,
+		Jobs:           jobs,
 		Auth:           authn,
 		Log:            log,
 		TracerProvider: rt.TracerProvider,

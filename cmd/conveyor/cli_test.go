@@ -39,7 +39,7 @@ type fakeAPI struct {
 }
 
 type recorded struct {
-	Method, Path, Query, Auth, IdempotencyKey, Body string
+	Method, Path, Query, Auth, IdempotencyKey, ContentType, Body string
 }
 
 func newFakeAPI(t *testing.T) *fakeAPI {
@@ -49,7 +49,8 @@ func newFakeAPI(t *testing.T) *fakeAPI {
 		body, _ := io.ReadAll(r.Body)
 		f.mu.Lock()
 		f.requests = append(f.requests, recorded{Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery,
-			Auth: r.Header.Get("Authorization"), IdempotencyKey: r.Header.Get("Idempotency-Key"), Body: string(body)})
+			Auth: r.Header.Get("Authorization"), IdempotencyKey: r.Header.Get("Idempotency-Key"),
+			ContentType: r.Header.Get("Content-Type"), Body: string(body)})
 		f.mu.Unlock()
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		f.mux.ServeHTTP(w, r)

@@ -147,6 +147,14 @@ func duration(d time.Duration) string {
 	}
 }
 
+// wholeDuration is a count of seconds as a duration, "1m30s"; "" for 0.
+func wholeDuration(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return (time.Duration(n) * time.Second).String()
+}
+
 // truncate cuts s to width columns, ending it with "…" when cut.
 func truncate(s string, width int) string {
 	if width <= 0 {

@@ -75,8 +75,9 @@ func (a *app) rootCommand() *cobra.Command {
 		Short: "Submit, watch and manage Conveyor's background tasks",
 		Long: `conveyor talks to Conveyor's HTTP API: it submits tasks, shows them and
 their events, follows them live, cancels and retries them (one, or every
-one a filter matches), shows the org's overview, and manages the org's API
-keys, users and roles.
+one a filter matches), shows the org's overview, applies the org's jobs
+file (scheduled and triggered jobs, type limits), triggers and pauses
+jobs and types, and manages the org's API keys, users and roles.
 
 The API's URL and the API key come from the flags --url and --token, else
 the environment (CONVEYOR_URL; CONVEYOR_TOKEN, or CONVEYOR_KEY as printed
@@ -103,10 +104,15 @@ complete, 2 when a command is used wrongly, 130 when interrupted.`,
 	pf.DurationVar(&a.timeout, "timeout", 30*time.Second, "longest a request may take (streams excepted)")
 	_ = root.RegisterFlagCompletionFunc("output", fixedCompletions(outputText, outputJSON))
 
-	root.AddGroup(&cobra.Group{ID: "tasks", Title: "Tasks:"}, &cobra.Group{ID: "admin", Title: "Administration (admin role):"})
+	root.AddGroup(&cobra.Group{ID: "tasks", Title: "Tasks:"}, &cobra.Group{ID: "jobs", Title: "Jobs and type limits:"},
+		&cobra.Group{ID: "admin", Title: "Administration (admin role):"})
 	for _, c := range []*cobra.Command{a.submitCommand(), a.getCommand(), a.listCommand(), a.overviewCommand(),
 		a.eventsCommand(), a.watchCommand(), a.cancelCommand(), a.retryCommand()} {
 		c.GroupID = "tasks"
+		root.AddCommand(c)
+	}
+	for _, c := range []*cobra.Command{a.applyCommand(), a.jobsCommand(), a.typesCommand()} {
+		c.GroupID = "jobs"
 		root.AddCommand(c)
 	}
 	for _, c := range []*cobra.Command{a.keysCommand(), a.usersCommand(), a.rolesCommand()} {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -25,7 +26,8 @@ func (a *app) submitCommand() *cobra.Command {
 		priority, maxAttempts               int
 		visibility                          []string
 		noDedupe, wait                      bool
-		runAt, delay                        string
+		runAt, delay, concurrencyKey        string
+		taskTimeout, heartbeatTimeout       time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "submit TYPE",
@@ -36,6 +38,12 @@ is not a terminal; without any, the payload is {}.
 
 The task is due at once, or at --run-at (RFC 3339), or --delay (such as
 90s or 2h30m) after the API stores it.
+
+--task-timeout bounds each attempt of the task, and --heartbeat-timeout
+the time between the heartbeats of its handler, in whole seconds (such as
+90s or 10m); the worker gives up an attempt that outlasts either.
+--concurrency-key puts the task in a group that the type's per-key limit
+(conveyor types) counts apart.
 
 The same type and payload as an existing task is that task (its id is
 printed, with a note on standard error), unless --no-dedupe. With --wait,
@@ -74,6 +82,13 @@ is 0 only if it COMPLETED.`,
 				req.RunAt = &at
 			}
 			req.Delay = delay
+			req.ConcurrencyKey = concurrencyKey
+			if req.TimeoutSeconds, err = wholeSeconds("--task-timeout", taskTimeout); err != nil {
+				return err
+			}
+			if req.HeartbeatTimeoutSeconds, err = wholeSeconds("--heartbeat-timeout", heartbeatTimeout); err != nil {
+				return err
+			}
 			c, err := a.api(cmd)
 			if err != nil {
 				return err
@@ -85,19 +100,7 @@ is 0 only if it COMPLETED.`,
 			if !created {
 				fmt.Fprintf(a.stderr, "conveyor: the same input as task %s (%s), which is not submitted again (unless --no-dedupe)\n", t.ID, t.Status)
 			}
-			switch {
-			case a.output == outputJSON && wait:
-				// JSON Lines: the task, then its events.
-				err = writeJSONLine(a.stdout, t.JSON())
-			case a.output == outputJSON:
-				err = writeJSON(a.stdout, t.JSON())
-			default:
-				_, err = fmt.Fprintln(a.stdout, t.ID)
-			}
-			if err != nil || !wait {
-				return err
-			}
-			return a.watchTasks(cmd.Context(), c, []string{t.ID})
+			return a.writeNewTask(cmd.Context(), c, t, wait)
 		},
 	}
 	f := cmd.Flags()
@@ -112,9 +115,44 @@ is 0 only if it COMPLETED.`,
 	f.BoolVarP(&wait, "wait", "w", false, "follow the task to its end; exit 0 only if it COMPLETED")
 	f.StringVar(&runAt, "run-at", "", "when the task becomes due, RFC 3339")
 	f.StringVar(&delay, "delay", "", "how long after it is stored the task becomes due, such as 90s or 2h30m")
+	f.StringVar(&concurrencyKey, "concurrency-key", "", "the group the type's per-key limit counts the task in, such as an account id")
+	f.DurationVar(&taskTimeout, "task-timeout", 0, "the longest an attempt may run, in whole seconds, such as 90s or 10m")
+	f.DurationVar(&heartbeatTimeout, "heartbeat-timeout", 0, "the longest the handler may go without a heartbeat, in whole seconds")
 	cmd.MarkFlagsMutuallyExclusive("payload", "payload-file")
 	cmd.MarkFlagsMutuallyExclusive("run-at", "delay")
 	return cmd
+}
+
+// writeNewTask shows a task just made: its id, or its document; with
+// wait, it then follows the task to its end, as watch does.
+func (a *app) writeNewTask(ctx context.Context, c *apiclient.Client, t apiclient.Task, wait bool) error {
+	var err error
+	switch {
+	case a.output == outputJSON && wait:
+		// JSON Lines: the task, then its events.
+		err = writeJSONLine(a.stdout, t.JSON())
+	case a.output == outputJSON:
+		err = writeJSON(a.stdout, t.JSON())
+	default:
+		_, err = fmt.Fprintln(a.stdout, t.ID)
+	}
+	if err != nil || !wait {
+		return err
+	}
+	return a.watchTasks(ctx, c, []string{t.ID})
+}
+
+// wholeSeconds is a timeout flag's value in seconds; 0 when not given. The
+// API counts timeouts in whole seconds, so a fraction is refused rather
+// than rounded.
+func wholeSeconds(flag string, d time.Duration) (int, error) {
+	switch {
+	case d < 0:
+		return 0, usagef("%s must be positive, got %s", flag, d)
+	case d%time.Second != 0:
+		return 0, usagef("%s must be whole seconds, such as 90s or 10m, got %s", flag, d)
+	}
+	return int(d / time.Second), nil
 }
 
 // readPayload returns the payload given by --payload, --payload-file or a
@@ -189,17 +227,27 @@ func (a *app) writeTask(t apiclient.Task) error {
 	if t.Status == apiclient.StatusPending {
 		next = stampPtr(t.NextRunAt)
 	}
+	var waiting string
+	if t.Waiting {
+		waiting = "yes, not yet admitted (a limit, a pause, or its turn in a busy type)"
+	}
 	return fields(a.stdout,
 		"id", t.ID,
 		"type", t.Type,
 		"status", t.Status,
 		"progress", strconv.Itoa(t.Progress)+"%",
 		"state", t.State,
+		"waiting", waiting,
 		"error", t.Error,
 		"attempt", attempt,
 		"priority", strconv.Itoa(t.Priority),
 		"visibility", strings.Join(t.Visibility, ", "),
 		"idempotency key", t.IdempotencyKey,
+		"concurrency key", t.ConcurrencyKey,
+		"timeout", wholeDuration(t.TimeoutSeconds),
+		"heartbeat timeout", wholeDuration(t.HeartbeatTimeoutSeconds),
+		"job", t.JobID,
+		"scheduled", stampPtr(t.ScheduledAt),
 		"worker", t.WorkerID,
 		"created", stamp(t.CreatedAt),
 		"started", stampPtr(t.StartedAt),

@@ -129,7 +129,7 @@ func TestWatchOnATerminal(t *testing.T) {
 
 	// Long enough to be seen running however late the watch starts on a
 	// busy machine.
-	ok := p.submit(t, "demo.sleep", "-p", `{"steps":10,"step_ms":400}`)
+	ok := p.submit(t, "demo.sleep", "-p", `{"steps":25,"step_ms":400}`)
 	failing := p.submit(t, "demo.sleep", "-p", `{"steps":2,"step_ms":100,"fail_times":1}`, "--max-attempts", "1")
 	watchOK := p.onTerminal(t, "watch", ok)
 	watchFailing := p.onTerminal(t, "watch", failing)
@@ -144,7 +144,7 @@ func TestWatchOnATerminal(t *testing.T) {
 	for _, s := range watchOK.seen() {
 		if m := percent.FindStringSubmatch(barLine(s, ok)); m != nil && m[1] != "0" && m[1] != "100" {
 			intermediate[m[1]+"%"] = true
-			require.Regexp(t, `^`+ok+` demo.sleep +\[=*>?-*\] +\d+%  \S+  ETA \S+  Step \d+/10$`, barLine(s, ok), "a bar while it runs")
+			require.Regexp(t, `^`+ok+` demo.sleep +\[=*>?-*\] +\d+%  \S+  ETA \S+  Step \d+/25$`, barLine(s, ok), "a bar while it runs")
 		}
 	}
 	require.NotEmpty(t, intermediate, "the bar was seen between 0 and 100%%; screens:\n%s", strings.Join(watchOK.seen(), "\n---\n"))

@@ -17,6 +17,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/conveyorhq/conveyor/internal/job"
 )
 
 // Config says where the API is and how to talk to it.
@@ -94,6 +96,9 @@ type Error struct {
 	Instance string
 	// RetryAfter is the wait the API asked for (429), if any.
 	RetryAfter time.Duration
+	// Problems lists every mistake of a jobs file, each with its line,
+	// when the API refused one (422).
+	Problems job.Problems
 }
 
 // Error reads "detail (HTTP status)".
@@ -127,7 +132,8 @@ type request struct {
 	path   string
 	query  url.Values
 	header http.Header
-	body   any
+	// body is sent as JSON, or as it is when a rawBody.
+	body any
 }
 
 // do sends req and decodes a success into out (unless nil); it returns the
@@ -160,13 +166,23 @@ func (c *Client) do(ctx context.Context, req request, out any) (int, error) {
 
 // send builds and sends req; the caller closes the body.
 func (c *Client) send(ctx context.Context, hc *http.Client, req request) (*http.Response, error) {
+	// req.path is escaped (its segments by url.PathEscape): it goes to
+	// RawPath as it is, so that a "%20" in a name is not escaped again.
 	u := *c.base
-	u.Path += req.path
+	path, err := url.PathUnescape(req.path)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", req.method, req.path, err)
+	}
+	u.RawPath = c.base.EscapedPath() + req.path
+	u.Path += path
 	if len(req.query) > 0 {
 		u.RawQuery = req.query.Encode()
 	}
 	var body io.Reader
-	if req.body != nil {
+	contentType := "application/json"
+	if raw, ok := req.body.(rawBody); ok {
+		body, contentType = bytes.NewReader(raw.data), raw.contentType
+	} else if req.body != nil {
 		b, err := bodyBytes(req.body)
 		if err != nil {
 			return nil, fmt.Errorf("%s %s: encode: %w", req.method, req.path, err)
@@ -181,7 +197,7 @@ func (c *Client) send(ctx context.Context, hc *http.Client, req request) (*http.
 		r.Header[k] = vs
 	}
 	if body != nil {
-		r.Header.Set("Content-Type", "application/json")
+		r.Header.Set("Content-Type", contentType)
 	}
 	if r.Header.Get("Accept") == "" {
 		r.Header.Set("Accept", "application/json, application/problem+json")
@@ -200,6 +216,12 @@ func (c *Client) send(ctx context.Context, hc *http.Client, req request) (*http.
 		return nil, fmt.Errorf("cannot reach the API at %s: %w", c.base, unwrapURLError(err))
 	}
 	return resp, nil
+}
+
+// rawBody is a request body sent as it is, of its own media type.
+type rawBody struct {
+	contentType string
+	data        []byte
 }
 
 func bodyBytes(v any) ([]byte, error) {
@@ -228,14 +250,16 @@ func readError(resp *http.Response) error {
 	media, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	if media == "application/problem+json" || media == "application/json" {
 		var p struct {
-			Type     string `json:"type"`
-			Title    string `json:"title"`
-			Detail   string `json:"detail"`
-			Field    string `json:"field"`
-			Instance string `json:"instance"`
+			Type     string       `json:"type"`
+			Title    string       `json:"title"`
+			Detail   string       `json:"detail"`
+			Field    string       `json:"field"`
+			Instance string       `json:"instance"`
+			Errors   job.Problems `json:"errors"`
 		}
 		if json.Unmarshal(body, &p) == nil {
 			e.Type, e.Title, e.Detail, e.Field, e.Instance = p.Type, p.Title, p.Detail, p.Field, p.Instance
+			e.Problems = p.Errors
 			return e
 		}
 	}

@@ -55,6 +55,17 @@ type Task struct {
 	Result            json.RawMessage `json:"result,omitempty"`
 	TraceID           string          `json:"trace_id,omitempty"`
 	TraceURL          string          `json:"trace_url,omitempty"`
+	// JobID is the job that made the task, and ScheduledAt the tick of
+	// its schedule it was made for, if any.
+	JobID          string     `json:"job_id,omitempty"`
+	ScheduledAt    *time.Time `json:"scheduled_at,omitempty"`
+	ConcurrencyKey string     `json:"concurrency_key,omitempty"`
+	// Waiting says that a PENDING task waits to be admitted: for a slot
+	// under a limit, or for its paused job or type to resume.
+	Waiting bool `json:"waiting"`
+	// The timeouts are 0 when the task has none, and in a listing.
+	TimeoutSeconds          int `json:"timeout_seconds,omitempty"`
+	HeartbeatTimeoutSeconds int `json:"heartbeat_timeout_seconds,omitempty"`
 }
 
 // Principal is who made a change through the API.
@@ -98,6 +109,12 @@ type SubmitRequest struct {
 	// RunAt or Delay (a Go duration such as "90s") schedule the task.
 	RunAt *time.Time `json:"run_at,omitempty"`
 	Delay string     `json:"delay,omitempty"`
+	// ConcurrencyKey groups tasks for the type's per-key limit.
+	ConcurrencyKey string `json:"concurrency_key,omitempty"`
+	// TimeoutSeconds bounds each attempt; HeartbeatTimeoutSeconds the
+	// time between its heartbeats; 0 means none.
+	TimeoutSeconds          int `json:"timeout_seconds,omitempty"`
+	HeartbeatTimeoutSeconds int `json:"heartbeat_timeout_seconds,omitempty"`
 }
 
 // Submit submits a task; created is false when the API found it to be a

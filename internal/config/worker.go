@@ -48,6 +48,22 @@ type Worker struct {
 	// then finds its next task at once. -1 means as many as
 	// WORKER_CONCURRENCY (at most 256); 0 turns read-ahead off.
 	ReadAhead int `envconfig:"WORKER_READ_AHEAD" default:"-1"`
+	// SchedulerInterval is the longest time between two passes of the
+	// scheduler (cron ticks, admission of waiting tasks) on the leader;
+	// writes wake it sooner, but never more often than
+	// SchedulerMinInterval.
+	SchedulerInterval    time.Duration `envconfig:"SCHEDULER_INTERVAL" default:"500ms"`
+	SchedulerMinInterval time.Duration `envconfig:"SCHEDULER_MIN_INTERVAL" default:"100ms"`
+	// CronCatchUp: cron ticks missed by less than this (a leader's
+	// failover, a restart) are all run; older ones follow the job's
+	// missed policy.
+	CronCatchUp time.Duration `envconfig:"CRON_CATCH_UP" default:"1m"`
+	// AdmissionWindow is how many due, unclaimed tasks a type may have in
+	// its queue before new ones wait and are admitted in turns between
+	// orgs; 0 means the concurrency of its live workers, at least
+	// AdmissionMinWindow.
+	AdmissionWindow    int `envconfig:"ADMISSION_WINDOW" default:"0"`
+	AdmissionMinWindow int `envconfig:"ADMISSION_MIN_WINDOW" default:"64"`
 }
 
 // Validate checks the worker's configuration.
@@ -67,7 +83,8 @@ func (c Worker) Validate() error {
 		"RETRY_BACKOFF_MAX": c.RetryBackoffMax, "MAINTENANCE_INTERVAL": c.MaintenanceInterval,
 		"LEADER_TTL": c.LeaderTTL, "REPUBLISH_AFTER": c.RepublishAfter, "RETENTION": c.Retention,
 		"WORKER_DEAD_AFTER": c.WorkerDeadAfter, "WORKER_RECONNECT_BACKOFF_MAX": c.ReconnectBackoffMax,
-		"TASK_MAX_RUN_TIME": c.MaxRunTime,
+		"TASK_MAX_RUN_TIME": c.MaxRunTime, "SCHEDULER_INTERVAL": c.SchedulerInterval,
+		"SCHEDULER_MIN_INTERVAL": c.SchedulerMinInterval, "CRON_CATCH_UP": c.CronCatchUp,
 	} {
 		if err := positive(name, d); err != nil {
 			return err
@@ -75,6 +92,12 @@ func (c Worker) Validate() error {
 	}
 	if c.ReadAhead < -1 || c.ReadAhead > 10000 {
 		return fmt.Errorf("WORKER_READ_AHEAD: must be -1 (as many as the concurrency), 0 (off) or up to 10000, got %d", c.ReadAhead)
+	}
+	if c.AdmissionWindow < 0 || c.AdmissionWindow > 1000000 {
+		return fmt.Errorf("ADMISSION_WINDOW: must be between 0 (automatic) and 1000000, got %d", c.AdmissionWindow)
+	}
+	if c.AdmissionMinWindow < 1 || c.AdmissionMinWindow > 1000000 {
+		return fmt.Errorf("ADMISSION_MIN_WINDOW: must be between 1 and 1000000, got %d", c.AdmissionMinWindow)
 	}
 	if c.HeartbeatInterval*2 > c.LeaseDuration {
 		return fmt.Errorf("HEARTBEAT_INTERVAL: must be at most half of LEASE_DURATION (%s), got %s", c.LeaseDuration, c.HeartbeatInterval)

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 
+	"github.com/conveyorhq/conveyor/internal/job"
 	"github.com/conveyorhq/conveyor/internal/task"
 )
 
@@ -35,6 +36,8 @@ type problem struct {
 	// Matched is how many tasks a bulk action's filter matches now, when
 	// that is more than the request expected (an extension member).
 	Matched *int `json:"matched,omitempty"`
+	// Errors lists every mistake of a jobs file, with its line.
+	Errors job.Problems `json:"errors,omitempty"`
 }
 
 // writeError answers with the problem document for err. Errors that are not

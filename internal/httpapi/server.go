@@ -94,6 +94,7 @@ type Config struct {
 type Deps struct {
 	Store          Store
 	Admin          AdminStore
+	Jobs           JobStore
 	Auth           Authenticator
 	Log            *slog.Logger
 	TracerProvider trace.TracerProvider

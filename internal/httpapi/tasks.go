@@ -31,6 +31,11 @@ type submitRequest struct {
 	Visibility  []string        `json:"visibility"`
 	RunAt       *time.Time      `json:"run_at"`
 	Delay       string          `json:"delay"`
+	// ConcurrencyKey divides the type's per-key limit; the timeouts
+	// bound each attempt and the time between its heartbeats.
+	ConcurrencyKey          string `json:"concurrency_key"`
+	TimeoutSeconds          int    `json:"timeout_seconds"`
+	HeartbeatTimeoutSeconds int    `json:"heartbeat_timeout_seconds"`
 }
 
 // batchEntry is one entry of POST /v1/tasks/batch; it carries its own
@@ -43,7 +48,8 @@ type batchEntry struct {
 func toSubmitInput(req submitRequest, key string) task.SubmitInput {
 	return task.SubmitInput{Type: req.Type, Payload: req.Payload, Priority: req.Priority,
 		Metadata: req.Metadata, MaxAttempts: req.MaxAttempts, Dedupe: req.Dedupe, IdempotencyKey: key,
-		Visibility: req.Visibility, RunAt: req.RunAt, Delay: req.Delay}
+		Visibility: req.Visibility, RunAt: req.RunAt, Delay: req.Delay, ConcurrencyKey: req.ConcurrencyKey,
+		TimeoutSeconds: req.TimeoutSeconds, HeartbeatTimeoutSeconds: req.HeartbeatTimeoutSeconds}
 }
 
 func (s *server) handleSubmit() http.HandlerFunc {

@@ -37,6 +37,28 @@ type taskView struct {
 	Result            json.RawMessage `json:"result,omitempty"`
 	TraceID           string          `json:"trace_id,omitempty"`
 	TraceURL          string          `json:"trace_url,omitempty"`
+	schedulingView
+	TimeoutSeconds          int `json:"timeout_seconds,omitempty"`
+	HeartbeatTimeoutSeconds int `json:"heartbeat_timeout_seconds,omitempty"`
+}
+
+// schedulingView is where a task came from and what holds it back: its job
+// and tick, its concurrency key, and whether it waits for admission (a
+// limit's slot, a paused job or type, its turn in a busy type).
+type schedulingView struct {
+	JobID          string     `json:"job_id,omitempty"`
+	ScheduledAt    *time.Time `json:"scheduled_at,omitempty"`
+	ConcurrencyKey string     `json:"concurrency_key,omitempty"`
+	Waiting        bool       `json:"waiting"`
+}
+
+func schedulingOf(t task.Task) schedulingView {
+	v := schedulingView{ScheduledAt: t.ScheduledAt, ConcurrencyKey: t.ConcurrencyKey,
+		Waiting: t.Status == task.StatusPending && !t.Admitted}
+	if t.JobID != nil {
+		v.JobID = t.JobID.String()
+	}
+	return v
 }
 
 // toTaskView converts a domain task to its JSON shape.
@@ -48,6 +70,8 @@ func (s *server) toTaskView(t task.Task) taskView {
 		InputHash: t.InputHash, Version: t.Version, WorkerID: t.WorkerID, LeaseExpiresAt: t.LeaseExpiresAt,
 		NextRunAt: t.NextRunAt, CancelRequestedAt: t.CancelRequestedAt, CreatedAt: t.CreatedAt,
 		UpdatedAt: t.UpdatedAt, StartedAt: t.StartedAt, CompletedAt: t.CompletedAt, Result: t.Result,
+		schedulingView: schedulingOf(t), TimeoutSeconds: int(t.Timeout / time.Second),
+		HeartbeatTimeoutSeconds: int(t.HeartbeatTimeout / time.Second),
 	}
 	if id := traceID(t.Traceparent); id != "" {
 		v.TraceID = id
@@ -81,6 +105,7 @@ type taskSummary struct {
 	StartedAt         *time.Time  `json:"started_at,omitempty"`
 	CompletedAt       *time.Time  `json:"completed_at,omitempty"`
 	TraceID           string      `json:"trace_id,omitempty"`
+	schedulingView
 }
 
 func toTaskSummaries(ts []task.Task) []taskSummary {
@@ -92,7 +117,7 @@ func toTaskSummaries(ts []task.Task) []taskSummary {
 			Error: t.Error, IdempotencyKey: t.IdempotencyKey, Version: t.Version, WorkerID: t.WorkerID,
 			NextRunAt: t.NextRunAt, CancelRequestedAt: t.CancelRequestedAt, CreatedAt: t.CreatedAt,
 			UpdatedAt: t.UpdatedAt, StartedAt: t.StartedAt, CompletedAt: t.CompletedAt,
-			TraceID: traceID(t.Traceparent),
+			TraceID: traceID(t.Traceparent), schedulingView: schedulingOf(t),
 		}
 	}
 	return out

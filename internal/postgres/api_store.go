@@ -23,18 +23,23 @@ import (
 // statement is one transaction; a task with the same input hash makes the
 // insert do nothing and return no row.
 var sqlSubmit = statement("tasks.submit", `
-WITH ins AS (
+WITH gate AS (
+	SELECT conveyor_must_wait($2, $3, $22, $19) AS wait
+), ins AS (
 	INSERT INTO tasks (id, org_id, type, status, state, priority, payload, metadata, input_hash,
-		idempotency_key, max_attempts, traceparent, visibility, next_run_at)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::jsonb->>'traceparent', $15,
-		coalesce($17::timestamptz, now() + $18::bigint * interval '1 millisecond'))
+		idempotency_key, max_attempts, traceparent, visibility, next_run_at, concurrency_key, timeout_ms,
+		heartbeat_timeout_ms, job_id, scheduled_at, admitted)
+	SELECT $1, $2, $3, $4, CASE WHEN gate.wait THEN '`+task.StateWaiting+`' ELSE $5 END, $6, $7, $8, $9, $10, $11,
+		$12::jsonb->>'traceparent', $15, coalesce($17::timestamptz, now() + $18::bigint * interval '1 millisecond'),
+		$19, nullif($20::bigint, 0), nullif($21::bigint, 0), $22, $23, NOT gate.wait
+	FROM gate
 	ON CONFLICT DO NOTHING
 	RETURNING `+taskColumns+`
 ), event AS (
 	INSERT INTO task_events (task_id, org_id, status, state, progress, actor, principal)
 	SELECT id, org_id, status, state, progress, $13, $16 FROM ins
 ), queued AS (
-	SELECT ins.*, $14::text AS message, $12::jsonb AS headers FROM ins
+	SELECT ins.*, CASE WHEN ins.admitted THEN $14::text END AS message, $12::jsonb AS headers FROM ins
 ), message AS (
 	`+enqueue("queued")+`
 )
@@ -381,13 +386,19 @@ func submitArgs(id uuid.UUID, sub task.Submission, by *task.Principal, trace tas
 		key = &sub.IdempotencyKey
 	}
 	r := task.Lifecycle[task.Submit]
+	actor := r.Actor
+	if by == nil {
+		// No one asked for it through the API: the scheduler made it.
+		actor = task.ActorSystem
+	}
 	visibility := sub.Visibility
 	if visibility == nil {
 		visibility = []string{}
 	}
 	return []any{id, sub.OrgID, sub.Type, string(r.To), r.State, sub.Priority, sub.Payload, sub.Metadata,
-		hash, key, sub.MaxAttempts, headersArg(trace), string(r.Actor), string(r.Message), visibility, by,
-		sub.RunAt, sub.Delay.Milliseconds()}
+		hash, key, sub.MaxAttempts, headersArg(trace), string(actor), string(r.Message), visibility, by,
+		sub.RunAt, sub.Delay.Milliseconds(), sub.ConcurrencyKey, sub.Timeout.Milliseconds(),
+		sub.HeartbeatTimeout.Milliseconds(), sub.JobID, sub.ScheduledAt}
 }
 
 // Get returns the task with its result once it has one: a task of the

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -22,21 +23,25 @@ const taskColumns = `id, org_id, visibility, type, status, state, progress, prio
 	coalesce(input_hash, '') AS input_hash, coalesce(idempotency_key, '') AS idempotency_key,
 	coalesce(error, '') AS error, attempt, max_attempts, version, coalesce(worker_id, '') AS worker_id,
 	lease_expires_at, next_run_at, cancel_requested_at, coalesce(traceparent, '') AS traceparent,
-	published_at, created_at, updated_at, started_at, completed_at`
+	published_at, created_at, updated_at, started_at, completed_at, job_id, scheduled_at, concurrency_key,
+	admitted, coalesce(timeout_ms, 0) AS timeout_ms, coalesce(heartbeat_timeout_ms, 0) AS heartbeat_timeout_ms`
 
 // scanTask reads the taskColumns of a row, then any extra destinations.
 func scanTask(row pgx.Row, extra ...any) (task.Task, error) {
 	var t task.Task
 	var status string
 	var payload, metadata []byte
+	var timeout, heartbeatTimeout int64
 	dest := []any{&t.ID, &t.OrgID, &t.Visibility, &t.Type, &status, &t.State, &t.Progress, &t.Priority,
 		&payload, &metadata, &t.InputHash, &t.IdempotencyKey, &t.Error, &t.Attempt, &t.MaxAttempts,
 		&t.Version, &t.WorkerID, &t.LeaseExpiresAt, &t.NextRunAt, &t.CancelRequestedAt, &t.Traceparent,
-		&t.PublishedAt, &t.CreatedAt, &t.UpdatedAt, &t.StartedAt, &t.CompletedAt}
+		&t.PublishedAt, &t.CreatedAt, &t.UpdatedAt, &t.StartedAt, &t.CompletedAt, &t.JobID, &t.ScheduledAt,
+		&t.ConcurrencyKey, &t.Admitted, &timeout, &heartbeatTimeout}
 	if err := row.Scan(append(dest, extra...)...); err != nil {
 		return task.Task{}, err
 	}
 	t.Status = task.Status(status)
+	t.Timeout, t.HeartbeatTimeout = time.Duration(timeout)*time.Millisecond, time.Duration(heartbeatTimeout)*time.Millisecond
 	t.Payload, t.Metadata = json.RawMessage(payload), json.RawMessage(metadata)
 	return t, nil
 }
@@ -76,11 +81,11 @@ func ruleTable() string {
 		for i, s := range r.From {
 			from[i] = string(s)
 		}
-		rows = append(rows, fmt.Sprintf("(%s, %s::text[], %s, %s, %s, %t, %s, %s, %s, %s, %s, %t, %t, %t, %t, %t)",
+		rows = append(rows, fmt.Sprintf("(%s, %s::text[], %s, %s, %s, %t, %s, %s, %s, %s, %s, %t, %t, %t, %t, %t, %t)",
 			text(string(tr)), text("{"+strings.Join(from, ",")+"}"), text(string(r.To)), text(r.State),
 			text(string(r.Actor)), r.Event, text(string(r.Message)), text(effect[r.Attempt]),
 			text(effect[r.Progress]), text(effect[r.Error]), text(effect[r.Cancel]), r.Delay, r.Lease,
-			r.NeedsCancel, r.NewTrace, r.Result))
+			r.NeedsCancel, r.NewTrace, r.Result, r.Beat))
 	}
 	return strings.Join(rows, ",\n\t\t")
 }
@@ -93,19 +98,30 @@ func ruleTable() string {
 // the changes that landed with their new versions.
 var sqlApply = statement("tasks.apply", `
 WITH rule (transition, from_statuses, to_status, state, actor, event, message, attempt_effect,
-		progress_effect, error_effect, cancel_effect, delay, lease, needs_cancel, new_trace, stores_result) AS (
+		progress_effect, error_effect, cancel_effect, delay, lease, needs_cancel, new_trace, stores_result, beat) AS (
 	VALUES
 		`+ruleTable()+`
-), change AS (
+), ruled AS (
 	SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::int[], $5::text[], $6::text[], $7::text[],
 		$8::bigint[], $9::bigint[], $10::text[], $11::text[], $12::text[])
 		AS c(task_id, version, transition, progress_in, state_in, error_in, result_in, delay_ms, lease_ms,
 			detail, headers, principal)
 	JOIN rule USING (transition)
+), change AS (
+	-- A task sent back to its queue waits for the scheduler instead when
+	-- its job or type is limited or paused, or its type in fair mode.
+	SELECT c.*, CASE WHEN c.message = '`+string(outbox.KindRun)+`' THEN (
+			SELECT conveyor_must_wait(w.org_id, w.type, w.job_id, w.concurrency_key) FROM tasks w WHERE w.id = c.task_id)
+		ELSE false END AS wait
+	FROM ruled c
 ), upd AS (
 	UPDATE tasks t SET
 		status = c.to_status,
-		state = coalesce(c.state, nullif(c.state_in, ''), t.state),
+		state = CASE WHEN c.wait AND c.state = '`+task.StateQueued+`' THEN '`+task.StateWaiting+`'
+			ELSE coalesce(c.state, nullif(c.state_in, ''), t.state) END,
+		admitted = CASE WHEN c.message = '`+string(outbox.KindRun)+`' THEN NOT c.wait ELSE t.admitted END,
+		heartbeat_at = CASE WHEN c.beat THEN now() WHEN c.to_status <> `+lit(task.StatusInProgress)+` THEN NULL
+			ELSE t.heartbeat_at END,
 		progress = CASE c.progress_effect WHEN 'set' THEN greatest(t.progress, c.progress_in)
 			WHEN 'fill' THEN 100 WHEN 'clear' THEN 0 ELSE t.progress END,
 		attempt = CASE c.attempt_effect WHEN 'clear' THEN 0 WHEN 'give-back' THEN t.attempt - 1 ELSE t.attempt END,
@@ -126,7 +142,8 @@ WITH rule (transition, from_statuses, to_status, state, actor, event, message, a
 	WHERE t.id = c.task_id AND t.version = c.version AND t.status = ANY (c.from_statuses)
 		AND (NOT c.needs_cancel OR t.cancel_requested_at IS NOT NULL)
 	RETURNING t.id, t.org_id, t.type, t.status, t.state, t.progress, t.priority, t.attempt, t.version, t.next_run_at,
-		t.traceparent, c.actor, c.event, c.detail::jsonb AS detail, c.message, c.headers::jsonb AS headers,
+		t.traceparent, c.actor, c.event, c.detail::jsonb AS detail, CASE WHEN c.wait THEN NULL ELSE c.message END AS message,
+		c.headers::jsonb AS headers,
 		c.stores_result, c.result_in, c.principal::jsonb AS principal,
 		CASE c.error_effect WHEN 'set' THEN c.error_in END AS error
 ), result AS (

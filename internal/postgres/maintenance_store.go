@@ -43,7 +43,7 @@ ORDER BY lease_expires_at LIMIT $1`)
 var sqlStalePending = statement("tasks.stale_pending", `
 SELECT id, type, status, version, attempt, max_attempts, cancel_requested_at IS NOT NULL, coalesce(worker_id, '')
 FROM tasks t
-WHERE `+isPending+` AND next_run_at < now() - $1 * interval '1 millisecond'
+WHERE `+isPending+` AND admitted AND next_run_at < now() - $1 * interval '1 millisecond'
 	AND coalesce(published_at, created_at) < now() - $1 * interval '1 millisecond'
 	AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.task_id = t.id AND o.kind = 'task.run')
 ORDER BY next_run_at LIMIT $2`)
@@ -67,6 +67,16 @@ UPDATE outbox o SET available_at = now()
 WHERE o.available_at = 'infinity' AND o.task_type IN (
 		SELECT unnest(types) FROM workers WHERE last_heartbeat_at > now() - $1 * interval '1 millisecond')
 	AND EXISTS (SELECT 1 FROM tasks t WHERE t.id = o.task_id AND t.`+isPending+`)`)
+
+// sqlHeartbeatExpired finds running tasks whose handler has not sent a
+// heartbeat (a progress report) within the task's heartbeat timeout.
+var sqlHeartbeatExpired = statement("tasks.heartbeat_expired", `
+SELECT id, type, status, version, attempt, max_attempts, cancel_requested_at IS NOT NULL, coalesce(worker_id, ''),
+	heartbeat_timeout_ms
+FROM tasks
+WHERE `+isRunning+` AND heartbeat_timeout_ms IS NOT NULL
+	AND heartbeat_at < now() - heartbeat_timeout_ms * interval '1 millisecond'
+ORDER BY heartbeat_at LIMIT $1`)
 
 var sqlReapWorkers = statement("workers.reap", `DELETE FROM workers WHERE last_heartbeat_at < now() - $1 * interval '1 millisecond'`)
 
@@ -181,4 +191,26 @@ func (s *MaintenanceStore) CountWorkers(ctx context.Context) (int, error) {
 	var n int
 	err := s.pool.QueryRow(ctx, sqlCountWorkers).Scan(&n)
 	return n, translate(err)
+}
+
+// HeartbeatExpired lists up to limit running tasks whose handler's
+// heartbeats stopped for longer than the task's heartbeat timeout.
+func (s *MaintenanceStore) HeartbeatExpired(ctx context.Context, limit int) ([]task.Standing, []time.Duration, error) {
+	rows, err := s.pool.Query(ctx, sqlHeartbeatExpired, limit)
+	if err != nil {
+		return nil, nil, translate(err)
+	}
+	var out []task.Standing
+	var timeouts []time.Duration
+	var st task.Standing
+	var status string
+	var ms int64
+	_, err = pgx.ForEachRow(rows, []any{&st.ID, &st.Type, &status, &st.Version, &st.Attempt, &st.MaxAttempts,
+		&st.CancelPending, &st.WorkerID, &ms}, func() error {
+		st.Status = task.Status(status)
+		out = append(out, st)
+		timeouts = append(timeouts, time.Duration(ms)*time.Millisecond)
+		return nil
+	})
+	return out, timeouts, translate(err)
 }

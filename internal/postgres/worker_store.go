@@ -27,7 +27,7 @@ var sqlClaim = statement("tasks.claim", `
 WITH locked AS (
 	SELECT id AS locked_id FROM tasks
 	WHERE id = ANY($1::uuid[]) AND (
-		(`+isPending+` AND next_run_at <= now() + interval '1 second')
+		(`+isPending+` AND admitted AND next_run_at <= now() + interval '1 second')
 		OR (`+isRunning+` AND lease_expires_at < now() AND attempt < max_attempts
 			AND cancel_requested_at IS NULL))
 	ORDER BY id
@@ -35,7 +35,7 @@ WITH locked AS (
 ), upd AS (
 	UPDATE tasks SET status = $4, state = $5, progress = 0, attempt = attempt + 1,
 		version = version + 1, worker_id = $2, lease_expires_at = now() + $3 * interval '1 millisecond',
-		started_at = now(), updated_at = now()
+		started_at = now(), updated_at = now(), heartbeat_at = now()
 	FROM locked WHERE id = locked.locked_id
 	RETURNING `+taskColumns+`
 ), event AS (

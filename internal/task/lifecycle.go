@@ -122,11 +122,15 @@ type Rule struct {
 	NewTrace bool
 	// Result: the change stores its Result.
 	Result bool
+	// Beat: the change is a heartbeat of the handler (a progress report),
+	// which a heartbeat timeout waits for.
+	Beat bool
 }
 
 // Human labels of the steps every task goes through.
 const (
 	StateQueued          = "Queued"
+	StateWaiting         = "Waiting"
 	StateRunning         = "Running"
 	StateCancelled       = "Cancelled"
 	StateCancelRequested = "Cancel requested"
@@ -152,8 +156,9 @@ var Lifecycle = map[Transition]Rule{
 		Actor: ActorWorker, Event: true, Lease: true, Progress: Clear},
 
 	// The worker, while it holds the task.
-	Progress: {From: running, To: StatusInProgress, Actor: ActorWorker, Event: true, Progress: Set, Lease: true},
-	Renew:    {From: running, To: StatusInProgress, Actor: ActorWorker, Lease: true},
+	Progress: {From: running, To: StatusInProgress, Actor: ActorWorker, Event: true, Progress: Set, Lease: true,
+		Beat: true},
+	Renew: {From: running, To: StatusInProgress, Actor: ActorWorker, Lease: true},
 	Complete: {From: running, To: StatusCompleted, State: StateCompleted, Actor: ActorWorker, Event: true,
 		Progress: Fill, Error: Clear, Result: true},
 	Fail: {From: running, To: StatusFailed, State: StateFailed, Actor: ActorWorker, Event: true, Error: Set},

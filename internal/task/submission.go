@@ -58,6 +58,13 @@ type Submission struct {
 	// the database's now (zero: at once).
 	RunAt *time.Time
 	Delay time.Duration
+	// ConcurrencyKey, Timeout and HeartbeatTimeout: see Task.
+	ConcurrencyKey   string
+	Timeout          time.Duration
+	HeartbeatTimeout time.Duration
+	// JobID and ScheduledAt: the job and tick that made the task.
+	JobID       *uuid.UUID
+	ScheduledAt *time.Time
 }
 
 // SubmitInput is a submission as a client sent it, before defaults and rules.
@@ -74,6 +81,12 @@ type SubmitInput struct {
 	// when the task becomes due. At most one; neither means now.
 	RunAt *time.Time
 	Delay string
+	// ConcurrencyKey names the key the task counts against in its job's
+	// or type's per-key limit.
+	ConcurrencyKey string
+	// TimeoutSeconds and HeartbeatTimeoutSeconds: 0 means none.
+	TimeoutSeconds          int
+	HeartbeatTimeoutSeconds int
 }
 
 // Defaults are the values a submission takes when the client leaves them out.
@@ -130,6 +143,9 @@ func NewSubmission(in SubmitInput, d Defaults, field string) (Submission, error)
 	if s.RunAt, s.Delay, err = due(in.RunAt, in.Delay, field); err != nil {
 		return Submission{}, err
 	}
+	if err := s.limits(in, field); err != nil {
+		return Submission{}, err
+	}
 	if s.InputHash, err = InputHash(s.Type, s.Payload); err != nil {
 		return Submission{}, Invalid(field+"payload", "%v", err)
 	}
@@ -163,7 +179,36 @@ func requestHash(s Submission) (string, error) {
 		}
 		fmt.Fprintf(h, "%s\x00%d\x00", runAt, s.Delay)
 	}
+	if s.ConcurrencyKey != "" || s.Timeout != 0 || s.HeartbeatTimeout != 0 {
+		fmt.Fprintf(h, "key:%s\x00%d\x00%d\x00", s.ConcurrencyKey, s.Timeout, s.HeartbeatTimeout)
+	}
 	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// Bounds of the per-task limits.
+const (
+	MaxConcurrencyKeyLen    = 255
+	MaxTimeoutSeconds       = 7 * 24 * 3600
+	MaxHeartbeatTimeoutSecs = 24 * 3600
+)
+
+// limits checks the concurrency key and the timeouts of a submission.
+func (s *Submission) limits(in SubmitInput, field string) error {
+	if k := in.ConcurrencyKey; k != "" {
+		if len(k) > MaxConcurrencyKeyLen || !printableASCII(k) {
+			return Invalid(field+"concurrency_key", "must be 1 to %d printable ASCII characters", MaxConcurrencyKeyLen)
+		}
+		s.ConcurrencyKey = k
+	}
+	if n := in.TimeoutSeconds; n < 0 || n > MaxTimeoutSeconds {
+		return Invalid(field+"timeout_seconds", "must be between 1 and %d (0 or absent: none), got %d", MaxTimeoutSeconds, n)
+	}
+	if n := in.HeartbeatTimeoutSeconds; n < 0 || n > MaxHeartbeatTimeoutSecs {
+		return Invalid(field+"heartbeat_timeout_seconds", "must be between 1 and %d (0 or absent: none), got %d", MaxHeartbeatTimeoutSecs, n)
+	}
+	s.Timeout = time.Duration(in.TimeoutSeconds) * time.Second
+	s.HeartbeatTimeout = time.Duration(in.HeartbeatTimeoutSeconds) * time.Second
+	return nil
 }
 
 // due checks when a submission asks its task to become due: at run_at, or

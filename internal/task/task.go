@@ -109,6 +109,21 @@ type Task struct {
 	CompletedAt *time.Time
 	// Result is set once the task is COMPLETED and the reader asked for it.
 	Result json.RawMessage
+
+	// JobID is the job that made the task, ScheduledAt the tick of its
+	// schedule it was made for.
+	JobID       *uuid.UUID
+	ScheduledAt *time.Time
+	// ConcurrencyKey divides the limits of its job and type (per
+	// customer, say); empty, the task has none.
+	ConcurrencyKey string
+	// Admitted is false while the task waits in PostgreSQL for a slot of
+	// a limit, for its paused job or type to resume, or for its turn.
+	Admitted bool
+	// Timeout bounds each attempt's run time; HeartbeatTimeout the time
+	// between two of its handler's heartbeats. Zero: none.
+	Timeout          time.Duration
+	HeartbeatTimeout time.Duration
 }
 
 // Event is one entry of a task's append-only history. Event ids grow in

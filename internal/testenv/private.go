@@ -136,8 +136,17 @@ func (n *RabbitNode) Start(t testing.TB) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	if err := n.ctl("await_startup", "--timeout", "90"); err != nil {
-		t.Fatalf("testenv: rabbitmq node %s did not start: %v", n.Name, err)
+	// A node that answers may still be booting or, right after a stop,
+	// still shutting down: ask again until the broker itself runs.
+	for {
+		err := n.ctl("await_startup", "--timeout", "30")
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("testenv: rabbitmq node %s did not start: %v", n.Name, err)
+		}
+		time.Sleep(500 * time.Millisecond)
 	}
 }
 
@@ -145,8 +154,17 @@ func (n *RabbitNode) Start(t testing.TB) {
 // durable queues and persistent messages.
 func (n *RabbitNode) Stop(t testing.TB) {
 	t.Helper()
-	if err := n.ctl("stop"); err != nil {
+	// With the pid file, rabbitmqctl waits until the VM has exited, so a
+	// Start right after cannot meet the old node still shutting down.
+	if err := n.ctl("stop", filepath.Join(n.dir, "pid")); err != nil {
 		t.Fatalf("testenv: stop rabbitmq node: %v", err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for n.ctl("ping") == nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("testenv: rabbitmq node %s still answers after stop", n.Name)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

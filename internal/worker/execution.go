@@ -133,7 +133,7 @@ func (e *execution) run(ctx context.Context) {
 
 	heartbeat := time.NewTicker(e.w.cfg.Heartbeat)
 	defer heartbeat.Stop()
-	deadline := time.NewTimer(e.w.cfg.MaxRunTime)
+	deadline := time.NewTimer(e.runTime())
 	defer deadline.Stop()
 	long := time.NewTimer(e.w.cfg.LongAfter)
 	defer long.Stop()
@@ -189,7 +189,7 @@ func (e *execution) run(ctx context.Context) {
 		case <-deadline.C:
 			if !e.cancelled && !e.lost {
 				e.timedOut = true
-				e.log.WarnContext(ctx, "attempt ran past the maximum run time: stopping the handler", "max_run_time", e.w.cfg.MaxRunTime)
+				e.log.WarnContext(ctx, "attempt ran past its run time: stopping the handler", "run_time", e.runTime())
 				e.span.AddEvent("timed out")
 				e.stop(conveyor.ErrTimeout)
 			}
@@ -197,7 +197,7 @@ func (e *execution) run(ctx context.Context) {
 		case <-giveUp:
 			// The handler ignores its context: stop renewing the lease and
 			// store the timeout without it; whatever it returns is dropped.
-			e.log.ErrorContext(ctx, "handler ignored its context past the maximum run time; its outcome will be ignored")
+			e.log.ErrorContext(ctx, "handler ignored its context past its run time; its outcome will be ignored")
 			e.w.metrics.dropped.WithLabelValues("handler_ignored_timeout").Inc()
 			e.finish(ctx, outcome{err: conveyor.ErrTimeout})
 			e.ack()
@@ -205,6 +205,15 @@ func (e *execution) run(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// runTime is how long the attempt may run: the task's own timeout, within
+// the worker's maximum.
+func (e *execution) runTime() time.Duration {
+	if t := e.task.Timeout; t > 0 && t < e.w.cfg.MaxRunTime {
+		return t
+	}
+	return e.w.cfg.MaxRunTime
 }
 
 // ack settles the delivery, once, after the outcome is stored: until then
@@ -346,7 +355,7 @@ func (e *execution) finish(ctx context.Context, out outcome) {
 		e.store(ctx, "handed_back", task.Change{Transition: task.HandBack, Trace: e.w.inject(ctx),
 			Detail: map[string]any{"handed_back": "worker shutting down", "attempt": e.task.Attempt}})
 	case e.timedOut:
-		e.fail(ctx, fmt.Errorf("%w after %s", conveyor.ErrTimeout, e.w.cfg.MaxRunTime), false)
+		e.fail(ctx, fmt.Errorf("%w after %s", conveyor.ErrTimeout, e.runTime()), false)
 	case out.err == nil:
 		result, err := json.Marshal(out.result)
 		if err == nil {

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/conveyorhq/conveyor/internal/registry"
@@ -14,6 +15,7 @@ type MaintenanceStore interface {
 	Elect(ctx context.Context, name, id string, ttl time.Duration) (bool, error)
 	Resign(ctx context.Context, name, id string) error
 	ExpiredLeases(ctx context.Context, limit int) ([]task.Standing, error)
+	HeartbeatExpired(ctx context.Context, limit int) ([]task.Standing, []time.Duration, error)
 	StalePending(ctx context.Context, after time.Duration, limit int) ([]task.Standing, error)
 	Apply(ctx context.Context, changes []task.Change) ([]task.Applied, []error, error)
 	DeleteExpired(ctx context.Context, retention time.Duration, limit int) (int, error)
@@ -59,6 +61,7 @@ type Maintainer struct {
 	log     *slog.Logger
 	metrics *Metrics
 	leader  bool
+	leading atomic.Bool
 }
 
 // NewMaintainer returns a maintainer.
@@ -106,6 +109,7 @@ func (m *Maintainer) tick(ctx context.Context) {
 	if leader != m.leader {
 		m.log.InfoContext(ctx, "maintenance leadership changed", "leader", leader)
 		m.leader = leader
+		m.leading.Store(leader)
 		m.metrics.leader.Set(boolGauge(leader))
 	}
 	if leader {
@@ -113,9 +117,14 @@ func (m *Maintainer) tick(ctx context.Context) {
 	}
 }
 
+// Leading reports whether this worker held the leadership at its last
+// election. Safe for concurrent use.
+func (m *Maintainer) Leading() bool { return m.leading.Load() }
+
 // RunOnce runs every duty once.
 func (m *Maintainer) RunOnce(ctx context.Context) {
 	m.repeat(ctx, "reap expired leases", m.reapLeases)
+	m.repeat(ctx, "reap silent handlers", m.reapHeartbeats)
 	m.repeat(ctx, "republish lost messages", m.republish)
 	m.count(ctx, "parked_released", func() (int, error) { return m.store.ReleaseParked(ctx, m.cfg.DeadAfter) })
 	m.repeat(ctx, "delete expired tasks", func(ctx context.Context) (int, error) {
@@ -136,14 +145,39 @@ func (m *Maintainer) reapLeases(ctx context.Context) (int, error) {
 	if err != nil || len(expired) == 0 {
 		return 0, err
 	}
-	changes := make([]task.Change, len(expired))
-	for i, e := range expired {
-		changes[i] = task.Change{TaskID: e.ID, Version: e.Version,
-			Transition: task.OnLeaseExpired(e.CancelPending, e.Attempt, e.MaxAttempts),
-			Error:      "lease expired: worker " + e.WorkerID + " stopped renewing it",
-			Detail:     map[string]any{"reason": "lease expired", "worker_id": e.WorkerID, "attempt": e.Attempt}}
+	return len(expired), m.apply(ctx, endAttempts(expired, func(i int) (string, map[string]any) {
+		return "lease expired: worker " + expired[i].WorkerID + " stopped renewing it",
+			map[string]any{"reason": "lease expired"}
+	}))
+}
+
+// reapHeartbeats ends the attempts whose handler stopped sending heartbeats
+// (progress reports) for longer than its task's heartbeat timeout, as an
+// expired lease would: the worker, still renewing the lease, finds the
+// task moved on at its next write and stops the handler.
+func (m *Maintainer) reapHeartbeats(ctx context.Context) (int, error) {
+	expired, timeouts, err := m.store.HeartbeatExpired(ctx, m.cfg.BatchSize)
+	if err != nil || len(expired) == 0 {
+		return 0, err
 	}
-	return len(expired), m.apply(ctx, changes)
+	return len(expired), m.apply(ctx, endAttempts(expired, func(i int) (string, map[string]any) {
+		return "heartbeat timed out: no heartbeat from the handler for " + timeouts[i].String(),
+			map[string]any{"reason": "heartbeat timed out", "heartbeat_timeout": timeouts[i].String()}
+	}))
+}
+
+// endAttempts ends running attempts as an expired lease does
+// (task.OnLeaseExpired), each with the error and event detail why gives it;
+// the detail also names the worker and the attempt.
+func endAttempts(running []task.Standing, why func(i int) (string, map[string]any)) []task.Change {
+	changes := make([]task.Change, len(running))
+	for i, e := range running {
+		reason, detail := why(i)
+		detail["worker_id"], detail["attempt"] = e.WorkerID, e.Attempt
+		changes[i] = task.Change{TaskID: e.ID, Version: e.Version,
+			Transition: task.OnLeaseExpired(e.CancelPending, e.Attempt, e.MaxAttempts), Error: reason, Detail: detail}
+	}
+	return changes
 }
 
 // republish queues again the PENDING tasks whose message was confirmed long

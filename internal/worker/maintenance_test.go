@@ -34,6 +34,9 @@ func (s *fakeMaintenanceStore) ExpiredLeases(context.Context, int) ([]task.Stand
 	s.expired = nil
 	return out, nil
 }
+func (s *fakeMaintenanceStore) HeartbeatExpired(context.Context, int) ([]task.Standing, []time.Duration, error) {
+	return nil, nil, nil
+}
 func (s *fakeMaintenanceStore) StalePending(context.Context, time.Duration, int) ([]task.Standing, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

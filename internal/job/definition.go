@@ -1,0 +1,304 @@
+// Package job reads job definitions: the jobs and per-type limits an
+// organisation declares in a YAML (or JSON) file for `conveyor apply`. It
+// parses, validates, normalises, hashes and diffs them; it touches no
+// database and no network.
+package job
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/conveyorhq/conveyor/internal/task"
+)
+
+// Defaults and limits of a definition.
+const (
+	DefaultPriority    = 5
+	DefaultMaxAttempts = 3
+	DefaultTimezone    = "UTC"
+
+	MaxPriority                = 9
+	MaxAttemptsLimit           = 100
+	MaxTimeoutSeconds          = 7 * 24 * 60 * 60
+	MaxHeartbeatTimeoutSeconds = 24 * 60 * 60
+	MaxConcurrencyLimit        = 10000
+)
+
+// SourceCron is the only source kind: a cron schedule.
+const SourceCron = "cron"
+
+// What a cron source does with the ticks it missed while nothing ran.
+const (
+	MissedSkip    = "skip"
+	MissedRunOnce = "run_once"
+)
+
+// Job names follow the task-type rule: short, lowercase, safe in any key.
+var namePattern = regexp.MustCompile(task.TypePattern)
+
+// Source says what triggers a job on its own; a job without one runs only
+// when triggered.
+type Source struct {
+	Kind     string `json:"kind"`
+	Schedule string `json:"schedule"`
+	Timezone string `json:"timezone"` // "UTC" once normalised
+	Missed   string `json:"missed"`   // "run_once" once normalised
+}
+
+// Definition is one declared job.
+type Definition struct {
+	Name                    string          `json:"name"`
+	Type                    string          `json:"type"`
+	Payload                 json.RawMessage `json:"payload"` // canonical JSON object once normalised
+	Priority                int             `json:"priority"`
+	Source                  *Source         `json:"source,omitempty"`
+	MaxAttempts             int             `json:"max_attempts"`
+	TimeoutSeconds          int             `json:"timeout_seconds,omitempty"`           // 0 = none
+	HeartbeatTimeoutSeconds int             `json:"heartbeat_timeout_seconds,omitempty"` // 0 = none
+	MaxConcurrency          int             `json:"max_concurrency,omitempty"`           // 0 = unlimited
+	MaxConcurrencyPerKey    int             `json:"max_concurrency_per_key,omitempty"`   // 0 = unlimited
+	Active                  bool            `json:"active"`
+}
+
+// TypeLimit caps how many tasks of one type run at once in the org; a
+// TypeLimit with no limit set removes the limits.
+type TypeLimit struct {
+	Type                 string `json:"type"`
+	MaxConcurrency       int    `json:"max_concurrency,omitempty"`         // 0 = unlimited
+	MaxConcurrencyPerKey int    `json:"max_concurrency_per_key,omitempty"` // 0 = unlimited
+}
+
+// File is a whole definitions document.
+type File struct {
+	Jobs  []Definition `json:"jobs"`
+	Types []TypeLimit  `json:"types"`
+}
+
+// Normalized returns d with the defaults that an empty value stands for
+// filled in: payload {} (and any payload in canonical form), timezone UTC,
+// missed run_once, and the schedule trimmed. Numbers are left alone, since
+// 0 is a meaningful priority. A payload that is not valid JSON is kept as
+// it is, for Validate to report.
+func (d Definition) Normalized() Definition {
+	if p, err := canonicalPayload(d.Payload); err == nil {
+		d.Payload = p
+	}
+	if d.Source != nil {
+		s := *d.Source
+		s.Schedule = strings.TrimSpace(s.Schedule)
+		if s.Timezone == "" {
+			s.Timezone = DefaultTimezone
+		}
+		if s.Missed == "" {
+			s.Missed = MissedRunOnce
+		}
+		d.Source = &s
+	}
+	return d
+}
+
+// Hash is the hex SHA-256 of the canonical JSON of the normalised
+// definition: two definitions that differ only in payload key order, white
+// space or left-out defaults hash the same.
+func (d Definition) Hash() string {
+	b, err := json.Marshal(d.Normalized())
+	if err != nil {
+		// Only an invalid payload gets here; hash its raw text apart from
+		// the rest so the result still tells definitions apart.
+		raw := d.Payload
+		d.Payload = nil
+		b, _ = json.Marshal(d.Normalized())
+		b = append(append(b, 0), raw...)
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// Validate reports everything wrong with d, with paths relative to d
+// ("source.schedule") and no line numbers. Empty timezone, missed and
+// payload stand for their defaults; 0 stands for "none" or "unlimited"
+// where the field allows it.
+func (d Definition) Validate() Problems {
+	var ps Problems
+	add := func(path string, err error) {
+		if err != nil {
+			ps = append(ps, Problem{Path: path, Message: err.Error()})
+		}
+	}
+	add("name", checkName("name", d.Name))
+	add("type", checkName("type", d.Type))
+	_, err := canonicalPayload(d.Payload)
+	add("payload", err)
+	add("priority", checkRange("priority", d.Priority, 0, MaxPriority))
+	if s := d.Source; s != nil {
+		switch s.Kind {
+		case "":
+			add("source.kind", errors.New(`"kind" is required: set it to "cron"`))
+		case SourceCron:
+		default:
+			add("source.kind", fmt.Errorf(`unsupported source kind %q: only "cron" is supported`, s.Kind))
+		}
+		if strings.TrimSpace(s.Schedule) == "" {
+			add("source.schedule", errors.New(`"schedule" is required`))
+		} else {
+			// The time zone has its own check; a bad one must not hide a
+			// bad schedule, so the schedule is checked in UTC.
+			_, err := Schedule(s.Schedule, DefaultTimezone)
+			add("source.schedule", err)
+		}
+		_, err := location(s.Timezone)
+		add("source.timezone", err)
+		switch s.Missed {
+		case "", MissedSkip, MissedRunOnce:
+		default:
+			add("source.missed", fmt.Errorf(`invalid missed %q: use "skip" or "run_once"`, s.Missed))
+		}
+	}
+	add("max_attempts", checkRange("max_attempts", d.MaxAttempts, 1, MaxAttemptsLimit))
+	add("timeout_seconds", checkOptional("timeout_seconds", d.TimeoutSeconds, MaxTimeoutSeconds))
+	add("heartbeat_timeout_seconds", checkOptional("heartbeat_timeout_seconds", d.HeartbeatTimeoutSeconds, MaxHeartbeatTimeoutSeconds))
+	add("max_concurrency", checkOptional("max_concurrency", d.MaxConcurrency, MaxConcurrencyLimit))
+	add("max_concurrency_per_key", checkOptional("max_concurrency_per_key", d.MaxConcurrencyPerKey, MaxConcurrencyLimit))
+	return ps
+}
+
+// Validate reports everything wrong with t, with paths relative to t.
+func (t TypeLimit) Validate() Problems {
+	var ps Problems
+	for _, c := range []struct {
+		path string
+		err  error
+	}{
+		{"type", checkName("type", t.Type)},
+		{"max_concurrency", checkOptional("max_concurrency", t.MaxConcurrency, MaxConcurrencyLimit)},
+		{"max_concurrency_per_key", checkOptional("max_concurrency_per_key", t.MaxConcurrencyPerKey, MaxConcurrencyLimit)},
+	} {
+		if c.err != nil {
+			ps = append(ps, Problem{Path: c.path, Message: c.err.Error()})
+		}
+	}
+	return ps
+}
+
+// Validate reports everything wrong with f: each job and type limit, and
+// names or types declared twice (at the second one).
+func (f File) Validate() Problems {
+	var ps Problems
+	names := make(map[string]int, len(f.Jobs))
+	for i, d := range f.Jobs {
+		prefix := fmt.Sprintf("jobs[%d]", i)
+		ps = append(ps, d.Validate().under(prefix)...)
+		if first, ok := names[d.Name]; ok && d.Name != "" {
+			ps = append(ps, Problem{Path: prefix + ".name", Message: fmt.Sprintf("duplicate job name %q: jobs[%d] already has it", d.Name, first)})
+		} else if !ok {
+			names[d.Name] = i
+		}
+	}
+	types := make(map[string]int, len(f.Types))
+	for i, t := range f.Types {
+		prefix := fmt.Sprintf("types[%d]", i)
+		ps = append(ps, t.Validate().under(prefix)...)
+		if first, ok := types[t.Type]; ok && t.Type != "" {
+			ps = append(ps, Problem{Path: prefix + ".type", Message: fmt.Sprintf("duplicate type %q: types[%d] already has it", t.Type, first)})
+		} else if !ok {
+			types[t.Type] = i
+		}
+	}
+	return ps
+}
+
+func checkName(field, s string) error {
+	switch {
+	case s == "":
+		return fmt.Errorf("%q is required", field)
+	case !namePattern.MatchString(s):
+		return fmt.Errorf("invalid %s %q: use 1 to 128 lowercase letters, digits, '.', '_' or '-', starting with a letter or digit", field, s)
+	}
+	return nil
+}
+
+func checkRange(field string, v, lo, hi int) error {
+	if v < lo || v > hi {
+		return fmt.Errorf("%s must be between %d and %d, got %d", field, lo, hi, v)
+	}
+	return nil
+}
+
+// checkOptional checks a field where 0 means "none".
+func checkOptional(field string, v, hi int) error {
+	if v == 0 {
+		return nil
+	}
+	if err := checkRange(field, v, 1, hi); err != nil {
+		return fmt.Errorf("%w (leave it out for no limit)", err)
+	}
+	return nil
+}
+
+// canonicalPayload returns raw as a canonical JSON object ({} when raw is
+// empty or null), or says why it cannot be a payload.
+func canonicalPayload(raw json.RawMessage) (json.RawMessage, error) {
+	trimmed := bytes.TrimSpace(raw)
+	if len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null")) {
+		return json.RawMessage("{}"), nil
+	}
+	if trimmed[0] != '{' {
+		return nil, errors.New("payload must be an object")
+	}
+	if err := task.StorableJSON(trimmed); err != nil {
+		return nil, fmt.Errorf("invalid payload: %w", err)
+	}
+	if d := depth(trimmed); d > task.MaxJSONDepth {
+		return nil, fmt.Errorf("payload nests %d levels deep; at most %d are allowed", d, task.MaxJSONDepth)
+	}
+	c, err := task.Canonical(trimmed)
+	if err != nil {
+		return nil, fmt.Errorf("invalid payload: %w", err)
+	}
+	return c, nil
+}
+
+// depth returns how deeply valid JSON nests objects and arrays.
+func depth(doc []byte) int {
+	d, deepest := 0, 0
+	inString := false
+	for i := 0; i < len(doc); i++ {
+		c := doc[i]
+		switch {
+		case inString && c == '\\':
+			i++
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == '{' || c == '[':
+			d++
+			deepest = max(deepest, d)
+		case c == '}' || c == ']':
+			d--
+		}
+	}
+	return deepest
+}
+
+// location loads an IANA time zone; "" is UTC. "Local" is refused: it
+// would depend on the machine that runs the scheduler.
+func location(name string) (*time.Location, error) {
+	if name == "" {
+		return time.UTC, nil
+	}
+	if name == "Local" {
+		return nil, errors.New(`timezone "Local" is not allowed: use an IANA name such as "Europe/Paris"`)
+	}
+	loc, err := time.LoadLocation(name)
+	if err != nil {
+		return nil, fmt.Errorf("unknown timezone %q: use an IANA name such as \"Europe/Paris\"", name)
+	}
+	return loc, nil
+}

@@ -1,0 +1,562 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/conveyorhq/conveyor/internal/job"
+	"github.com/conveyorhq/conveyor/internal/outbox"
+	"github.com/conveyorhq/conveyor/internal/task"
+)
+
+// The scheduler's statements: it makes the tasks of cron jobs' ticks, and
+// admits the tasks that wait in PostgreSQL (limited, paused or in a type's
+// fair mode) to the outbox, and so to the broker.
+
+// schedulerLock is the advisory lock a scheduling pass holds for its
+// transaction: two passes (a leader and one just deposed) never count the
+// same slots at once.
+const schedulerLock = 0x636f6e76 // "conv"
+
+var sqlSchedulerLock = statement("scheduler.lock", `SELECT pg_try_advisory_xact_lock(`+fmt.Sprint(schedulerLock)+`)`)
+
+// sqlTypeLoad reads each known type's mode, the concurrency of the live
+// workers that consume it, how many of its admitted tasks are due and not
+// yet claimed (counted only up to one past its window: beyond, the number
+// does not matter), and whether any of its tasks wait for admission. $1 is
+// a fixed window (0: the capacity, at least $3).
+//
+// Both reads go through the small indexes of admitted and of waiting
+// tasks. "IN (PENDING, IN_PROGRESS) AND <> IN_PROGRESS" is PENDING written
+// so that the planner cannot take the index of every PENDING task by due
+// time instead, which would walk a whole backlog of waiting ones.
+var sqlTypeLoad = statement("scheduler.type_load", `
+SELECT k.name, k.admit_directly, c.capacity, c.win,
+	(SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.type = k.name AND t.admitted
+		AND t.status IN (`+litList([]task.Status{task.StatusPending, task.StatusInProgress})+`)
+		AND t.status <> `+lit(task.StatusInProgress)+` AND t.next_run_at <= now() LIMIT c.win + 1) r),
+	(SELECT true FROM tasks t WHERE t.type = k.name AND t.`+isPending+` AND NOT t.admitted
+		ORDER BY t.type, t.org_id, t.concurrency_key LIMIT 1) IS NOT NULL
+FROM task_types k
+CROSS JOIN LATERAL (
+	SELECT w.capacity, CASE WHEN $1 > 0 THEN $1 ELSE greatest(w.capacity, $3) END AS win
+	FROM (SELECT coalesce(sum(concurrency), 0)::int AS capacity FROM workers
+		WHERE k.name = ANY (types) AND last_heartbeat_at > now() - $2 * interval '1 millisecond') w) c`)
+
+// sqlNoJIT: the scheduler's statements are short, and their plans' costs
+// (a backlog of waiting tasks) would make PostgreSQL compile them each
+// time.
+var sqlNoJIT = statement("scheduler.no_jit", `SET LOCAL jit = off`)
+
+var sqlTypeMode = statement("scheduler.type_mode", `UPDATE task_types SET admit_directly = $2 WHERE name = $1`)
+
+// sqlWaitingGroups lists the groups (type, org, concurrency key) that have
+// tasks waiting for admission, skipping through the waiting index one
+// group at a time however many tasks each holds; groups of a type paused
+// in their org are left out.
+var sqlWaitingGroups = statement("scheduler.waiting_groups", `
+WITH RECURSIVE g AS (
+	(SELECT type, org_id, concurrency_key FROM tasks WHERE `+isPending+` AND NOT admitted
+		ORDER BY type, org_id, concurrency_key LIMIT 1)
+	UNION ALL
+	SELECT n.type, n.org_id, n.concurrency_key FROM g CROSS JOIN LATERAL (
+		SELECT type, org_id, concurrency_key FROM tasks
+		WHERE `+isPending+` AND NOT admitted AND (type, org_id, concurrency_key) > (g.type, g.org_id, g.concurrency_key)
+		ORDER BY type, org_id, concurrency_key LIMIT 1) n
+)
+SELECT g.type, g.org_id, g.concurrency_key FROM g
+WHERE NOT EXISTS (SELECT 1 FROM type_limits l WHERE l.org_id = g.org_id AND l.type = g.type AND l.paused_at IS NOT NULL)
+LIMIT $1`)
+
+// sqlWaitingTasks reads up to $4 due waiting tasks of each group, in the
+// order they are admitted within it, without those of paused jobs.
+var sqlWaitingTasks = statement("scheduler.waiting_tasks", `
+SELECT c.id, c.type, c.org_id, c.concurrency_key, c.job_id
+FROM unnest($1::text[], $2::uuid[], $3::text[]) AS g(type, org_id, concurrency_key)
+CROSS JOIN LATERAL (
+	SELECT t.id, t.type, t.org_id, t.concurrency_key, t.job_id FROM tasks t
+	WHERE t.`+isPending+` AND NOT t.admitted AND t.type = g.type AND t.org_id = g.org_id
+		AND t.concurrency_key = g.concurrency_key AND t.next_run_at <= now()
+		AND (t.job_id IS NULL OR NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = t.job_id AND j.paused_at IS NOT NULL))
+	ORDER BY t.priority DESC, t.id LIMIT $4) c`)
+
+// sqlTypeLimits reads the limits of the (org, type) pairs named.
+var sqlTypeLimits = statement("scheduler.type_limits", `
+SELECT l.type, l.org_id, coalesce(l.max_concurrency, 0), coalesce(l.max_concurrency_per_key, 0)
+FROM type_limits l JOIN unnest($1::text[], $2::uuid[]) AS p(type, org_id) USING (type, org_id)`)
+
+// sqlJobLimits reads the limits of the jobs named.
+var sqlJobLimits = statement("scheduler.job_limits", `
+SELECT id, coalesce(max_concurrency, 0), coalesce(max_concurrency_per_key, 0) FROM jobs WHERE id = ANY ($1)`)
+
+// sqlHeldByType counts, per (type, org, key), the admitted tasks of the
+// pairs named that have not finished: the slots they hold.
+var sqlHeldByType = statement("scheduler.held_by_type", `
+SELECT t.type, t.org_id, t.concurrency_key, count(*) FROM tasks t
+JOIN unnest($1::text[], $2::uuid[]) AS p(type, org_id) USING (type, org_id)
+WHERE t.admitted AND t.status IN (`+litList([]task.Status{task.StatusPending, task.StatusInProgress})+`)
+GROUP BY 1, 2, 3`)
+
+// sqlHeldByJob counts the slots held per (job, key).
+var sqlHeldByJob = statement("scheduler.held_by_job", `
+SELECT job_id, concurrency_key, count(*) FROM tasks
+WHERE job_id = ANY ($1) AND admitted AND status IN (`+litList([]task.Status{task.StatusPending, task.StatusInProgress})+`)
+GROUP BY 1, 2`)
+
+// sqlAdmit admits waiting tasks: each gets its task.run message.
+var sqlAdmit = statement("scheduler.admit", `
+WITH upd AS (
+	UPDATE tasks SET admitted = true, updated_at = now(),
+		state = CASE WHEN state = '`+task.StateWaiting+`' THEN '`+task.StateQueued+`' ELSE state END
+	WHERE id = ANY ($1) AND `+isPending+` AND NOT admitted
+	RETURNING id, org_id, type, attempt, version, priority, next_run_at, traceparent,
+		'`+string(outbox.KindRun)+`'::text AS message, NULL::jsonb AS headers
+), message AS (
+	`+enqueue("upd")+`
+)
+SELECT count(*) FROM upd`)
+
+// sqlDueJobs locks the scheduled jobs whose next tick is due by the pass's
+// clock ($2), the one its ticks are computed with.
+var sqlDueJobs = statement("scheduler.due_jobs", `
+SELECT id, org_id, type, payload, priority, schedule, timezone, missed, max_attempts,
+	coalesce(timeout_seconds, 0), coalesce(heartbeat_timeout_seconds, 0), next_tick_at
+FROM jobs WHERE active AND schedule IS NOT NULL AND paused_at IS NULL AND next_tick_at <= $2
+ORDER BY next_tick_at LIMIT $1
+FOR UPDATE SKIP LOCKED`)
+
+var sqlJobAdvance = statement("scheduler.job_advance", `UPDATE jobs SET next_tick_at = $2 WHERE id = $1`)
+
+// SchedulerStore runs the scheduler's statements.
+type SchedulerStore struct {
+	pool     *pgxpool.Pool
+	onOutbox func()
+	// OnEvents, when set, is called after a commit that wrote task events.
+	OnEvents func()
+}
+
+// NewSchedulerStore returns the scheduler's store; onOutbox is called after
+// every commit that wrote outbox messages.
+func NewSchedulerStore(pool *pgxpool.Pool, onOutbox func()) *SchedulerStore {
+	return &SchedulerStore{pool: pool, onOutbox: onOutbox}
+}
+
+type typeLoad struct {
+	direct   bool
+	ready    int
+	waiting  bool
+	capacity int
+	window   int
+}
+
+type scopeKey struct {
+	typ string
+	org uuid.UUID
+	job uuid.UUID
+	key string
+}
+
+type limits struct{ total, perKey int }
+
+type candidate struct {
+	id  uuid.UUID
+	typ string
+	org uuid.UUID
+	key string
+	job *uuid.UUID
+}
+
+// Admit runs one admission pass in one transaction: it moves each type in
+// or out of fair mode, then admits waiting tasks as far as their limits
+// and their type's window allow, taking turns between orgs (the org with
+// the fewest tasks in flight in the type goes first).
+func (s *SchedulerStore) Admit(ctx context.Context, cfg job.AdmitConfig) (job.AdmitStats, error) {
+	var st job.AdmitStats
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var locked bool
+		if err := tx.QueryRow(ctx, sqlSchedulerLock).Scan(&locked); err != nil || !locked {
+			return err
+		}
+		if _, err := tx.Exec(ctx, sqlNoJIT); err != nil {
+			return err
+		}
+		st = job.AdmitStats{}
+		loads, err := typeLoads(ctx, tx, cfg)
+		if err != nil {
+			return err
+		}
+		admitted, err := admitWaiting(ctx, tx, cfg, loads)
+		if err != nil {
+			return err
+		}
+		st.Admitted = admitted
+		for name, l := range loads {
+			direct := l.direct
+			switch {
+			case direct && l.ready > l.window:
+				direct = false
+			case !direct && !l.waiting && l.ready <= l.window/2:
+				direct = true
+			}
+			if direct != l.direct {
+				if _, err := tx.Exec(ctx, sqlTypeMode, name, direct); err != nil {
+					return err
+				}
+			}
+			if !direct {
+				st.Fair = append(st.Fair, name)
+			}
+			st.Waiting = st.Waiting || l.waiting
+		}
+		slices.Sort(st.Fair)
+		return nil
+	})
+	if err != nil {
+		return job.AdmitStats{}, translate(err)
+	}
+	if st.Admitted > 0 {
+		call(s.onOutbox)
+	}
+	return st, nil
+}
+
+func typeLoads(ctx context.Context, tx pgx.Tx, cfg job.AdmitConfig) (map[string]*typeLoad, error) {
+	rows, err := tx.Query(ctx, sqlTypeLoad, cfg.Window, cfg.DeadAfter.Milliseconds(), cfg.MinWindow)
+	if err != nil {
+		return nil, err
+	}
+	loads := map[string]*typeLoad{}
+	var name string
+	var l typeLoad
+	_, err = pgx.ForEachRow(rows, []any{&name, &l.direct, &l.capacity, &l.window, &l.ready, &l.waiting}, func() error {
+		c := l
+		loads[name] = &c
+		return nil
+	})
+	return loads, err
+}
+
+// admitWaiting admits waiting tasks and returns how many; it updates each
+// type's ready count and whether tasks still wait.
+func admitWaiting(ctx context.Context, tx pgx.Tx, cfg job.AdmitConfig, loads map[string]*typeLoad) (int, error) {
+	type group struct {
+		typ string
+		org uuid.UUID
+		key string
+	}
+	rows, err := tx.Query(ctx, sqlWaitingGroups, cfg.MaxGroups)
+	if err != nil {
+		return 0, err
+	}
+	var groups []group
+	var g group
+	if _, err := pgx.ForEachRow(rows, []any{&g.typ, &g.org, &g.key}, func() error {
+		groups = append(groups, g)
+		return nil
+	}); err != nil || len(groups) == 0 {
+		return 0, err
+	}
+
+	// Room per type: a fair-mode type fills its window; any other type's
+	// waiting tasks wait only for their limits.
+	room := map[string]int{}
+	for _, g := range groups {
+		l := loads[g.typ]
+		switch {
+		case l == nil:
+			room[g.typ] = cfg.MaxAdmit
+		case !l.direct:
+			room[g.typ] = max(l.window-l.ready, 0)
+		default:
+			room[g.typ] = cfg.MaxAdmit
+		}
+	}
+	most := 0
+	for _, r := range room {
+		most = max(most, r)
+	}
+	perGroup := min(max(most/len(groups)+1, 16), cfg.MaxAdmit)
+	types, orgs, keys := make([]string, len(groups)), make([]uuid.UUID, len(groups)), make([]string, len(groups))
+	for i, g := range groups {
+		types[i], orgs[i], keys[i] = g.typ, g.org, g.key
+	}
+	rows, err = tx.Query(ctx, sqlWaitingTasks, types, orgs, keys, perGroup)
+	if err != nil {
+		return 0, err
+	}
+	var cands []candidate
+	var c candidate
+	if _, err := pgx.ForEachRow(rows, []any{&c.id, &c.typ, &c.org, &c.key, &c.job}, func() error {
+		cands = append(cands, c)
+		return nil
+	}); err != nil || len(cands) == 0 {
+		return 0, err
+	}
+
+	// The limits that apply, and the slots already held.
+	pairTypes, pairOrgs := []string{}, []uuid.UUID{}
+	seenPair := map[scopeKey]bool{}
+	var jobIDs []uuid.UUID
+	seenJob := map[uuid.UUID]bool{}
+	for _, c := range cands {
+		p := scopeKey{typ: c.typ, org: c.org}
+		if !seenPair[p] {
+			seenPair[p] = true
+			pairTypes, pairOrgs = append(pairTypes, c.typ), append(pairOrgs, c.org)
+		}
+		if c.job != nil && !seenJob[*c.job] {
+			seenJob[*c.job] = true
+			jobIDs = append(jobIDs, *c.job)
+		}
+	}
+	typeLimit := map[scopeKey]limits{}
+	jobLimit := map[uuid.UUID]limits{}
+	// Slots held per scope (key ""), and per scope and key; a type's in
+	// its org is also what that org has in flight.
+	held := map[scopeKey]int{}
+	var sk scopeKey
+	var lim limits
+	rows, err = tx.Query(ctx, sqlTypeLimits, pairTypes, pairOrgs)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := pgx.ForEachRow(rows, []any{&sk.typ, &sk.org, &lim.total, &lim.perKey}, func() error {
+		typeLimit[scopeKey{typ: sk.typ, org: sk.org}] = lim
+		return nil
+	}); err != nil {
+		return 0, err
+	}
+	var n int
+	rows, err = tx.Query(ctx, sqlHeldByType, pairTypes, pairOrgs)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := pgx.ForEachRow(rows, []any{&sk.typ, &sk.org, &sk.key, &n}, func() error {
+		held[scopeKey{typ: sk.typ, org: sk.org}] += n
+		held[scopeKey{typ: sk.typ, org: sk.org, key: "\x00" + sk.key}] += n
+		return nil
+	}); err != nil {
+		return 0, err
+	}
+	if len(jobIDs) > 0 {
+		var id uuid.UUID
+		rows, err = tx.Query(ctx, sqlJobLimits, jobIDs)
+		if err != nil {
+			return 0, err
+		}
+		if _, err := pgx.ForEachRow(rows, []any{&id, &lim.total, &lim.perKey}, func() error {
+			jobLimit[id] = lim
+			return nil
+		}); err != nil {
+			return 0, err
+		}
+		rows, err = tx.Query(ctx, sqlHeldByJob, jobIDs)
+		if err != nil {
+			return 0, err
+		}
+		var key string
+		if _, err := pgx.ForEachRow(rows, []any{&id, &key, &n}, func() error {
+			held[scopeKey{job: id}] += n
+			held[scopeKey{job: id, key: "\x00" + key}] += n
+			return nil
+		}); err != nil {
+			return 0, err
+		}
+	}
+
+	// Take turns: per type, the org with the fewest tasks in flight takes
+	// its next candidate; a candidate over a limit is passed over.
+	queues := map[scopeKey][]candidate{} // per (type, org), in admission order
+	var pairs []scopeKey
+	for _, c := range cands {
+		p := scopeKey{typ: c.typ, org: c.org}
+		if _, ok := queues[p]; !ok {
+			pairs = append(pairs, p)
+		}
+		queues[p] = append(queues[p], c)
+	}
+	rand.Shuffle(len(pairs), func(i, j int) { pairs[i], pairs[j] = pairs[j], pairs[i] })
+	// scopes are the limits' scopes a candidate counts in: its type in its
+	// org, and its job.
+	scopes := func(c candidate) []scopeKey {
+		out := []scopeKey{{typ: c.typ, org: c.org}}
+		if c.job != nil {
+			out = append(out, scopeKey{job: *c.job})
+		}
+		return out
+	}
+	limitOf := func(scope scopeKey) limits {
+		if scope.job != uuid.Nil {
+			return jobLimit[scope.job]
+		}
+		return typeLimit[scope]
+	}
+	keyed := func(scope scopeKey, key string) scopeKey {
+		scope.key = "\x00" + key
+		return scope
+	}
+	fits := func(c candidate) bool {
+		for _, scope := range scopes(c) {
+			lim := limitOf(scope)
+			if lim.total > 0 && held[scope] >= lim.total {
+				return false
+			}
+			if c.key != "" && lim.perKey > 0 && held[keyed(scope, c.key)] >= lim.perKey {
+				return false
+			}
+		}
+		return true
+	}
+	take := func(c candidate) {
+		for _, scope := range scopes(c) {
+			held[scope]++
+			held[keyed(scope, c.key)]++
+		}
+	}
+	var admit []uuid.UUID
+	for len(admit) < cfg.MaxAdmit {
+		best := -1
+		for i, p := range pairs {
+			if len(queues[p]) == 0 || room[p.typ] == 0 {
+				continue
+			}
+			if best < 0 || held[p] < held[pairs[best]] {
+				best = i
+			}
+		}
+		if best < 0 {
+			break
+		}
+		p := pairs[best]
+		c := queues[p][0]
+		queues[p] = queues[p][1:]
+		if !fits(c) {
+			continue
+		}
+		take(c)
+		room[p.typ]--
+		admit = append(admit, c.id)
+		if l := loads[c.typ]; l != nil {
+			l.ready++
+		}
+	}
+	if len(admit) == 0 {
+		return 0, nil
+	}
+	var done int
+	if err := tx.QueryRow(ctx, sqlAdmit, admit).Scan(&done); err != nil {
+		return 0, err
+	}
+	return done, nil
+}
+
+// Cron makes the tasks of the due ticks of scheduled jobs, one per tick
+// (the tick's task is unique per job and time, so no two passes make it
+// twice), and moves each job's cursor past them, in one transaction.
+func (s *SchedulerStore) Cron(ctx context.Context, cfg job.CronConfig, now time.Time) (job.CronStats, error) {
+	var st job.CronStats
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		st = job.CronStats{Errors: map[uuid.UUID]error{}}
+		type due struct {
+			id                         uuid.UUID
+			org                        uuid.UUID
+			typ                        string
+			payload                    []byte
+			priority                   int
+			schedule, tz, missed       string
+			maxAttempts                int
+			timeoutS, heartbeatTimeout int
+			next                       time.Time
+		}
+		rows, err := tx.Query(ctx, sqlDueJobs, cfg.MaxJobs, now)
+		if err != nil {
+			return err
+		}
+		var jobs []due
+		var d due
+		if _, err := pgx.ForEachRow(rows, []any{&d.id, &d.org, &d.typ, &d.payload, &d.priority, &d.schedule, &d.tz,
+			&d.missed, &d.maxAttempts, &d.timeoutS, &d.heartbeatTimeout, &d.next}, func() error {
+			jobs = append(jobs, d)
+			return nil
+		}); err != nil {
+			return err
+		}
+		batch := &pgx.Batch{}
+		for _, d := range jobs {
+			st.Jobs++
+			sched, err := job.Schedule(d.schedule, d.tz)
+			if err != nil {
+				st.Errors[d.id] = err
+				continue
+			}
+			more, extra := job.Ticks(sched, d.next, now, cfg.MaxTicks-1)
+			ticks := append([]time.Time{d.next}, more...)
+			var run, missed []time.Time
+			for _, t := range ticks {
+				if now.Sub(t) > cfg.CatchUp {
+					missed = append(missed, t)
+				} else {
+					run = append(run, t)
+				}
+			}
+			if len(missed) > 0 {
+				if d.missed == job.MissedRunOnce {
+					run = append([]time.Time{missed[len(missed)-1]}, run...)
+					st.Skipped += len(missed) - 1
+				} else {
+					st.Skipped += len(missed)
+				}
+			}
+			next := sched.Next(now)
+			if extra {
+				next = sched.Next(ticks[len(ticks)-1])
+			}
+			for _, t := range run {
+				id, err := uuid.NewV7()
+				if err != nil {
+					return err
+				}
+				at := t
+				jobID := d.id
+				sub := task.Submission{OrgID: d.org, Type: d.typ, Payload: json.RawMessage(d.payload),
+					Metadata: json.RawMessage(`{}`), Priority: d.priority, MaxAttempts: d.maxAttempts,
+					Timeout:          time.Duration(d.timeoutS) * time.Second,
+					HeartbeatTimeout: time.Duration(d.heartbeatTimeout) * time.Second,
+					JobID:            &jobID, ScheduledAt: &at}
+				batch.Queue(sqlSubmit, submitArgs(id, sub, nil, nil)...)
+			}
+			batch.Queue(sqlJobAdvance, d.id, next)
+		}
+		if batch.Len() == 0 {
+			return nil
+		}
+		br := tx.SendBatch(ctx, batch)
+		for range batch.Len() {
+			tag, err := br.Exec()
+			if err != nil {
+				_ = br.Close()
+				return err
+			}
+			if tag.Select() {
+				st.Made += int(tag.RowsAffected())
+			}
+		}
+		return br.Close()
+	})
+	if err != nil {
+		return job.CronStats{}, translate(err)
+	}
+	if st.Made > 0 {
+		call(s.onOutbox)
+		call(s.OnEvents)
+	}
+	return st, nil
+}

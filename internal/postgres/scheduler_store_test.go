@@ -1,0 +1,257 @@
+package postgres_test
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/conveyorhq/conveyor/internal/auth"
+	"github.com/conveyorhq/conveyor/internal/job"
+	"github.com/conveyorhq/conveyor/internal/postgres"
+	"github.com/conveyorhq/conveyor/internal/task"
+	"github.com/conveyorhq/conveyor/internal/testdb"
+)
+
+var admitAll = job.AdmitConfig{MinWindow: 64, DeadAfter: time.Minute, MaxGroups: 1000, MaxAdmit: 1000}
+
+func applyFile(t *testing.T, db *testdb.DB, p auth.Principal, file string) {
+	t.Helper()
+	f, err := job.Parse([]byte(file))
+	require.NoError(t, err)
+	_, err = postgres.NewJobStore(db.Pool).Apply(context.Background(), p, f, false, false)
+	require.NoError(t, err)
+}
+
+func submitOf(t *testing.T, db *testdb.DB, p auth.Principal, typ, key string, n int) []uuid.UUID {
+	t.Helper()
+	store := postgres.NewAPIStore(db.Pool, nil)
+	var ids []uuid.UUID
+	for range n {
+		sub, err := task.NewSubmission(task.SubmitInput{Type: typ, ConcurrencyKey: key, Dedupe: new(bool)},
+			task.Defaults{MaxAttempts: 3}, "")
+		require.NoError(t, err)
+		res, err := store.Submit(context.Background(), p, sub, nil)
+		require.NoError(t, err)
+		ids = append(ids, res.Task.ID)
+	}
+	return ids
+}
+
+// admitted returns which of ids are admitted and not finished, and checks
+// that exactly those have a task.run message waiting.
+func admitted(t *testing.T, db *testdb.DB, ids []uuid.UUID) map[uuid.UUID]bool {
+	t.Helper()
+	out := map[uuid.UUID]bool{}
+	rows, err := db.Pool.Query(context.Background(), `SELECT id, admitted,
+		EXISTS (SELECT 1 FROM outbox o WHERE o.task_id = t.id AND o.kind = 'task.run') FROM tasks t WHERE id = ANY ($1) AND status IN ('PENDING', 'IN_PROGRESS')`, ids)
+	require.NoError(t, err)
+	var id uuid.UUID
+	var ok, queued bool
+	_, err = pgx.ForEachRow(rows, []any{&id, &ok, &queued}, func() error {
+		require.Equal(t, ok, queued, "task %s: admitted %t but message %t", id, ok, queued)
+		if ok {
+			out[id] = true
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	return out
+}
+
+// finish runs admitted tasks to completion, as a worker would.
+func finish(t *testing.T, db *testdb.DB, ids []uuid.UUID) {
+	t.Helper()
+	ctx := context.Background()
+	w := postgres.NewWorkerStore(db.Pool, nil)
+	claimed, err := w.Claim(ctx, ids, "w1", time.Minute)
+	require.NoError(t, err)
+	require.Len(t, claimed, len(ids))
+	changes := make([]task.Change, len(claimed))
+	for i, c := range claimed {
+		changes[i] = task.Change{TaskID: c.ID, Version: c.Version, Transition: task.Complete, Result: json.RawMessage(`{}`)}
+	}
+	_, errs, err := w.Apply(ctx, changes)
+	require.NoError(t, err)
+	for _, e := range errs {
+		require.NoError(t, e)
+	}
+}
+
+func keys(m map[uuid.UUID]bool) []uuid.UUID {
+	var out []uuid.UUID
+	for id := range m {
+		out = append(out, id)
+	}
+	return out
+}
+
+// A type limit holds its tasks back until a slot is free; a per-key limit
+// holds back only the tasks of a busy key; and a claim refuses a task not
+// admitted, whatever message reaches it.
+func TestAdmissionKeepsLimits(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	ctx := context.Background()
+	applyFile(t, db, admin, "types:\n  - type: lim.total\n    max_concurrency: 2\n  - type: lim.keyed\n    max_concurrency_per_key: 1\n")
+	total := submitOf(t, db, admin, "lim.total", "", 5)
+	a := submitOf(t, db, admin, "lim.keyed", "a", 3)
+	b := submitOf(t, db, admin, "lim.keyed", "b", 1)
+	free := submitOf(t, db, admin, "lim.free", "", 2)
+	require.Len(t, admitted(t, db, free), 2, "an unlimited type's tasks are admitted as they are written")
+	require.Empty(t, admitted(t, db, append(append(total, a...), b...)), "limited tasks wait for the scheduler")
+	claimed, err := postgres.NewWorkerStore(db.Pool, nil).Claim(ctx, total, "w1", time.Minute)
+	require.NoError(t, err)
+	require.Empty(t, claimed, "a task not admitted is never claimed")
+
+	s := postgres.NewSchedulerStore(db.Pool, nil)
+	st, err := s.Admit(ctx, admitAll)
+	require.NoError(t, err)
+	require.Equal(t, 4, st.Admitted)
+	first := admitted(t, db, total)
+	require.Len(t, first, 2, "two slots")
+	require.Len(t, admitted(t, db, a), 1, "one per key")
+	require.Len(t, admitted(t, db, b), 1)
+	require.True(t, first[total[0]] && first[total[1]], "the oldest first")
+
+	// Nothing more until a slot is freed; then the next in line.
+	st, err = s.Admit(ctx, admitAll)
+	require.NoError(t, err)
+	require.Zero(t, st.Admitted)
+	finish(t, db, keys(first)[:1])
+	st, err = s.Admit(ctx, admitAll)
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Admitted)
+	require.Len(t, admitted(t, db, total), 2, "one finished, one admitted in its place")
+	var done int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE id = ANY ($1) AND status = 'COMPLETED'`, total).Scan(&done))
+	require.Equal(t, 1, done)
+}
+
+// Admission takes turns between orgs: a type in fair mode admits a small
+// org's tasks before the rest of a big org's backlog.
+func TestAdmissionTakesTurnsBetweenOrgs(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, big := db.Key(t, "big", auth.Admin)
+	_, small := db.Key(t, "small", auth.Admin)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `INSERT INTO task_types (name) VALUES ('fair.t')`)
+	require.NoError(t, err)
+	window := admitAll
+	window.Window = 10
+	s := postgres.NewSchedulerStore(db.Pool, nil)
+
+	// The big org fills the queue past the window: the type goes into
+	// fair mode and new tasks wait.
+	first := submitOf(t, db, big, "fair.t", "", 11)
+	require.Len(t, admitted(t, db, first), 11)
+	st, err := s.Admit(ctx, window)
+	require.NoError(t, err)
+	require.Equal(t, []string{"fair.t"}, st.Fair)
+	backlog := submitOf(t, db, big, "fair.t", "", 30)
+	trickle := submitOf(t, db, small, "fair.t", "", 3)
+	require.Empty(t, admitted(t, db, append(backlog, trickle...)))
+
+	// Ten of the first run; one still queued leaves room for nine: the
+	// small org's three go in with six of the big org's.
+	finish(t, db, first[:10])
+	st, err = s.Admit(ctx, window)
+	require.NoError(t, err)
+	require.Equal(t, 9, st.Admitted)
+	require.Len(t, admitted(t, db, trickle), 3, "the small org is not starved")
+	require.Len(t, admitted(t, db, backlog), 6)
+
+	// Once the backlog is through and the queue short, the type admits
+	// directly again.
+	for range 10 {
+		rows, err := db.Pool.Query(ctx, `SELECT id FROM tasks WHERE admitted AND status = 'PENDING'`)
+		require.NoError(t, err)
+		queued, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		require.NoError(t, err)
+		if len(queued) > 0 {
+			finish(t, db, queued)
+		}
+		if st, err = s.Admit(ctx, window); err == nil && len(st.Fair) == 0 {
+			break
+		}
+		require.NoError(t, err)
+	}
+	require.Empty(t, st.Fair)
+	require.Len(t, admitted(t, db, submitOf(t, db, small, "fair.t", "", 1)), 1)
+}
+
+// A cron job makes one task per tick however many passes run at once, and
+// ticks missed for longer than the catch-up window follow the job's policy.
+func TestCronMakesEachTickOnce(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	ctx := context.Background()
+	applyFile(t, db, admin, `jobs:
+  - name: every-second
+    type: cron.t
+    source: {kind: cron, schedule: "@every 1s"}
+  - name: skipper
+    type: cron.t
+    source: {kind: cron, schedule: "@every 1s", missed: skip}
+  - name: once
+    type: cron.t
+    source: {kind: cron, schedule: "@every 1s", missed: run_once}
+`)
+	now := time.Now().Truncate(time.Second)
+	// Pretend every-second's cursor is 10s old (within the catch-up
+	// window) and the others' 100s old (beyond it).
+	_, err := db.Pool.Exec(ctx, `UPDATE jobs SET next_tick_at = $1::timestamptz - CASE name WHEN 'every-second' THEN interval '10 seconds'
+		ELSE interval '100 seconds' END`, now)
+	require.NoError(t, err)
+
+	s := postgres.NewSchedulerStore(db.Pool, nil)
+	cfg := job.CronConfig{CatchUp: 30 * time.Second, MaxJobs: 100, MaxTicks: 1000}
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			_, err := s.Cron(ctx, cfg, now)
+			require.NoError(t, err)
+		})
+	}
+	wg.Wait()
+
+	count := func(name string) (n, distinct int) {
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT scheduled_at) FROM tasks t
+			JOIN jobs j ON j.id = t.job_id WHERE j.name = $1`, name).Scan(&n, &distinct))
+		return n, distinct
+	}
+	n, distinct := count("every-second")
+	require.Equal(t, 11, n, "the ticks of the last ten seconds and now, each once")
+	require.Equal(t, n, distinct)
+	n, _ = count("skipper")
+	require.Equal(t, 31, n, "missed ticks skipped: only those within the catch-up window")
+	n, _ = count("once")
+	require.Equal(t, 32, n, "missed ticks run once: the latest missed one, and those within the window")
+
+	// The cursors moved past now: the same instant again makes nothing.
+	st, err := s.Cron(ctx, cfg, now)
+	require.NoError(t, err)
+	require.Zero(t, st.Made)
+	var next time.Time
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT min(next_tick_at) FROM jobs`).Scan(&next))
+	require.Equal(t, now.Add(time.Second), next.Truncate(time.Second))
+
+	// A cursor moved back (a deposed leader's stale view) makes no tick
+	// twice: each tick's task is unique.
+	_, err = db.Pool.Exec(ctx, `UPDATE jobs SET next_tick_at = next_tick_at - interval '5 seconds'`)
+	require.NoError(t, err)
+	st, err = s.Cron(ctx, cfg, now)
+	require.NoError(t, err)
+	require.Zero(t, st.Made)
+	n, distinct = count("every-second")
+	require.Equal(t, 11, n)
+	require.Equal(t, n, distinct)
+}

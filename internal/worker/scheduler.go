@@ -1,0 +1,154 @@
+package worker
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/conveyorhq/conveyor/internal/job"
+)
+
+// SchedulerStore is the database as the scheduler needs it.
+type SchedulerStore interface {
+	Cron(ctx context.Context, cfg job.CronConfig, now time.Time) (job.CronStats, error)
+	Admit(ctx context.Context, cfg job.AdmitConfig) (job.AdmitStats, error)
+}
+
+// SchedulerConfig tunes the scheduler.
+type SchedulerConfig struct {
+	// Interval is the longest time between two passes; a wake-up (a task
+	// written, a slot freed) brings the next one forward, but passes are
+	// never closer than MinInterval.
+	Interval    time.Duration
+	MinInterval time.Duration
+	// CronEvery spaces the cron passes, which only need to catch the
+	// ticks as they come due (a tick's task carries its exact time).
+	CronEvery time.Duration
+	Cron      job.CronConfig
+	Admit     job.AdmitConfig
+}
+
+// Scheduler makes the tasks of cron jobs' ticks and admits the tasks that
+// wait in PostgreSQL, on the worker that leads maintenance.
+type Scheduler struct {
+	cfg     SchedulerConfig
+	store   SchedulerStore
+	leading func() bool
+	log     *slog.Logger
+	metrics *Metrics
+	wake    chan struct{}
+	fair    map[string]bool
+	cronAt  time.Time
+}
+
+// NewScheduler returns a scheduler that works while leading reports true.
+func NewScheduler(cfg SchedulerConfig, store SchedulerStore, leading func() bool, log *slog.Logger, m *Metrics) *Scheduler {
+	return &Scheduler{cfg: cfg, store: store, leading: leading, log: log, metrics: m,
+		wake: make(chan struct{}, 1), fair: map[string]bool{}}
+}
+
+// Wake asks for a pass soon. It never blocks.
+func (s *Scheduler) Wake() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run runs passes until ctx is done: on a wake-up or after Interval, and
+// never closer than MinInterval, so a busy system's many wake-ups are
+// served by fewer, larger passes.
+func (s *Scheduler) Run(ctx context.Context) error {
+	t := time.NewTimer(s.cfg.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		case <-s.wake:
+		}
+		start := time.Now()
+		more := false
+		if s.leading() {
+			more = s.RunOnce(ctx)
+		}
+		// A pass that admitted a full batch runs again at once (after the
+		// minimum interval); otherwise the next wake-up or the interval.
+		if rest := s.cfg.MinInterval - time.Since(start); rest > 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(rest):
+			}
+		}
+		next := s.cfg.Interval
+		if more {
+			next = 0
+		}
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+		t.Reset(next)
+	}
+}
+
+// RunOnce makes due ticks (at most every CronEvery) and admits waiting
+// tasks once. It reports whether a full batch was admitted (more may be
+// admissible at once).
+func (s *Scheduler) RunOnce(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, 10*s.cfg.Interval+5*time.Second)
+	defer cancel()
+	if time.Since(s.cronAt) >= s.cfg.CronEvery {
+		s.cronAt = time.Now()
+		s.cron(ctx)
+	}
+	as, err := s.store.Admit(ctx, s.cfg.Admit)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.WarnContext(ctx, "admission pass failed", "error", err)
+		}
+		return false
+	}
+	if as.Admitted > 0 {
+		s.metrics.maintenance.WithLabelValues("admitted").Add(float64(as.Admitted))
+	}
+	fair := map[string]bool{}
+	for _, t := range as.Fair {
+		fair[t] = true
+		if !s.fair[t] {
+			s.log.InfoContext(ctx, "type in fair mode: new tasks wait and are admitted in turns between orgs", "type", t)
+		}
+	}
+	for t := range s.fair {
+		if !fair[t] {
+			s.log.InfoContext(ctx, "type admits directly again", "type", t)
+		}
+	}
+	s.fair = fair
+	return as.Admitted >= s.cfg.Admit.MaxAdmit
+}
+
+// cron makes the tasks of the due ticks.
+func (s *Scheduler) cron(ctx context.Context) {
+	cs, err := s.store.Cron(ctx, s.cfg.Cron, time.Now())
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.WarnContext(ctx, "cron pass failed", "error", err)
+		}
+		return
+	}
+	for id, err := range cs.Errors {
+		s.log.WarnContext(ctx, "job schedule does not parse; skipped", "job_id", id, "error", err)
+	}
+	if cs.Made > 0 {
+		s.metrics.maintenance.WithLabelValues("cron_tasks_made").Add(float64(cs.Made))
+	}
+	if cs.Skipped > 0 {
+		s.metrics.maintenance.WithLabelValues("cron_ticks_skipped").Add(float64(cs.Skipped))
+		s.log.InfoContext(ctx, "missed cron ticks skipped", "ticks", cs.Skipped)
+	}
+}
