@@ -41,6 +41,15 @@ type Task struct {
 	// Attempt counts from 1; MaxAttempts is the task's limit.
 	Attempt     int
 	MaxAttempts int
+	// Run and Node are set when the task is a node of a workflow run:
+	// Params are the run's params, Parents the results of the node's
+	// parents by node name (null for a parent that completed without one).
+	Run     uuid.UUID
+	Node    string
+	Params  json.RawMessage
+	Parents map[string]json.RawMessage
+	// Parent is the task that spawned this one with Gather, if any.
+	Parent uuid.UUID
 }
 
 // Reporter records a running task's progress. Reports are durable (stored in
@@ -53,7 +62,44 @@ type Reporter interface {
 	// of range. Each report is also a heartbeat: a task with a heartbeat
 	// timeout fails when its handler reports nothing for that long.
 	Progress(ctx context.Context, percent int, state string) error
+	// Gather spawns the children not spawned yet (a child is known by its
+	// key: the same key again is the same child) and, once every child
+	// has finished, returns their outcomes in the order given. While some
+	// still run it returns an error wrapping ErrAwaitChildren: return it
+	// from the handler as it is. The task then waits without holding a
+	// worker slot or using an attempt, and its handler runs again from the
+	// start when the last child has finished; calling Gather with the same
+	// children then returns their outcomes. Children that are still
+	// running when the parent is cancelled or fails are cancelled.
+	Gather(ctx context.Context, children ...Child) ([]ChildResult, error)
 }
+
+// Child is a task a handler spawns with Gather.
+type Child struct {
+	// Key names the child among its parent's children: letters, digits,
+	// '.', '_', '-', ':' or '/', at most 255.
+	Key  string
+	Type string
+	// Payload is encoded as the child's JSON object payload.
+	Payload any
+	// MaxAttempts: 0 is the default (3). The child takes its parent's
+	// priority.
+	MaxAttempts int
+}
+
+// ChildResult is a spawned child's outcome.
+type ChildResult struct {
+	Key    string
+	TaskID uuid.UUID
+	// Status is COMPLETED, FAILED or CANCELLED.
+	Status string
+	// Result is the child's result when it completed; Error why it failed.
+	Result json.RawMessage
+	Error  string
+}
+
+// Completed reports whether the child completed.
+func (c ChildResult) Completed() bool { return c.Status == string(task.StatusCompleted) }
 
 // HandlerFunc runs one task.
 type HandlerFunc func(ctx context.Context, t Task, r Reporter) (any, error)
@@ -91,6 +137,9 @@ var (
 	// worker's maximum run time). It fails as timed out, and is retried if
 	// attempts are left.
 	ErrTimeout = errors.New("conveyor: attempt timed out")
+	// ErrAwaitChildren: Gather's children have not all finished. A handler
+	// returns it as it is; the task waits for them and runs again.
+	ErrAwaitChildren = errors.New("conveyor: waiting for children")
 )
 
 // permanentError marks an error that retrying cannot fix.

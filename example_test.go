@@ -40,6 +40,11 @@ func (printReporter) Progress(_ context.Context, percent int, state string) erro
 	return nil
 }
 
+// Gather would spawn the children; this reporter runs none.
+func (printReporter) Gather(context.Context, ...conveyor.Child) ([]conveyor.ChildResult, error) {
+	return nil, errors.New("no children in an example")
+}
+
 func ExampleHandle() {
 	h := conveyor.Handle("reports.build", buildReport)
 

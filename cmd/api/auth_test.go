@@ -338,6 +338,43 @@ var authOps = map[string]opSpec{
 			w.asAdmin(t, http.MethodPost, "/v1/types/"+typ+"/pause", "")
 			return map[string]string{"type": typ}, ""
 		}},
+
+	// Reads use the world's workflow and its run; org B has neither. Every
+	// action on a run gets a fresh run of org A.
+	"GET /v1/workflows": {sees: func(w *authWorld) []string { return []string{w.workflowID} }},
+	"GET /v1/workflows/{name}": {sees: func(w *authWorld) []string { return []string{w.workflowID} },
+		prepare: func(*testing.T, *authWorld) (map[string]string, string) {
+			return map[string]string{"name": authWorkflow}, ""
+		}},
+	// Runs are listed by the workflow's name, which outlives the workflow
+	// (a deleted workflow's runs stay listed under it): a name org B lacks
+	// lists none of org A's runs rather than a 404.
+	"GET /v1/workflows/{name}/runs": {orgless: true, sees: func(w *authWorld) []string { return []string{w.runID} },
+		prepare: func(*testing.T, *authWorld) (map[string]string, string) {
+			return map[string]string{"name": authWorkflow}, ""
+		}},
+	"POST /v1/workflows/{name}/runs": {answers: map[string]any{"status": "RUNNING", "workflow": authWorkflow},
+		prepare: func(_ *testing.T, w *authWorld) (map[string]string, string) {
+			return map[string]string{"name": authWorkflow}, fmt.Sprintf(`{"params":{"n":%d}}`, w.seq())
+		}},
+	"GET /v1/runs": {sees: func(w *authWorld) []string { return []string{w.runID} }},
+	"GET /v1/runs/{id}": {sees: func(w *authWorld) []string { return []string{w.runTask} },
+		prepare: func(_ *testing.T, w *authWorld) (map[string]string, string) {
+			return map[string]string{"id": w.runID}, ""
+		}},
+	"POST /v1/runs/{id}/cancel": {answers: map[string]any{"status": "CANCELLED"},
+		prepare: func(t *testing.T, w *authWorld) (map[string]string, string) {
+			id, _ := w.newRun(t)
+			return map[string]string{"id": id}, ""
+		}},
+	"POST /v1/runs/{id}/retry": {answers: map[string]any{"status": "RUNNING"},
+		prepare: func(t *testing.T, w *authWorld) (map[string]string, string) {
+			id, _ := w.newRun(t)
+			w.asAdmin(t, http.MethodPost, "/v1/runs/"+id+"/cancel", "")
+			return map[string]string{"id": id}, ""
+		}},
+	"GET /v1/lineage": {query: "?dataset=" + authDataset, answers: map[string]any{"dataset": authDataset},
+		sees: func(*authWorld) []string { return []string{`"workflow":"` + authWorkflow + `"`} }},
 }
 
 // Revocation reaches every instance within a second: two APIs on one
@@ -562,8 +599,10 @@ type authWorld struct {
 
 	openTask, restrictedTask string
 	// jobID is org A's job of the jobs file the world starts with, which
-	// also limits limitedType.
-	jobID                    string
+	// also limits limitedType and declares workflowID (authWorkflow).
+	jobID, workflowID string
+	// runID is a run of authWorkflow, and runTask its first node's task.
+	runID, runTask           string
 	keyIDs, userIDs, seerIDs []string
 	// orgAIDs are the ids of org A and its resources: none may show in an
 	// answer to org B.
@@ -610,9 +649,15 @@ func newAuthWorld(t *testing.T) *authWorld {
 	}
 	w.openTask, w.restrictedTask = w.newTask(t, false), w.newTask(t, true)
 	w.asAdmin(t, http.MethodPost, "/v1/jobs/apply", fmt.Sprintf(`{"jobs":[{"name":"auth-fixture","type":"auth.job"}],
-		"types":[{"type":%q,"max_concurrency":3}]}`, limitedType))
+		"types":[{"type":%q,"max_concurrency":3}],
+		"workflows":[{"name":%q,"nodes":[{"name":"make","job":"auth-fixture","output_datasets":[%q]},
+			{"name":"use","job":"auth-fixture","depends_on":["make"],"input_datasets":[%q]}]}]}`,
+		limitedType, authWorkflow, authDataset, authDataset))
 	w.jobID = w.asAdmin(t, http.MethodGet, "/v1/jobs/auth-fixture", "")["id"].(string)
-	w.orgAIDs = slices.Concat([]string{w.orgA, w.seersID, w.openTask, w.restrictedTask, w.jobID, limitedType}, w.keyIDs, w.userIDs)
+	w.workflowID = w.asAdmin(t, http.MethodGet, "/v1/workflows/"+authWorkflow, "")["id"].(string)
+	w.runID, w.runTask = w.newRun(t)
+	w.orgAIDs = slices.Concat([]string{w.orgA, w.seersID, w.openTask, w.restrictedTask, w.jobID, limitedType,
+		w.workflowID, w.runID, w.runTask, authWorkflow}, w.keyIDs, w.userIDs)
 	w.refused = w.refusedCallers(t)
 	return w
 }
@@ -749,6 +794,22 @@ func (w *authWorld) newTask(t *testing.T, restricted bool) string {
 
 // limitedType is the task type the world's jobs file limits in org A.
 const limitedType = "auth.limited"
+
+// authWorkflow is org A's workflow of the world's jobs file: a node that
+// writes authDataset, then one that reads it.
+const (
+	authWorkflow = "auth-workflow"
+	authDataset  = "auth.dataset"
+)
+
+// newRun starts a run of authWorkflow in org A and returns its id and the
+// task of its first node.
+func (w *authWorld) newRun(t *testing.T) (string, string) {
+	t.Helper()
+	run := w.asAdmin(t, http.MethodPost, "/v1/workflows/"+authWorkflow+"/runs", fmt.Sprintf(`{"params":{"n":%d}}`, w.seq()))
+	first := run["nodes"].([]any)[0].(map[string]any)
+	return run["id"].(string), first["task_id"].(string)
+}
 
 // jobFile is a jobs file, in YAML, of one job.
 func jobFile(name string) string {

@@ -47,7 +47,7 @@ func run(ctx context.Context, cfg config.API, stdout io.Writer) error {
 	// Jobs' changes (a limit raised, a resume) wake the scheduler through
 	// the events channel it listens on.
 	jobs := postgres.NewJobStore(rt.TenantPool)
-	jobs.OnChange, jobs.OnOutbox = events.Poke, notifier.Poke
+	jobs.OnChange, jobs.OnOutbox, jobs.OnEvents = events.Poke, notifier.Poke, events.Poke
 	handler := httpapi.NewHandler(httpapi.Config{
 		MaxBodyBytes:      cfg.MaxBodyBytes,
 		Defaults:          task.Defaults{MaxAttempts: cfg.DefaultMaxAttempts},
@@ -64,6 +64,7 @@ func run(ctx context.Context, cfg config.API, stdout io.Writer) error {
 		Store:          store,
 		Admin:          store,
 		Jobs:           jobs,
+		Workflows:      jobs,
 		Auth:           authn,
 		Log:            log,
 		TracerProvider: rt.TracerProvider,

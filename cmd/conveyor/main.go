@@ -1,8 +1,8 @@
 // Command conveyor is Conveyor's command line: it submits, inspects,
 // watches, cancels and retries tasks, shows the org's overview, applies
-// jobs files, triggers and pauses jobs and types, and manages the org's
-// keys, users and roles, through the HTTP API. `conveyor --help` lists the
-// commands.
+// jobs files, triggers and pauses jobs and types, starts and draws
+// workflow runs, and manages the org's keys, users and roles, through the
+// HTTP API. `conveyor --help` lists the commands.
 package main
 
 import (

@@ -76,8 +76,9 @@ func (a *app) rootCommand() *cobra.Command {
 		Long: `conveyor talks to Conveyor's HTTP API: it submits tasks, shows them and
 their events, follows them live, cancels and retries them (one, or every
 one a filter matches), shows the org's overview, applies the org's jobs
-file (scheduled and triggered jobs, type limits), triggers and pauses
-jobs and types, and manages the org's API keys, users and roles.
+file (scheduled and triggered jobs, workflows, type limits), triggers and
+pauses jobs and types, starts and follows workflow runs, and manages the
+org's API keys, users and roles.
 
 The API's URL and the API key come from the flags --url and --token, else
 the environment (CONVEYOR_URL; CONVEYOR_TOKEN, or CONVEYOR_KEY as printed
@@ -105,7 +106,7 @@ complete, 2 when a command is used wrongly, 130 when interrupted.`,
 	_ = root.RegisterFlagCompletionFunc("output", fixedCompletions(outputText, outputJSON))
 
 	root.AddGroup(&cobra.Group{ID: "tasks", Title: "Tasks:"}, &cobra.Group{ID: "jobs", Title: "Jobs and type limits:"},
-		&cobra.Group{ID: "admin", Title: "Administration (admin role):"})
+		&cobra.Group{ID: "workflows", Title: "Workflows:"}, &cobra.Group{ID: "admin", Title: "Administration (admin role):"})
 	for _, c := range []*cobra.Command{a.submitCommand(), a.getCommand(), a.listCommand(), a.overviewCommand(),
 		a.eventsCommand(), a.watchCommand(), a.cancelCommand(), a.retryCommand()} {
 		c.GroupID = "tasks"
@@ -113,6 +114,10 @@ complete, 2 when a command is used wrongly, 130 when interrupted.`,
 	}
 	for _, c := range []*cobra.Command{a.applyCommand(), a.jobsCommand(), a.typesCommand()} {
 		c.GroupID = "jobs"
+		root.AddCommand(c)
+	}
+	for _, c := range []*cobra.Command{a.workflowsCommand(), a.runsCommand(), a.lineageCommand()} {
+		c.GroupID = "workflows"
 		root.AddCommand(c)
 	}
 	for _, c := range []*cobra.Command{a.keysCommand(), a.usersCommand(), a.rolesCommand()} {

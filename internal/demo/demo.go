@@ -1,5 +1,6 @@
-// Package demo holds the built-in task types: demo.sleep for
-// demos and tests, demo.noop for benchmarks.
+// Package demo holds the built-in task types: demo.sleep for demos and
+// tests, demo.noop for benchmarks, demo.fanout to show a handler that
+// spawns children and gathers their results.
 package demo
 
 import (
@@ -16,6 +17,7 @@ func Handlers() []conveyor.Handler {
 	return []conveyor.Handler{
 		conveyor.Handle("demo.sleep", Sleep),
 		conveyor.Handle("demo.noop", Noop),
+		conveyor.Handle("demo.fanout", Fanout),
 	}
 }
 
@@ -55,6 +57,57 @@ func Sleep(ctx context.Context, t conveyor.Task, r conveyor.Reporter) (any, erro
 // Noop does nothing and returns an empty object.
 func Noop(context.Context, conveyor.Task, conveyor.Reporter) (any, error) {
 	return struct{}{}, nil
+}
+
+// FanoutPayload is demo.fanout's input: how many children, and the
+// demo.sleep payload each gets.
+type FanoutPayload struct {
+	Children int          `json:"children"`
+	Child    SleepPayload `json:"child"`
+}
+
+// MaxFanout bounds demo.fanout's children.
+const MaxFanout = 1000
+
+// Fanout spawns demo.sleep children and, once they have all finished,
+// completes with how many completed and their total sleep. It returns
+// Gather's ErrAwaitChildren while they run: the task then waits without a
+// worker slot, and runs again when the last child has finished.
+func Fanout(ctx context.Context, t conveyor.Task, r conveyor.Reporter) (any, error) {
+	var p FanoutPayload
+	if err := json.Unmarshal(t.Payload, &p); err != nil {
+		return nil, conveyor.Permanent(fmt.Errorf("demo.fanout payload: %w", err))
+	}
+	if p.Children < 1 || p.Children > MaxFanout {
+		return nil, conveyor.Permanent(fmt.Errorf("demo.fanout payload: children must be 1..%d", MaxFanout))
+	}
+	children := make([]conveyor.Child, p.Children)
+	for i := range children {
+		children[i] = conveyor.Child{Key: fmt.Sprintf("part-%d", i), Type: "demo.sleep", Payload: p.Child}
+	}
+	results, err := r.Gather(ctx, children...)
+	if err != nil {
+		return nil, err
+	}
+	out := struct {
+		Completed int   `json:"completed"`
+		Failed    int   `json:"failed"`
+		SleptMS   int64 `json:"slept_ms"`
+	}{}
+	for _, c := range results {
+		if !c.Completed() {
+			out.Failed++
+			continue
+		}
+		out.Completed++
+		var res struct {
+			SleptMS int64 `json:"slept_ms"`
+		}
+		if json.Unmarshal(c.Result, &res) == nil {
+			out.SleptMS += res.SleptMS
+		}
+	}
+	return out, nil
 }
 
 // sleep waits for d or until ctx is done, whichever comes first.

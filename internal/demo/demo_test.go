@@ -3,6 +3,7 @@ package demo
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -15,6 +16,10 @@ type reports []int
 func (r *reports) Progress(_ context.Context, percent int, _ string) error {
 	*r = append(*r, percent)
 	return nil
+}
+
+func (r *reports) Gather(context.Context, ...conveyor.Child) ([]conveyor.ChildResult, error) {
+	return nil, errors.New("the demo handlers spawn no children")
 }
 
 func TestSleepReportsEachStepAndFailsAsAsked(t *testing.T) {

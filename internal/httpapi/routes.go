@@ -62,6 +62,12 @@ func (s *server) router() chi.Router {
 			r.Get("/jobs", s.handleListJobs())
 			r.Get("/jobs/{name}", s.handleGetJob())
 			r.Get("/types", s.handleListTypes())
+			r.Get("/workflows", s.handleListWorkflows())
+			r.Get("/workflows/{name}", s.handleGetWorkflow())
+			r.Get("/workflows/{name}/runs", s.handleListRuns())
+			r.Get("/runs", s.handleListRuns())
+			r.Get("/runs/{id}", s.handleGetRun())
+			r.Get("/lineage", s.handleLineage())
 		})
 		r.Group(func(r chi.Router) {
 			r.Use(s.timeout, s.require(auth.Writer))
@@ -76,6 +82,9 @@ func (s *server) router() chi.Router {
 			r.Post("/jobs/{name}/resume", s.handlePauseJob(false))
 			r.Post("/types/{type}/pause", s.handlePauseType(true))
 			r.Post("/types/{type}/resume", s.handlePauseType(false))
+			r.Post("/workflows/{name}/runs", s.handleStartRun())
+			r.Post("/runs/{id}/cancel", s.handleCancelRun())
+			r.Post("/runs/{id}/retry", s.handleRetryRun())
 		})
 		r.Group(func(r chi.Router) {
 			r.Use(s.timeout, s.require(auth.Admin))

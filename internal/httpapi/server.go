@@ -95,6 +95,7 @@ type Deps struct {
 	Store          Store
 	Admin          AdminStore
 	Jobs           JobStore
+	Workflows      WorkflowStore
 	Auth           Authenticator
 	Log            *slog.Logger
 	TracerProvider trace.TracerProvider

@@ -1,5 +1,6 @@
-// Package job reads job definitions: the jobs and per-type limits an
-// organisation declares in a YAML (or JSON) file for `conveyor apply`. It
+// Package job reads job definitions: the jobs, workflows and per-type
+// limits an organisation declares in a YAML (or JSON) file for `conveyor
+// apply`. It
 // parses, validates, normalises, hashes and diffs them; it touches no
 // database and no network.
 package job
@@ -77,8 +78,9 @@ type TypeLimit struct {
 
 // File is a whole definitions document.
 type File struct {
-	Jobs  []Definition `json:"jobs"`
-	Types []TypeLimit  `json:"types"`
+	Jobs      []Definition `json:"jobs"`
+	Types     []TypeLimit  `json:"types"`
+	Workflows []Workflow   `json:"workflows"`
 }
 
 // Normalized returns d with the defaults that an empty value stands for
@@ -90,18 +92,25 @@ func (d Definition) Normalized() Definition {
 	if p, err := canonicalPayload(d.Payload); err == nil {
 		d.Payload = p
 	}
-	if d.Source != nil {
-		s := *d.Source
-		s.Schedule = strings.TrimSpace(s.Schedule)
-		if s.Timezone == "" {
-			s.Timezone = DefaultTimezone
-		}
-		if s.Missed == "" {
-			s.Missed = MissedRunOnce
-		}
-		d.Source = &s
-	}
+	d.Source = d.Source.normalized()
 	return d
+}
+
+// normalized returns a copy of s with its defaults filled in (timezone UTC,
+// missed run_once) and its schedule trimmed, or nil for no source.
+func (s *Source) normalized() *Source {
+	if s == nil {
+		return nil
+	}
+	c := *s
+	c.Schedule = strings.TrimSpace(c.Schedule)
+	if c.Timezone == "" {
+		c.Timezone = DefaultTimezone
+	}
+	if c.Missed == "" {
+		c.Missed = MissedRunOnce
+	}
+	return &c
 }
 
 // Hash is the hex SHA-256 of the canonical JSON of the normalised
@@ -137,35 +146,48 @@ func (d Definition) Validate() Problems {
 	_, err := canonicalPayload(d.Payload)
 	add("payload", err)
 	add("priority", checkRange("priority", d.Priority, 0, MaxPriority))
-	if s := d.Source; s != nil {
-		switch s.Kind {
-		case "":
-			add("source.kind", errors.New(`"kind" is required: set it to "cron"`))
-		case SourceCron:
-		default:
-			add("source.kind", fmt.Errorf(`unsupported source kind %q: only "cron" is supported`, s.Kind))
-		}
-		if strings.TrimSpace(s.Schedule) == "" {
-			add("source.schedule", errors.New(`"schedule" is required`))
-		} else {
-			// The time zone has its own check; a bad one must not hide a
-			// bad schedule, so the schedule is checked in UTC.
-			_, err := Schedule(s.Schedule, DefaultTimezone)
-			add("source.schedule", err)
-		}
-		_, err := location(s.Timezone)
-		add("source.timezone", err)
-		switch s.Missed {
-		case "", MissedSkip, MissedRunOnce:
-		default:
-			add("source.missed", fmt.Errorf(`invalid missed %q: use "skip" or "run_once"`, s.Missed))
-		}
+	if d.Source != nil {
+		ps = append(ps, d.Source.validate().under("source")...)
 	}
 	add("max_attempts", checkRange("max_attempts", d.MaxAttempts, 1, MaxAttemptsLimit))
 	add("timeout_seconds", checkOptional("timeout_seconds", d.TimeoutSeconds, MaxTimeoutSeconds))
 	add("heartbeat_timeout_seconds", checkOptional("heartbeat_timeout_seconds", d.HeartbeatTimeoutSeconds, MaxHeartbeatTimeoutSeconds))
 	add("max_concurrency", checkOptional("max_concurrency", d.MaxConcurrency, MaxConcurrencyLimit))
 	add("max_concurrency_per_key", checkOptional("max_concurrency_per_key", d.MaxConcurrencyPerKey, MaxConcurrencyLimit))
+	return ps
+}
+
+// validate reports everything wrong with s, a job's or a workflow's
+// source, with paths relative to s ("schedule").
+func (s *Source) validate() Problems {
+	var ps Problems
+	add := func(path string, err error) {
+		if err != nil {
+			ps = append(ps, Problem{Path: path, Message: err.Error()})
+		}
+	}
+	switch s.Kind {
+	case "":
+		add("kind", errors.New(`"kind" is required: set it to "cron"`))
+	case SourceCron:
+	default:
+		add("kind", fmt.Errorf(`unsupported source kind %q: only "cron" is supported`, s.Kind))
+	}
+	if strings.TrimSpace(s.Schedule) == "" {
+		add("schedule", errors.New(`"schedule" is required`))
+	} else {
+		// The time zone has its own check; a bad one must not hide a bad
+		// schedule, so the schedule is checked in UTC.
+		_, err := Schedule(s.Schedule, DefaultTimezone)
+		add("schedule", err)
+	}
+	_, err := location(s.Timezone)
+	add("timezone", err)
+	switch s.Missed {
+	case "", MissedSkip, MissedRunOnce:
+	default:
+		add("missed", fmt.Errorf(`invalid missed %q: use "skip" or "run_once"`, s.Missed))
+	}
 	return ps
 }
 
@@ -187,8 +209,9 @@ func (t TypeLimit) Validate() Problems {
 	return ps
 }
 
-// Validate reports everything wrong with f: each job and type limit, and
-// names or types declared twice (at the second one).
+// Validate reports everything wrong with f: each job, type limit and
+// workflow, names or types declared twice (at the second one), and
+// workflow nodes naming a job f does not declare.
 func (f File) Validate() Problems {
 	var ps Problems
 	names := make(map[string]int, len(f.Jobs))
@@ -209,6 +232,22 @@ func (f File) Validate() Problems {
 			ps = append(ps, Problem{Path: prefix + ".type", Message: fmt.Sprintf("duplicate type %q: types[%d] already has it", t.Type, first)})
 		} else if !ok {
 			types[t.Type] = i
+		}
+	}
+	flows := make(map[string]int, len(f.Workflows))
+	for i, wf := range f.Workflows {
+		prefix := fmt.Sprintf("workflows[%d]", i)
+		ps = append(ps, wf.Validate().under(prefix)...)
+		for j, n := range wf.Nodes {
+			// A job name that breaks the name rule is reported as such.
+			if _, ok := names[n.Job]; !ok && checkName("job", n.Job) == nil {
+				ps = append(ps, Problem{Path: fmt.Sprintf("%s.nodes[%d].job", prefix, j), Message: fmt.Sprintf("unknown job %q: declare it under jobs:", n.Job)})
+			}
+		}
+		if first, ok := flows[wf.Name]; ok && wf.Name != "" {
+			ps = append(ps, Problem{Path: prefix + ".name", Message: fmt.Sprintf("duplicate workflow name %q: workflows[%d] already has it", wf.Name, first)})
+		} else if !ok {
+			flows[wf.Name] = i
 		}
 	}
 	return ps

@@ -8,7 +8,7 @@ import (
 	"strings"
 )
 
-// Op is what applying a file does to one job or type limit.
+// Op is what applying a file does to one job, workflow or type limit.
 type Op string
 
 // The ops.
@@ -21,21 +21,23 @@ const (
 
 // The kinds of thing a Change is about.
 const (
-	KindJob  = "job"
-	KindType = "type"
+	KindJob      = "job"
+	KindWorkflow = "workflow"
+	KindType     = "type"
 )
 
-// FieldChange is one field of a created or updated job or type limit, its
-// values rendered as short strings: JSON for the payload, "" when absent.
+// FieldChange is one field of a created or updated job, workflow or type
+// limit, its values rendered as short strings: JSON for the payload, one
+// line for a workflow's nodes (see Diff), "" when absent.
 type FieldChange struct {
 	Field string `json:"field"`
 	Old   string `json:"old"`
 	New   string `json:"new"`
 }
 
-// Change is what applying a file does to one job (by name) or type limit
-// (by type). Fields lists every field that differs for an update, and every
-// field set for a create.
+// Change is what applying a file does to one job or workflow (by name) or
+// type limit (by type). Fields lists every field that differs for an
+// update, and every field set for a create.
 type Change struct {
 	Op     Op            `json:"op"`
 	Kind   string        `json:"kind"`
@@ -50,43 +52,94 @@ type field[T any] struct {
 	render func(T) string
 }
 
-var jobFields = []field[Definition]{
-	{"type", true, func(d Definition) string { return d.Type }},
-	{"payload", false, func(d Definition) string { return string(d.Payload) }},
-	{"priority", false, func(d Definition) string { return strconv.Itoa(d.Priority) }},
-	{"source.kind", true, sourceField(func(s *Source) string { return s.Kind })},
-	{"source.schedule", true, sourceField(func(s *Source) string { return s.Schedule })},
-	{"source.timezone", true, sourceField(func(s *Source) string { return s.Timezone })},
-	{"source.missed", true, sourceField(func(s *Source) string { return s.Missed })},
-	{"max_attempts", false, func(d Definition) string { return strconv.Itoa(d.MaxAttempts) }},
-	{"timeout_seconds", false, func(d Definition) string { return optional(d.TimeoutSeconds) }},
-	{"heartbeat_timeout_seconds", false, func(d Definition) string { return optional(d.HeartbeatTimeoutSeconds) }},
-	{"max_concurrency", false, func(d Definition) string { return optional(d.MaxConcurrency) }},
-	{"max_concurrency_per_key", false, func(d Definition) string { return optional(d.MaxConcurrencyPerKey) }},
-	{"active", false, func(d Definition) string { return strconv.FormatBool(d.Active) }},
-}
+var jobFields = slices.Concat(
+	[]field[Definition]{
+		{"type", true, func(d Definition) string { return d.Type }},
+		{"payload", false, func(d Definition) string { return string(d.Payload) }},
+		{"priority", false, func(d Definition) string { return strconv.Itoa(d.Priority) }},
+	},
+	sourceFields(func(d Definition) *Source { return d.Source }),
+	[]field[Definition]{
+		{"max_attempts", false, func(d Definition) string { return strconv.Itoa(d.MaxAttempts) }},
+		{"timeout_seconds", false, func(d Definition) string { return optional(d.TimeoutSeconds) }},
+		{"heartbeat_timeout_seconds", false, func(d Definition) string { return optional(d.HeartbeatTimeoutSeconds) }},
+		{"max_concurrency", false, func(d Definition) string { return optional(d.MaxConcurrency) }},
+		{"max_concurrency_per_key", false, func(d Definition) string { return optional(d.MaxConcurrencyPerKey) }},
+		{"active", false, func(d Definition) string { return strconv.FormatBool(d.Active) }},
+	},
+)
+
+var workflowFields = slices.Concat(
+	[]field[Workflow]{
+		{"on_failure", false, func(w Workflow) string { return w.OnFailure }},
+		{"memoize", false, func(w Workflow) string { return strconv.FormatBool(w.Memoize) }},
+		{"active", false, func(w Workflow) string { return strconv.FormatBool(w.Active) }},
+	},
+	sourceFields(func(w Workflow) *Source { return w.Source }),
+	[]field[Workflow]{
+		{"nodes", true, func(w Workflow) string { return renderNodes(w.Nodes) }},
+	},
+)
 
 var typeFields = []field[TypeLimit]{
 	{"max_concurrency", false, func(t TypeLimit) string { return optional(t.MaxConcurrency) }},
 	{"max_concurrency_per_key", false, func(t TypeLimit) string { return optional(t.MaxConcurrencyPerKey) }},
 }
 
-// quoted tells Format which fields hold free text, whatever their kind.
+// quoted tells Format which fields hold free text, whatever their kind (a
+// field of the same name is quoted alike in every kind).
 var quoted = func() map[string]bool {
 	m := map[string]bool{}
 	for _, f := range jobFields {
 		m[f.name] = f.quoted
 	}
+	for _, f := range workflowFields {
+		m[f.name] = f.quoted
+	}
 	return m
 }()
 
-func sourceField(get func(*Source) string) func(Definition) string {
-	return func(d Definition) string {
-		if d.Source == nil {
+// sourceFields are the fields of a job's or workflow's source, all ""
+// when it has none.
+func sourceFields[T any](source func(T) *Source) []field[T] {
+	get := func(part func(*Source) string) func(T) string {
+		return func(v T) string {
+			if s := source(v); s != nil {
+				return part(s)
+			}
 			return ""
 		}
-		return get(d.Source)
 	}
+	return []field[T]{
+		{"source.kind", true, get(func(s *Source) string { return s.Kind })},
+		{"source.schedule", true, get(func(s *Source) string { return s.Schedule })},
+		{"source.timezone", true, get(func(s *Source) string { return s.Timezone })},
+		{"source.missed", true, get(func(s *Source) string { return s.Missed })},
+	}
+}
+
+// renderNodes renders a workflow's nodes on one line, in declaration
+// order, separated by "; ": a node as its name, then "=job" when its job
+// has another name, "<-" and the nodes it depends on, and its datasets in
+// brackets, inputs → outputs. For example
+// "extract [→raw.orders]; transform<-extract [raw.orders→clean.orders]; load<-transform".
+func renderNodes(nodes []Node) string {
+	parts := make([]string, len(nodes))
+	for i, n := range nodes {
+		var b strings.Builder
+		b.WriteString(n.Name)
+		if n.Job != n.Name {
+			b.WriteString("=" + n.Job)
+		}
+		if len(n.DependsOn) > 0 {
+			b.WriteString("<-" + strings.Join(n.DependsOn, ","))
+		}
+		if len(n.InputDatasets) > 0 || len(n.OutputDatasets) > 0 {
+			fmt.Fprintf(&b, " [%s→%s]", strings.Join(n.InputDatasets, ","), strings.Join(n.OutputDatasets, ","))
+		}
+		parts[i] = b.String()
+	}
+	return strings.Join(parts, "; ")
 }
 
 func optional(v int) string {
@@ -96,16 +149,23 @@ func optional(v int) string {
 	return strconv.Itoa(v)
 }
 
-// Diff compares the current state with the desired file: jobs by name
-// (unchanged when their hashes match), type limits by type. What current
-// has and desired lacks is deleted only when prune is set; otherwise it is
-// left out. Changes come jobs first, then by name.
+// Diff compares the current state with the desired file: jobs and
+// workflows by name (unchanged when their hashes match), type limits by
+// type. What current has and desired lacks is deleted only when prune is
+// set; otherwise it is left out. Changes come jobs first, then workflows,
+// then type limits, each kind by name. A workflow's nodes are one field,
+// "nodes", rendered on one line (see Format).
 func Diff(current, desired File, prune bool) []Change {
 	changes := diff(KindJob, current.Jobs, desired.Jobs, jobFields,
 		func(d Definition) string { return d.Name },
 		func(d Definition) Definition { return d.Normalized() },
 		func(a, b Definition) bool { return a.Hash() == b.Hash() },
 		prune)
+	changes = append(changes, diff(KindWorkflow, current.Workflows, desired.Workflows, workflowFields,
+		func(w Workflow) string { return w.Name },
+		func(w Workflow) Workflow { return w.Normalized() },
+		func(a, b Workflow) bool { return a.Hash() == b.Hash() },
+		prune)...)
 	changes = append(changes, diff(KindType, current.Types, desired.Types, typeFields,
 		func(t TypeLimit) string { return t.Type },
 		func(t TypeLimit) TypeLimit { return t },
@@ -118,10 +178,13 @@ func Diff(current, desired File, prune bool) []Change {
 }
 
 func kindOrder(kind string) int {
-	if kind == KindJob {
+	switch kind {
+	case KindJob:
 		return 0
+	case KindWorkflow:
+		return 1
 	}
-	return 1
+	return 2
 }
 
 func diff[T any](kind string, current, desired []T, fields []field[T], key func(T) string, normalize func(T) T, equal func(a, b T) bool, prune bool) []Change {
@@ -174,6 +237,9 @@ var opSigns = map[Op]string{OpCreate: "+", OpUpdate: "~", OpUnchanged: "=", OpDe
 // `+ job nightly-report (reports.build, cron "0 2 * * *" Europe/Paris)` for
 // a create, `~ job sync: source.schedule "@every 1m" → "@every 30s"` for an
 // update, `= job cleanup` for no change and `- job old-thing` for a delete.
+// Workflows read alike: `+ workflow etl (3 nodes, cron "0 * * * *" UTC,
+// memoize)`, and `~ workflow etl: nodes "extract; load<-extract" →
+// "extract; transform<-extract; load<-transform"`.
 func Format(changes []Change) string {
 	var b strings.Builder
 	for _, c := range changes {
@@ -197,12 +263,34 @@ func Format(changes []Change) string {
 	return b.String()
 }
 
-// summary describes a created job by its type and source, or a created
-// type limit by its limits.
+// summary describes a created job by its type and source, a created
+// workflow by its number of nodes, source and options, or a created type
+// limit by its limits.
 func summary(c Change) string {
 	v := map[string]string{}
 	for _, f := range c.Fields {
 		v[f.Field] = f.New
+	}
+	if c.Kind == KindWorkflow {
+		n := 0
+		if nodes := v["nodes"]; nodes != "" {
+			n = strings.Count(nodes, "; ") + 1
+		}
+		parts := []string{fmt.Sprintf("%d nodes", n)}
+		if n == 1 {
+			parts[0] = "1 node"
+		}
+		parts = append(parts, sourceSummary(v)...)
+		if v["on_failure"] == FailContinue {
+			parts = append(parts, "on_failure continue")
+		}
+		if v["memoize"] == "true" {
+			parts = append(parts, "memoize")
+		}
+		if v["active"] == "false" {
+			parts = append(parts, "inactive")
+		}
+		return strings.Join(parts, ", ")
 	}
 	if c.Kind == KindType {
 		var parts []string
@@ -216,14 +304,20 @@ func summary(c Change) string {
 		}
 		return strings.Join(parts, ", ")
 	}
-	parts := []string{v["type"]}
-	if kind := v["source.kind"]; kind != "" {
-		parts = append(parts, fmt.Sprintf("%s %q %s", kind, v["source.schedule"], v["source.timezone"]))
-	}
+	parts := append([]string{v["type"]}, sourceSummary(v)...)
 	if v["active"] == "false" {
 		parts = append(parts, "inactive")
 	}
 	return strings.Join(parts, ", ")
+}
+
+// sourceSummary describes a source, such as `cron "0 2 * * *" Europe/Paris`,
+// or nothing.
+func sourceSummary(v map[string]string) []string {
+	if kind := v["source.kind"]; kind != "" {
+		return []string{fmt.Sprintf("%s %q %s", kind, v["source.schedule"], v["source.timezone"])}
+	}
+	return nil
 }
 
 func show(field, v string) string {

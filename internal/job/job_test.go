@@ -761,6 +761,9 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(`{"jobs":[{"name":"a","type":"t","payload":{"x":[1,{"y":null}]}}]}`))
 	f.Add([]byte("jobs:\n  - &a {name: a, type: t}\n  - <<: [*a, *a]\n    name: b\n"))
 	f.Add([]byte("a: &a [*a]\n"))
+	f.Add([]byte(etlFile))
+	f.Add([]byte(diamondFile))
+	f.Add([]byte("jobs: [{name: a, type: t}]\nworkflows:\n  - name: w\n    nodes:\n      - {job: a, depends_on: [b]}\n      - {name: b, job: a, depends_on: [a, 5]}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		file, err := job.Parse(data)
 		if err != nil {
@@ -772,6 +775,10 @@ func FuzzParse(f *testing.F) {
 		require.Empty(t, file.Validate(), "what Parse accepts, Validate accepts")
 		for _, d := range file.Jobs {
 			require.Equal(t, d, d.Normalized(), "Parse returns normalised definitions")
+		}
+		for _, w := range file.Workflows {
+			require.Equal(t, w, w.Normalized(), "Parse returns normalised workflows")
+			require.Len(t, w.Order(), len(w.Nodes))
 		}
 	})
 }

@@ -359,6 +359,10 @@ func (w *walker) file(doc *yaml.Node) File {
 			for i, n := range w.sequence(e.value, e.path, "types") {
 				f.Types = append(f.Types, w.typeLimit(n, fmt.Sprintf("%s[%d]", e.path, i)))
 			}
+		case "workflows":
+			for i, n := range w.sequence(e.value, e.path, "workflows") {
+				f.Workflows = append(f.Workflows, w.workflow(n, fmt.Sprintf("%s[%d]", e.path, i)))
+			}
 		default:
 			w.unknown(e)
 		}
@@ -466,6 +470,63 @@ func (w *walker) typeLimit(n *yaml.Node, path string) TypeLimit {
 	return t
 }
 
+func (w *walker) workflow(n *yaml.Node, path string) Workflow {
+	wf := Workflow{OnFailure: FailStop, Active: true}
+	es, ok := w.mapping(n, path, "a workflow")
+	if !ok {
+		return wf
+	}
+	for _, e := range es {
+		switch e.key.Value {
+		case "name":
+			w.str(e, &wf.Name)
+		case "on_failure":
+			w.str(e, &wf.OnFailure)
+		case "memoize":
+			w.bool(e, &wf.Memoize)
+		case "active":
+			w.bool(e, &wf.Active)
+		case "source":
+			wf.Source = w.source(e)
+		case "nodes":
+			for i, n := range w.sequence(e.value, e.path, "nodes") {
+				wf.Nodes = append(wf.Nodes, w.workflowNode(n, fmt.Sprintf("%s[%d]", e.path, i)))
+			}
+		default:
+			w.unknown(e)
+		}
+	}
+	// Node names default to their job's, on_failure to stop.
+	return wf.Normalized()
+}
+
+// workflowNode decodes a node of a workflow. (node is taken: it finds the
+// YAML node of a path.)
+func (w *walker) workflowNode(n *yaml.Node, path string) Node {
+	var nd Node
+	es, ok := w.mapping(n, path, "a node")
+	if !ok {
+		return nd
+	}
+	for _, e := range es {
+		switch e.key.Value {
+		case "name":
+			w.str(e, &nd.Name)
+		case "job":
+			w.str(e, &nd.Job)
+		case "depends_on":
+			w.strs(e, &nd.DependsOn)
+		case "input_datasets":
+			w.strs(e, &nd.InputDatasets)
+		case "output_datasets":
+			w.strs(e, &nd.OutputDatasets)
+		default:
+			w.unknown(e)
+		}
+	}
+	return nd
+}
+
 // scalar returns the scalar value of e, or nil for a null (the field is
 // then left at its default) or for a node that is not a scalar (reported).
 func (w *walker) scalar(e entry, want string) *yaml.Node {
@@ -495,6 +556,47 @@ func (w *walker) str(e entry, into *string) {
 	if err := n.Decode(into); err != nil {
 		w.fail(n, e.path, "%s must be a string: %v", e.key.Value, err)
 	}
+}
+
+// strs decodes a list of strings. A malformed item is reported and kept
+// as "", so that the items after it keep their index for the rule checks,
+// which then leave it alone.
+func (w *walker) strs(e entry, into *[]string) {
+	n := resolve(e.value)
+	w.nodes[e.path] = n
+	if isNull(n) {
+		return
+	}
+	if n.Kind != yaml.SequenceNode {
+		if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!str" {
+			w.fail(n, e.path, "%s must be a list of strings, not %s: write [%s]", e.key.Value, describe(n), n.Value)
+		} else {
+			w.fail(n, e.path, "%s must be a list of strings, not %s", e.key.Value, describe(n))
+		}
+		return
+	}
+	if !w.charge(len(n.Content)+1, n, e.path) {
+		return
+	}
+	var list []string
+	for i, item := range n.Content {
+		path := fmt.Sprintf("%s[%d]", e.path, i)
+		item = resolve(item)
+		w.nodes[path] = item
+		var v string
+		switch {
+		case item.Kind != yaml.ScalarNode || isNull(item):
+			w.fail(item, path, "%s must list strings, not %s", e.key.Value, describe(item))
+		case item.ShortTag() != "!!str":
+			w.fail(item, path, "%s must list strings, not %s (quote it)", e.key.Value, describe(item))
+		default:
+			if err := item.Decode(&v); err != nil {
+				w.fail(item, path, "%s must list strings: %v", e.key.Value, err)
+			}
+		}
+		list = append(list, v)
+	}
+	*into = list
 }
 
 // int decodes a whole number. For a limit (positive = the limit, absent =

@@ -28,10 +28,10 @@ WITH gate AS (
 ), ins AS (
 	INSERT INTO tasks (id, org_id, type, status, state, priority, payload, metadata, input_hash,
 		idempotency_key, max_attempts, traceparent, visibility, next_run_at, concurrency_key, timeout_ms,
-		heartbeat_timeout_ms, job_id, scheduled_at, admitted)
+		heartbeat_timeout_ms, job_id, scheduled_at, admitted, parent_id, child_key)
 	SELECT $1, $2, $3, $4, CASE WHEN gate.wait THEN '`+task.StateWaiting+`' ELSE $5 END, $6, $7, $8, $9, $10, $11,
 		$12::jsonb->>'traceparent', $15, coalesce($17::timestamptz, now() + $18::bigint * interval '1 millisecond'),
-		$19, nullif($20::bigint, 0), nullif($21::bigint, 0), $22, $23, NOT gate.wait
+		$19, nullif($20::bigint, 0), nullif($21::bigint, 0), $22, $23, NOT gate.wait, $24, nullif($25, '')
 	FROM gate
 	ON CONFLICT DO NOTHING
 	RETURNING `+taskColumns+`
@@ -398,7 +398,7 @@ func submitArgs(id uuid.UUID, sub task.Submission, by *task.Principal, trace tas
 	return []any{id, sub.OrgID, sub.Type, string(r.To), r.State, sub.Priority, sub.Payload, sub.Metadata,
 		hash, key, sub.MaxAttempts, headersArg(trace), string(actor), string(r.Message), visibility, by,
 		sub.RunAt, sub.Delay.Milliseconds(), sub.ConcurrencyKey, sub.Timeout.Milliseconds(),
-		sub.HeartbeatTimeout.Milliseconds(), sub.JobID, sub.ScheduledAt}
+		sub.HeartbeatTimeout.Milliseconds(), sub.JobID, sub.ScheduledAt, sub.ParentID, sub.ChildKey}
 }
 
 // Get returns the task with its result once it has one: a task of the

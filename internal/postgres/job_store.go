@@ -99,6 +99,9 @@ type JobStore struct {
 	// OnOutbox, when set, is called after a commit that wrote outbox
 	// messages.
 	OnOutbox func()
+	// OnEvents, when set, is called after a commit that appended task
+	// events.
+	OnEvents func()
 }
 
 // NewJobStore returns the API's job store.
@@ -169,7 +172,20 @@ func (s *JobStore) Apply(ctx context.Context, p auth.Principal, file job.File, d
 		if err != nil {
 			return err
 		}
+		rows, err = tx.Query(ctx, sqlWorkflowsLock, p.OrgID)
+		if err != nil {
+			return err
+		}
+		workflows, err := pgx.CollectRows(rows, scanWorkflow)
+		if err != nil {
+			return err
+		}
 		var current job.File
+		storedFlows := map[string]job.Workflow{}
+		for _, w := range workflows {
+			current.Workflows = append(current.Workflows, w.Definition)
+			storedFlows[w.Definition.Name] = w.Definition
+		}
 		stored := map[string]job.Definition{}
 		for _, j := range jobs {
 			current.Jobs = append(current.Jobs, j.Definition)
@@ -201,6 +217,10 @@ func (s *JobStore) Apply(ctx context.Context, p auth.Principal, file job.File, d
 		for _, d := range file.Jobs {
 			desired[d.Name] = d.Normalized()
 		}
+		flows := map[string]job.Workflow{}
+		for _, w := range file.Workflows {
+			flows[w.Name] = w.Normalized()
+		}
 		limits := map[string]job.TypeLimit{}
 		for _, t := range file.Types {
 			limits[t.Type] = t
@@ -216,6 +236,13 @@ func (s *JobStore) Apply(ctx context.Context, p auth.Principal, file job.File, d
 				err = writeJob(ctx, tx, p.OrgID, desired[c.Name], &old, now)
 			case c.Kind == job.KindJob && c.Op == job.OpDelete:
 				_, err = tx.Exec(ctx, sqlJobDelete, p.OrgID, c.Name)
+			case c.Kind == job.KindWorkflow && c.Op == job.OpCreate:
+				err = writeWorkflow(ctx, tx, p.OrgID, flows[c.Name], nil, now)
+			case c.Kind == job.KindWorkflow && c.Op == job.OpUpdate:
+				old := storedFlows[c.Name]
+				err = writeWorkflow(ctx, tx, p.OrgID, flows[c.Name], &old, now)
+			case c.Kind == job.KindWorkflow && c.Op == job.OpDelete:
+				_, err = tx.Exec(ctx, sqlWorkflowDelete, p.OrgID, c.Name)
 			case c.Kind == job.KindType && (c.Op == job.OpCreate || c.Op == job.OpUpdate):
 				l := limits[c.Name]
 				if l.MaxConcurrency == 0 && l.MaxConcurrencyPerKey == 0 {
@@ -258,17 +285,9 @@ func writeJob(ctx context.Context, tx pgx.Tx, org uuid.UUID, d job.Definition, o
 	if err != nil {
 		return err
 	}
-	var schedule *string
-	tz, missed := job.DefaultTimezone, job.MissedRunOnce
-	var next *time.Time
-	if src := d.Source; src != nil {
-		schedule, tz, missed = &src.Schedule, src.Timezone, src.Missed
-		sched, err := job.Schedule(src.Schedule, src.Timezone)
-		if err != nil {
-			return err
-		}
-		n := sched.Next(now)
-		next = &n
+	schedule, tz, missed, next, err := cursor(d.Source, now)
+	if err != nil {
+		return err
 	}
 	args := []any{org, d.Name, d.Type, d.Payload, d.Priority, schedule, tz, missed, d.MaxAttempts, d.TimeoutSeconds,
 		d.HeartbeatTimeoutSeconds, d.MaxConcurrency, d.MaxConcurrencyPerKey, d.Active, d.Hash(), def, next}
@@ -277,9 +296,7 @@ func writeJob(ctx context.Context, tx pgx.Tx, org uuid.UUID, d job.Definition, o
 		return err
 	}
 	o := old.Normalized()
-	moved := (o.Source == nil) != (d.Source == nil) || o.Active != d.Active ||
-		(o.Source != nil && d.Source != nil && (o.Source.Schedule != d.Source.Schedule || o.Source.Timezone != d.Source.Timezone))
-	_, err = tx.Exec(ctx, sqlJobUpdate, append(args, moved)...)
+	_, err = tx.Exec(ctx, sqlJobUpdate, append(args, scheduleMoved(o.Source, d.Source, o.Active, d.Active))...)
 	return err
 }
 

@@ -24,25 +24,29 @@ const taskColumns = `id, org_id, visibility, type, status, state, progress, prio
 	coalesce(error, '') AS error, attempt, max_attempts, version, coalesce(worker_id, '') AS worker_id,
 	lease_expires_at, next_run_at, cancel_requested_at, coalesce(traceparent, '') AS traceparent,
 	published_at, created_at, updated_at, started_at, completed_at, job_id, scheduled_at, concurrency_key,
-	admitted, coalesce(timeout_ms, 0) AS timeout_ms, coalesce(heartbeat_timeout_ms, 0) AS heartbeat_timeout_ms`
+	admitted, coalesce(timeout_ms, 0) AS timeout_ms, coalesce(heartbeat_timeout_ms, 0) AS heartbeat_timeout_ms,
+	run_id, coalesce(node, '') AS node, inputs, parent_id, coalesce(child_key, '') AS child_key`
 
 // scanTask reads the taskColumns of a row, then any extra destinations.
 func scanTask(row pgx.Row, extra ...any) (task.Task, error) {
 	var t task.Task
 	var status string
-	var payload, metadata []byte
+	var payload, metadata, inputs []byte
 	var timeout, heartbeatTimeout int64
 	dest := []any{&t.ID, &t.OrgID, &t.Visibility, &t.Type, &status, &t.State, &t.Progress, &t.Priority,
 		&payload, &metadata, &t.InputHash, &t.IdempotencyKey, &t.Error, &t.Attempt, &t.MaxAttempts,
 		&t.Version, &t.WorkerID, &t.LeaseExpiresAt, &t.NextRunAt, &t.CancelRequestedAt, &t.Traceparent,
 		&t.PublishedAt, &t.CreatedAt, &t.UpdatedAt, &t.StartedAt, &t.CompletedAt, &t.JobID, &t.ScheduledAt,
-		&t.ConcurrencyKey, &t.Admitted, &timeout, &heartbeatTimeout}
+		&t.ConcurrencyKey, &t.Admitted, &timeout, &heartbeatTimeout, &t.RunID, &t.Node, &inputs, &t.ParentID, &t.ChildKey}
 	if err := row.Scan(append(dest, extra...)...); err != nil {
 		return task.Task{}, err
 	}
 	t.Status = task.Status(status)
 	t.Timeout, t.HeartbeatTimeout = time.Duration(timeout)*time.Millisecond, time.Duration(heartbeatTimeout)*time.Millisecond
 	t.Payload, t.Metadata = json.RawMessage(payload), json.RawMessage(metadata)
+	if inputs != nil {
+		t.Inputs = json.RawMessage(inputs)
+	}
 	return t, nil
 }
 
@@ -81,11 +85,11 @@ func ruleTable() string {
 		for i, s := range r.From {
 			from[i] = string(s)
 		}
-		rows = append(rows, fmt.Sprintf("(%s, %s::text[], %s, %s, %s, %t, %s, %s, %s, %s, %s, %t, %t, %t, %t, %t, %t)",
+		rows = append(rows, fmt.Sprintf("(%s, %s::text[], %s, %s, %s, %t, %s, %s, %s, %s, %s, %t, %t, %t, %t, %t, %t, %t)",
 			text(string(tr)), text("{"+strings.Join(from, ",")+"}"), text(string(r.To)), text(r.State),
 			text(string(r.Actor)), r.Event, text(string(r.Message)), text(effect[r.Attempt]),
 			text(effect[r.Progress]), text(effect[r.Error]), text(effect[r.Cancel]), r.Delay, r.Lease,
-			r.NeedsCancel, r.NewTrace, r.Result, r.Beat))
+			r.NeedsCancel, r.NewTrace, r.Result, r.Beat, r.Hold))
 	}
 	return strings.Join(rows, ",\n\t\t")
 }
@@ -98,7 +102,7 @@ func ruleTable() string {
 // the changes that landed with their new versions.
 var sqlApply = statement("tasks.apply", `
 WITH rule (transition, from_statuses, to_status, state, actor, event, message, attempt_effect,
-		progress_effect, error_effect, cancel_effect, delay, lease, needs_cancel, new_trace, stores_result, beat) AS (
+		progress_effect, error_effect, cancel_effect, delay, lease, needs_cancel, new_trace, stores_result, beat, hold) AS (
 	VALUES
 		`+ruleTable()+`
 ), ruled AS (
@@ -109,8 +113,9 @@ WITH rule (transition, from_statuses, to_status, state, actor, event, message, a
 	JOIN rule USING (transition)
 ), change AS (
 	-- A task sent back to its queue waits for the scheduler instead when
-	-- its job or type is limited or paused, or its type in fair mode.
-	SELECT c.*, CASE WHEN c.message = '`+string(outbox.KindRun)+`' THEN (
+	-- its job or type is limited or paused, or its type in fair mode; a
+	-- task put on hold waits for its children.
+	SELECT c.*, CASE WHEN c.hold THEN true WHEN c.message = '`+string(outbox.KindRun)+`' THEN (
 			SELECT conveyor_must_wait(w.org_id, w.type, w.job_id, w.concurrency_key) FROM tasks w WHERE w.id = c.task_id)
 		ELSE false END AS wait
 	FROM ruled c
@@ -294,8 +299,15 @@ func applySorted(ctx context.Context, q querier, changes []task.Change) ([]task.
 // applyAndWake applies changes and, after the commit, wakes the relays
 // when it wrote outbox messages and the stream hubs when a change that
 // landed appended an event.
+//
+// A batch that completes tasks of several workflow runs locks their runs
+// (migration 007) in the order of its tasks; two such batches can deadlock.
+// PostgreSQL then rolls one back whole, and it is applied again.
 func applyAndWake(ctx context.Context, q querier, changes []task.Change, onOutbox, onEvents func()) ([]task.Applied, []error, error) {
 	out, errs, queued, err := apply(ctx, q, changes)
+	for try := 1; try < maxDeadlockTries && pgCode(err) == codeDeadlock; try++ {
+		out, errs, queued, err = apply(ctx, q, changes)
+	}
 	if queued {
 		call(onOutbox)
 	}
@@ -307,6 +319,9 @@ func applyAndWake(ctx context.Context, q querier, changes []task.Change, onOutbo
 	}
 	return out, errs, err
 }
+
+// maxDeadlockTries bounds the tries of a batch that keeps deadlocking.
+const maxDeadlockTries = 3
 
 // call calls f, when set.
 func call(f func()) {

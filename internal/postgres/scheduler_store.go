@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/robfig/cron/v3"
 
 	"github.com/conveyorhq/conveyor/internal/job"
 	"github.com/conveyorhq/conveyor/internal/outbox"
@@ -84,7 +85,7 @@ FROM unnest($1::text[], $2::uuid[], $3::text[]) AS g(type, org_id, concurrency_k
 CROSS JOIN LATERAL (
 	SELECT t.id, t.type, t.org_id, t.concurrency_key, t.job_id FROM tasks t
 	WHERE t.`+isPending+` AND NOT t.admitted AND t.type = g.type AND t.org_id = g.org_id
-		AND t.concurrency_key = g.concurrency_key AND t.next_run_at <= now()
+		AND t.concurrency_key = g.concurrency_key AND t.next_run_at <= now() AND t.state <> '`+task.StateAwaiting+`'
 		AND (t.job_id IS NULL OR NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = t.job_id AND j.paused_at IS NOT NULL))
 	ORDER BY t.priority DESC, t.id LIMIT $4) c`)
 
@@ -134,6 +135,15 @@ ORDER BY next_tick_at LIMIT $1
 FOR UPDATE SKIP LOCKED`)
 
 var sqlJobAdvance = statement("scheduler.job_advance", `UPDATE jobs SET next_tick_at = $2 WHERE id = $1`)
+
+// sqlDueWorkflows locks the scheduled workflows whose next tick is due.
+var sqlDueWorkflows = statement("scheduler.due_workflows", `
+SELECT org_id, id, definition, next_tick_at FROM workflows
+WHERE active AND schedule IS NOT NULL AND next_tick_at <= $2
+ORDER BY next_tick_at LIMIT $1
+FOR UPDATE SKIP LOCKED`)
+
+var sqlWorkflowAdvance = statement("scheduler.workflow_advance", `UPDATE workflows SET next_tick_at = $2 WHERE id = $1`)
 
 // SchedulerStore runs the scheduler's statements.
 type SchedulerStore struct {
@@ -497,28 +507,8 @@ func (s *SchedulerStore) Cron(ctx context.Context, cfg job.CronConfig, now time.
 				st.Errors[d.id] = err
 				continue
 			}
-			more, extra := job.Ticks(sched, d.next, now, cfg.MaxTicks-1)
-			ticks := append([]time.Time{d.next}, more...)
-			var run, missed []time.Time
-			for _, t := range ticks {
-				if now.Sub(t) > cfg.CatchUp {
-					missed = append(missed, t)
-				} else {
-					run = append(run, t)
-				}
-			}
-			if len(missed) > 0 {
-				if d.missed == job.MissedRunOnce {
-					run = append([]time.Time{missed[len(missed)-1]}, run...)
-					st.Skipped += len(missed) - 1
-				} else {
-					st.Skipped += len(missed)
-				}
-			}
-			next := sched.Next(now)
-			if extra {
-				next = sched.Next(ticks[len(ticks)-1])
-			}
+			run, skipped, next := dueTicks(sched, d.next, now, d.missed, cfg)
+			st.Skipped += skipped
 			for _, t := range run {
 				id, err := uuid.NewV7()
 				if err != nil {
@@ -535,21 +525,23 @@ func (s *SchedulerStore) Cron(ctx context.Context, cfg job.CronConfig, now time.
 			}
 			batch.Queue(sqlJobAdvance, d.id, next)
 		}
-		if batch.Len() == 0 {
-			return nil
-		}
-		br := tx.SendBatch(ctx, batch)
-		for range batch.Len() {
-			tag, err := br.Exec()
-			if err != nil {
-				_ = br.Close()
+		if batch.Len() > 0 {
+			br := tx.SendBatch(ctx, batch)
+			for range batch.Len() {
+				tag, err := br.Exec()
+				if err != nil {
+					_ = br.Close()
+					return err
+				}
+				if tag.Select() {
+					st.Made += int(tag.RowsAffected())
+				}
+			}
+			if err := br.Close(); err != nil {
 				return err
 			}
-			if tag.Select() {
-				st.Made += int(tag.RowsAffected())
-			}
 		}
-		return br.Close()
+		return cronWorkflows(ctx, tx, cfg, now, &st)
 	})
 	if err != nil {
 		return job.CronStats{}, translate(err)
@@ -559,4 +551,135 @@ func (s *SchedulerStore) Cron(ctx context.Context, cfg job.CronConfig, now time.
 		call(s.OnEvents)
 	}
 	return st, nil
+}
+
+// dueTicks splits the ticks of sched from next (the cursor) to now into
+// those to make and the number skipped (missed by more than the catch-up
+// time: all but the last with run_once, all with skip), and returns the
+// cursor after them. A pass makes at most cfg.MaxTicks.
+func dueTicks(sched cron.Schedule, next, now time.Time, missedPolicy string, cfg job.CronConfig) (run []time.Time, skipped int, cursor time.Time) {
+	more, extra := job.Ticks(sched, next, now, cfg.MaxTicks-1)
+	ticks := append([]time.Time{next}, more...)
+	var missed []time.Time
+	for _, t := range ticks {
+		if now.Sub(t) > cfg.CatchUp {
+			missed = append(missed, t)
+		} else {
+			run = append(run, t)
+		}
+	}
+	if len(missed) > 0 {
+		if missedPolicy == job.MissedRunOnce {
+			run = append([]time.Time{missed[len(missed)-1]}, run...)
+			skipped = len(missed) - 1
+		} else {
+			skipped = len(missed)
+		}
+	}
+	cursor = sched.Next(now)
+	if extra {
+		cursor = sched.Next(ticks[len(ticks)-1])
+	}
+	return run, skipped, cursor
+}
+
+// cronWorkflows starts the runs of the due ticks of scheduled workflows, one
+// per tick (unique per workflow and time), and moves their cursors.
+func cronWorkflows(ctx context.Context, tx pgx.Tx, cfg job.CronConfig, now time.Time, st *job.CronStats) error {
+	rows, err := tx.Query(ctx, sqlDueWorkflows, cfg.MaxJobs, now)
+	if err != nil {
+		return err
+	}
+	type due struct {
+		org  uuid.UUID
+		wf   job.StoredWorkflow
+		next time.Time
+	}
+	var flows []due
+	if _, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (struct{}, error) {
+		var d due
+		var def []byte
+		if err := row.Scan(&d.org, &d.wf.ID, &def, &d.next); err != nil {
+			return struct{}{}, err
+		}
+		if err := json.Unmarshal(def, &d.wf.Definition); err != nil {
+			return struct{}{}, fmt.Errorf("workflow %s: stored definition: %w", d.wf.ID, err)
+		}
+		flows = append(flows, d)
+		return struct{}{}, nil
+	}); err != nil {
+		return err
+	}
+	for _, d := range flows {
+		st.Jobs++
+		src := d.wf.Definition.Normalized().Source
+		if src == nil {
+			continue
+		}
+		sched, err := job.Schedule(src.Schedule, src.Timezone)
+		if err != nil {
+			st.Errors[d.wf.ID] = err
+			continue
+		}
+		run, skipped, next := dueTicks(sched, d.next, now, src.Missed, cfg)
+		st.Skipped += skipped
+		for _, t := range run {
+			id, err := uuid.NewV7()
+			if err != nil {
+				return err
+			}
+			// The tick is the run's param: each tick is its own input, so
+			// memoization never skips a tick's work for the previous one's.
+			at := t
+			params, _ := json.Marshal(map[string]time.Time{"scheduled_at": at.UTC()}) // a time always encodes
+			made, err := startRun(ctx, tx, d.org, d.wf, id, params, false, "", &at, nil)
+			if err != nil {
+				return err
+			}
+			if made {
+				st.Made++
+			}
+		}
+		if _, err := tx.Exec(ctx, sqlWorkflowAdvance, d.wf.ID, next); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CancelStopped cancels up to limit tasks still in flight of runs that
+// stopped (failed or cancelled) and of parent tasks that ended without
+// completing, and returns how many it changed.
+func (s *SchedulerStore) CancelStopped(ctx context.Context, limit int) (int, error) {
+	var n int
+	var queued bool
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var err error
+		n, queued, err = cancelStopped(ctx, tx, nil, limit, nil, nil)
+		return err
+	})
+	if err != nil {
+		return 0, translate(err)
+	}
+	if queued {
+		call(s.onOutbox)
+	}
+	if n > 0 {
+		call(s.OnEvents)
+	}
+	return n, nil
+}
+
+// WakeParents queues again up to limit parents whose children have all
+// finished but which still wait for them, and returns how many.
+func (s *SchedulerStore) WakeParents(ctx context.Context, limit int) (int, error) {
+	var n int
+	if err := s.pool.QueryRow(ctx, sqlWakeParents, limit).Scan(&n); err != nil {
+		return 0, translate(err)
+	}
+	if n > 0 {
+		call(s.onOutbox)
+		call(s.OnEvents)
+	}
+	return n, nil
 }

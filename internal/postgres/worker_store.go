@@ -153,3 +153,61 @@ func (s *WorkerStore) TypesReady(ctx context.Context, types []string) error {
 	}
 	return nil
 }
+
+// sqlChildren reads where a parent's children stand, with the result of
+// those that completed.
+var sqlChildren = statement("tasks.children", `
+SELECT c.child_key, c.id, c.status, coalesce(c.error, ''),
+	(SELECT r.payload FROM task_results r WHERE r.task_id = c.id AND c.`+isCompleted+`)
+FROM tasks c WHERE c.parent_id = $1 ORDER BY c.child_key`)
+
+// Spawn submits the children of parent that it has not spawned yet (a
+// child is unique per parent and key, so spawning again submits nothing),
+// then reads where all its children stand.
+func (s *WorkerStore) Spawn(ctx context.Context, parent task.Task, children []task.Submission, trace task.Carrier) ([]task.ChildState, error) {
+	batch := &pgx.Batch{}
+	for _, sub := range children {
+		id, err := uuid.NewV7()
+		if err != nil {
+			return nil, err
+		}
+		batch.Queue(sqlSubmit, submitArgs(id, sub, nil, trace)...)
+	}
+	var out []task.ChildState
+	batch.Queue(sqlChildren, parent.ID).Query(func(rows pgx.Rows) error {
+		var err error
+		out, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (task.ChildState, error) {
+			var c task.ChildState
+			var status string
+			var result []byte
+			err := row.Scan(&c.Key, &c.ID, &status, &c.Error, &result)
+			c.Status = task.Status(status)
+			if result != nil {
+				c.Result = result
+			}
+			return c, err
+		})
+		return err
+	})
+	var made bool
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		br := tx.SendBatch(ctx, batch)
+		for range children {
+			tag, err := br.Exec()
+			if err != nil {
+				_ = br.Close()
+				return err
+			}
+			made = made || tag.RowsAffected() > 0
+		}
+		return br.Close()
+	})
+	if err != nil {
+		return nil, translate(err)
+	}
+	if made {
+		call(s.onOutbox)
+		call(s.OnEvents)
+	}
+	return out, nil
+}

@@ -22,6 +22,7 @@ import (
 //	   ├─────── IN_PROGRESS ──(request-cancel: stays, ──────┤
 //	   │  retry-later,  │      a broadcast tells the worker)
 //	   │  hand-back,    ├──complete──▶ COMPLETED
+//	   │  await,        │
 //	   │  expire-requeue└──fail───────▶ FAILED
 //	   │                                  │
 //	   └────────────── retry ◀────────────┴── (FAILED or CANCELLED)
@@ -43,6 +44,12 @@ import (
 // is pending. If the worker died meanwhile, the lease reaper applies
 // ExpireCancel instead. A task whose cancellation was accepted never
 // completes and never runs again, unless retried.
+//
+// A handler that spawned children and waits for them returns, and the
+// worker applies Await: the task goes back to PENDING on hold (state
+// "Waiting for children", not admitted, no message) and the settling of its
+// last child queues it again, in the child's transaction; its handler then
+// runs again and finds the children's results.
 
 // Transition names a change of a task's lifecycle.
 type Transition string
@@ -60,6 +67,7 @@ const (
 	RetryLater    Transition = "retry-later"
 	HonourCancel  Transition = "honour-cancel"
 	HandBack      Transition = "hand-back"
+	Await         Transition = "await"
 	ExpireRequeue Transition = "expire-requeue"
 	ExpireFail    Transition = "expire-fail"
 	ExpireCancel  Transition = "expire-cancel"
@@ -125,6 +133,9 @@ type Rule struct {
 	// Beat: the change is a heartbeat of the handler (a progress report),
 	// which a heartbeat timeout waits for.
 	Beat bool
+	// Hold: the task goes back to PENDING without reaching its queue; it
+	// waits, not admitted, until its children have finished.
+	Hold bool
 }
 
 // Human labels of the steps every task goes through.
@@ -137,6 +148,9 @@ const (
 	StateRetryScheduled  = "Retry scheduled"
 	StateCompleted       = "Completed"
 	StateFailed          = "Failed"
+	// StateAwaiting: the task's handler spawned children and waits for
+	// them; the last one to finish queues it again (migration 007).
+	StateAwaiting = "Waiting for children"
 )
 
 var (
@@ -168,6 +182,8 @@ var Lifecycle = map[Transition]Rule{
 		NeedsCancel: true},
 	HandBack: {From: running, To: StatusPending, State: StateQueued, Actor: ActorWorker, Event: true,
 		Attempt: GiveBack, Delay: true, Message: queueRun},
+	Await: {From: running, To: StatusPending, State: StateAwaiting, Actor: ActorWorker, Event: true,
+		Attempt: GiveBack, Delay: true, Message: queueRun, Hold: true},
 
 	// Maintenance, for tasks whose worker stopped renewing the lease, and
 	// for tasks whose message was lost.
@@ -188,7 +204,7 @@ var Lifecycle = map[Transition]Rule{
 // Transitions lists the transitions a store applies with its one fenced
 // statement (all but Submit and Claim), in a stable order.
 func Transitions() []Transition {
-	return []Transition{Progress, Renew, Complete, Fail, RetryLater, HonourCancel, HandBack,
+	return []Transition{Progress, Renew, Complete, Fail, RetryLater, HonourCancel, HandBack, Await,
 		ExpireRequeue, ExpireFail, ExpireCancel, Republish, CancelPending, RequestCancel, Retry}
 }
 

@@ -17,8 +17,11 @@ import (
 
 // Limits of a submission.
 const (
-	MaxPriority          = 9
-	DefaultPriority      = 5
+	MaxPriority     = 9
+	DefaultPriority = 5
+	// DefaultMaxAttempts is the max_attempts of a task submitted without
+	// one where no configuration says otherwise (a spawned child).
+	DefaultMaxAttempts   = 3
 	MaxMaxAttempts       = 100
 	MaxBatchSize         = 1000
 	MaxIdempotencyKeyLen = 255
@@ -65,6 +68,10 @@ type Submission struct {
 	// JobID and ScheduledAt: the job and tick that made the task.
 	JobID       *uuid.UUID
 	ScheduledAt *time.Time
+	// ParentID and ChildKey: the running task that spawns this one, and
+	// its key among that task's children.
+	ParentID *uuid.UUID
+	ChildKey string
 }
 
 // SubmitInput is a submission as a client sent it, before defaults and rules.
@@ -109,12 +116,12 @@ func NewSubmission(in SubmitInput, d Defaults, field string) (Submission, error)
 		err.Field = field + err.Field
 		return Submission{}, err
 	}
-	payload, err := jsonObject(in.Payload, field+"payload")
+	payload, err := JSONObject(in.Payload, field+"payload")
 	if err != nil {
 		return Submission{}, err
 	}
 	s.Payload = payload
-	if s.Metadata, err = jsonObject(in.Metadata, field+"metadata"); err != nil {
+	if s.Metadata, err = JSONObject(in.Metadata, field+"metadata"); err != nil {
 		return Submission{}, err
 	}
 	if in.Priority != nil {
@@ -271,9 +278,9 @@ func ValidateType(typ string) *Error {
 	return nil
 }
 
-// jsonObject returns raw when it is a JSON object, {} when it is absent, and
+// JSONObject returns raw when it is a JSON object, {} when it is absent, and
 // an error naming field otherwise.
-func jsonObject(raw json.RawMessage, field string) (json.RawMessage, error) {
+func JSONObject(raw json.RawMessage, field string) (json.RawMessage, error) {
 	trimmed := bytes.TrimSpace(raw)
 	if len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null")) {
 		return json.RawMessage("{}"), nil

@@ -124,6 +124,16 @@ type Task struct {
 	// between two of its handler's heartbeats. Zero: none.
 	Timeout          time.Duration
 	HeartbeatTimeout time.Duration
+	// RunID and Node: the workflow run and node the task runs, if any;
+	// Inputs then holds the run's params and its parents' results
+	// ({"params": {...}, "parents": {"node": result, ...}}).
+	RunID  *uuid.UUID
+	Node   string
+	Inputs json.RawMessage
+	// ParentID and ChildKey: the task that spawned this one, and the key
+	// it gave it (one child per key and parent).
+	ParentID *uuid.UUID
+	ChildKey string
 }
 
 // Event is one entry of a task's append-only history. Event ids grow in
@@ -209,3 +219,16 @@ const (
 // Carrier holds W3C trace context headers (traceparent, tracestate) on their
 // way from a request to an outbox row and on to a message.
 type Carrier map[string]string
+
+// ChildState is where a spawned child stands, as its parent's handler
+// reads it.
+type ChildState struct {
+	Key    string
+	ID     uuid.UUID
+	Status Status
+	Error  string
+	Result json.RawMessage
+}
+
+// ChildKeyPattern is what a child's key may hold.
+const ChildKeyPattern = `^[A-Za-z0-9._:/-]{1,255}$`

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"regexp"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -232,11 +233,84 @@ func (e *execution) call() (out outcome) {
 			out = outcome{err: &conveyor.PanicError{Value: v, Stack: debug.Stack()}}
 		}
 	}()
-	result, err := e.handler(e.hctx, conveyor.Task{
+	t := conveyor.Task{
 		ID: e.task.ID, Type: e.task.Type, Payload: e.task.Payload, Metadata: e.task.Metadata,
-		Attempt: e.task.Attempt, MaxAttempts: e.task.MaxAttempts,
-	}, e)
+		Attempt: e.task.Attempt, MaxAttempts: e.task.MaxAttempts, Node: e.task.Node,
+	}
+	if e.task.RunID != nil {
+		t.Run = *e.task.RunID
+		var in struct {
+			Params  json.RawMessage            `json:"params"`
+			Parents map[string]json.RawMessage `json:"parents"`
+		}
+		if err := json.Unmarshal(e.task.Inputs, &in); err != nil {
+			return outcome{err: conveyor.Permanent(fmt.Errorf("the run's inputs cannot be read: %w", err))}
+		}
+		t.Params, t.Parents = in.Params, in.Parents
+	}
+	if e.task.ParentID != nil {
+		t.Parent = *e.task.ParentID
+	}
+	result, err := e.handler(e.hctx, t, e)
 	return outcome{result: result, err: err}
+}
+
+var childKey = regexp.MustCompile(task.ChildKeyPattern)
+
+// Gather implements conveyor.Reporter: it submits the children not
+// submitted yet and returns their outcomes once all have finished.
+func (e *execution) Gather(ctx context.Context, children ...conveyor.Child) ([]conveyor.ChildResult, error) {
+	if e.hctx.Err() != nil {
+		return nil, context.Cause(e.hctx)
+	}
+	subs := make([]task.Submission, len(children))
+	seen := make(map[string]bool, len(children))
+	for i, c := range children {
+		if !childKey.MatchString(c.Key) {
+			return nil, fmt.Errorf("child %d: key %q must match %s", i, c.Key, task.ChildKeyPattern)
+		}
+		if seen[c.Key] {
+			return nil, fmt.Errorf("child %d: key %q given twice", i, c.Key)
+		}
+		seen[c.Key] = true
+		payload, err := json.Marshal(c.Payload)
+		if err != nil {
+			return nil, fmt.Errorf("child %s: payload: %w", c.Key, err)
+		}
+		in := task.SubmitInput{Type: c.Type, Payload: payload, Priority: &e.task.Priority, Dedupe: new(bool)}
+		if c.MaxAttempts > 0 {
+			in.MaxAttempts = &c.MaxAttempts
+		}
+		sub, err := task.NewSubmission(in, task.Defaults{MaxAttempts: task.DefaultMaxAttempts}, "")
+		if err != nil {
+			return nil, fmt.Errorf("child %s: %w", c.Key, err)
+		}
+		sub.OrgID, sub.Visibility, sub.ParentID, sub.ChildKey = e.task.OrgID, e.task.Visibility, &e.task.ID, c.Key
+		subs[i] = sub
+	}
+	sctx, cancel := context.WithTimeout(ctx, e.w.cfg.Lease)
+	defer cancel()
+	states, err := e.w.store.Spawn(sctx, e.task, subs, e.w.inject(ctx))
+	if err != nil {
+		return nil, fmt.Errorf("spawn children: %w", err)
+	}
+	byKey := make(map[string]task.ChildState, len(states))
+	for _, s := range states {
+		byKey[s.Key] = s
+	}
+	out := make([]conveyor.ChildResult, len(children))
+	running := 0
+	for i, c := range children {
+		s := byKey[c.Key]
+		out[i] = conveyor.ChildResult{Key: c.Key, TaskID: s.ID, Status: string(s.Status), Result: s.Result, Error: s.Error}
+		if !s.Status.Terminal() {
+			running++
+		}
+	}
+	if running > 0 {
+		return out, fmt.Errorf("%w: %d of %d still running", conveyor.ErrAwaitChildren, running, len(children))
+	}
+	return out, nil
 }
 
 // write applies a change of the held task at the lease's version, through
@@ -356,6 +430,9 @@ func (e *execution) finish(ctx context.Context, out outcome) {
 			Detail: map[string]any{"handed_back": "worker shutting down", "attempt": e.task.Attempt}})
 	case e.timedOut:
 		e.fail(ctx, fmt.Errorf("%w after %s", conveyor.ErrTimeout, e.runTime()), false)
+	case errors.Is(out.err, conveyor.ErrAwaitChildren):
+		e.store(ctx, "awaiting", task.Change{Transition: task.Await,
+			Detail: map[string]any{"attempt": e.task.Attempt, "waiting": out.err.Error()}})
 	case out.err == nil:
 		result, err := json.Marshal(out.result)
 		if err == nil {

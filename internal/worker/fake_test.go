@@ -129,6 +129,10 @@ func (s *fakeStore) Apply(_ context.Context, changes []task.Change) ([]task.Appl
 	return out, errs, nil
 }
 
+func (s *fakeStore) Spawn(context.Context, task.Task, []task.Submission, task.Carrier) ([]task.ChildState, error) {
+	return nil, errors.New("the fake store spawns no children")
+}
+
 func (s *fakeStore) Inspect(_ context.Context, id uuid.UUID) (task.Hold, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -12,6 +12,8 @@ import (
 type SchedulerStore interface {
 	Cron(ctx context.Context, cfg job.CronConfig, now time.Time) (job.CronStats, error)
 	Admit(ctx context.Context, cfg job.AdmitConfig) (job.AdmitStats, error)
+	CancelStopped(ctx context.Context, limit int) (int, error)
+	WakeParents(ctx context.Context, limit int) (int, error)
 }
 
 // SchedulerConfig tunes the scheduler.
@@ -106,6 +108,7 @@ func (s *Scheduler) RunOnce(ctx context.Context) bool {
 		s.cronAt = time.Now()
 		s.cron(ctx)
 	}
+	s.sweep(ctx)
 	as, err := s.store.Admit(ctx, s.cfg.Admit)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -130,6 +133,29 @@ func (s *Scheduler) RunOnce(ctx context.Context) bool {
 	}
 	s.fair = fair
 	return as.Admitted >= s.cfg.Admit.MaxAdmit
+}
+
+// sweepLimit bounds the tasks one sweep changes.
+const sweepLimit = 500
+
+// sweep cancels the tasks still in flight of stopped runs and of parents
+// that ended without completing, and wakes the parents whose children all
+// finished in a race with their going to wait.
+func (s *Scheduler) sweep(ctx context.Context) {
+	if n, err := s.store.CancelStopped(ctx, sweepLimit); err != nil {
+		if ctx.Err() == nil {
+			s.log.WarnContext(ctx, "cancelling the tasks of stopped runs failed", "error", err)
+		}
+	} else if n > 0 {
+		s.metrics.maintenance.WithLabelValues("stopped_run_tasks_cancelled").Add(float64(n))
+	}
+	if n, err := s.store.WakeParents(ctx, sweepLimit); err != nil {
+		if ctx.Err() == nil {
+			s.log.WarnContext(ctx, "waking parents failed", "error", err)
+		}
+	} else if n > 0 {
+		s.metrics.maintenance.WithLabelValues("parents_woken").Add(float64(n))
+	}
 }
 
 // cron makes the tasks of the due ticks.

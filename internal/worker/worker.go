@@ -37,6 +37,9 @@ type Store interface {
 	Apply(ctx context.Context, changes []task.Change) ([]task.Applied, []error, error)
 	// Inspect reads who holds a task, after a fenced change missed.
 	Inspect(ctx context.Context, id uuid.UUID) (task.Hold, error)
+	// Spawn submits the children of a held task not submitted yet (by
+	// key), and returns where all its children stand, by key.
+	Spawn(ctx context.Context, parent task.Task, children []task.Submission, trace task.Carrier) ([]task.ChildState, error)
 	Registry
 }
 

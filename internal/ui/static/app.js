@@ -429,6 +429,283 @@ async function renderTask(id) {
   });
 }
 
+// ---- workflows --------------------------------------------------------------
+
+async function renderWorkflows() {
+  document.title = "Workflows · Conveyor";
+  const body = h("div", {});
+  fill(main, h("h1", {}, "Workflows"), body);
+  let flows;
+  try {
+    flows = (await api("GET", "/v1/workflows")).workflows || [];
+  } catch (err) {
+    showError(body, err);
+    return;
+  }
+  if (!flows.length) {
+    fill(body, h("p", { class: "muted" }, "No workflow yet: declare one under ", h("code", {}, "workflows:"),
+      " in a jobs file and apply it (", h("code", {}, "conveyor jobs apply"), ")."));
+    return;
+  }
+  const lists = flows.map((wf) => ({ wf, where: h("div", {}) }));
+  fill(body, lists.map(({ wf, where }) => workflowSection(wf, where)));
+  const target = location.hash && document.getElementById(decodeURIComponent(location.hash.slice(1)));
+  if (target) target.scrollIntoView();
+
+  // Each workflow's latest runs, kept fresh.
+  const draw = () => Promise.all(lists.map(async ({ wf, where }) => {
+    try {
+      const page = await api("GET", `/v1/workflows/${encodeURIComponent(wf.name)}/runs?limit=5`);
+      fill(where, runsTable(wf, page.runs || []));
+    } catch (err) {
+      showError(where, err);
+    }
+  }));
+  await draw();
+  setInterval(draw, 5000);
+}
+
+function workflowSection(wf, runs) {
+  const id = "wf-" + wf.name;
+  const nodes = wf.nodes || [];
+  const src = wf.source;
+  const facts = [`${nodes.length} node${nodes.length === 1 ? "" : "s"}`, `on failure: ${wf.on_failure}`,
+    wf.memoize ? "memoizes" : null,
+    src ? `${src.kind} ${src.schedule}${src.timezone && src.timezone !== "UTC" ? " " + src.timezone : ""}${wf.active ? "" : " (paused)"}` : null];
+  return h("section", { id, class: "workflow", "data-workflow": wf.name, "aria-labelledby": id + "-h" },
+    h("h2", { id: id + "-h" }, wf.name),
+    h("p", { class: "muted" }, facts.filter(Boolean).join(" · "), wf.next_tick_at ? [" · next run ", when(wf.next_tick_at)] : null),
+    mayWrite() ? runForm(wf) : null,
+    h("details", { class: "panel" }, h("summary", {}, "Graph"), h("div", { class: "dag-wrap" }, dag(nodes).el)),
+    runs);
+}
+
+// runForm starts a run of wf, with optional params and force, and opens it.
+function runForm(wf) {
+  const p = "run-" + wf.name;
+  const msg = h("p", { role: "alert", class: "error" });
+  return h("form", { class: "run", "data-run-form": wf.name, "aria-label": "Run " + wf.name,
+    onsubmit: async (e) => {
+      e.preventDefault();
+      msg.textContent = "";
+      const d = new FormData(e.target);
+      try {
+        const raw = (d.get("params") || "").trim();
+        const run = await api("POST", `/v1/workflows/${encodeURIComponent(wf.name)}/runs`,
+          { params: raw ? JSON.parse(raw) : {}, force: d.get("force") === "on" });
+        location.assign("/ui/runs/" + run.id);
+      } catch (err) {
+        msg.textContent = "Not started: " + err.message;
+      }
+    } },
+    h("div", { class: "row" },
+      h("label", { for: p + "-params" }, "Params (a JSON object, optional)",
+        h("input", { id: p + "-params", name: "params", class: "mono", placeholder: '{"date": "2024-01-31"}', size: 36 })),
+      h("label", { class: "check", for: p + "-force" },
+        h("input", { id: p + "-force", name: "force", type: "checkbox" }), "Force (ignore memoized results)"),
+      h("button", { type: "submit", class: "primary" }, "Run")),
+    msg);
+}
+
+function runsTable(wf, runs) {
+  if (!runs.length) return h("p", { class: "muted" }, "No run yet.");
+  return h("div", { class: "table-wrap" }, h("table", { "aria-label": "Latest runs of " + wf.name },
+    h("thead", {}, h("tr", {}, ["Run", "Status", "Started", "Finished"].map((t) => h("th", { scope: "col" }, t)))),
+    h("tbody", {}, runs.map((r) => h("tr", { "data-run": r.id },
+      h("td", { class: "id" }, h("a", { href: "/ui/runs/" + r.id }, r.id)),
+      h("td", { title: r.error || null }, statusBadge(r.status)),
+      h("td", {}, when(r.created_at), r.scheduled_at ? h("span", { class: "muted" }, " (scheduled)") : null),
+      h("td", {}, r.finished_at ? when(r.finished_at) : "—"))))));
+}
+
+// dag draws a workflow's nodes as a graph, each parent left of its
+// children: a node's column is its depth (0 for a root, else one more than
+// its deepest parent's), and an edge runs from each parent to each child.
+// It returns the SVG and update, which shows where a run's nodes stand (the
+// shape of the graph never changes during a run).
+let dags = 0;
+function dag(nodes) {
+  const W = 168, H = 52, GX = 64, GY = 18, PAD = 6;
+  const byName = new Map(nodes.map((n) => [n.name, n]));
+  const depth = new Map();
+  const depthOf = (name, seen) => {
+    if (depth.has(name)) return depth.get(name);
+    const n = byName.get(name);
+    if (!n || seen.has(name)) return 0; // a stranger or a cycle: the API allows neither
+    seen.add(name);
+    const d = 1 + Math.max(-1, ...(n.depends_on || []).map((p) => depthOf(p, seen)));
+    depth.set(name, d);
+    return d;
+  };
+  const cols = [];
+  for (const n of nodes) (cols[depthOf(n.name, new Set())] ||= []).push(n);
+  // Within a column, children sit near the middle of their parents.
+  const row = new Map();
+  cols.forEach((col, d) => {
+    if (d > 0) {
+      const mid = (n) => {
+        const ps = (n.depends_on || []).filter((p) => row.has(p));
+        return ps.length ? ps.reduce((s, p) => s + row.get(p), 0) / ps.length : 0;
+      };
+      col.sort((a, b) => mid(a) - mid(b));
+    }
+    col.forEach((n, i) => row.set(n.name, i - (col.length - 1) / 2));
+  });
+  const tallest = Math.max(1, ...cols.map((c) => c.length));
+  const width = PAD * 2 + cols.length * W + Math.max(0, cols.length - 1) * GX;
+  const height = PAD * 2 + tallest * H + (tallest - 1) * GY;
+  const pos = (name) => ({ x: PAD + depth.get(name) * (W + GX), y: height / 2 - H / 2 + row.get(name) * (H + GY) });
+
+  const arrow = "dag-arrow-" + (++dags);
+  const el = svg("svg", { class: "dag", width, height, viewBox: `0 0 ${width} ${height}`, role: "group",
+    "aria-label": `Graph of ${nodes.length} node${nodes.length === 1 ? "" : "s"}, parents left of their children` });
+  const defs = svg("defs");
+  const marker = svg("marker", { id: arrow, viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 8, markerHeight: 8, orient: "auto-start-reverse" });
+  marker.append(svg("path", { d: "M0,0 L10,5 L0,10 z" }));
+  defs.append(marker);
+  el.append(defs);
+  for (const n of nodes) {
+    for (const p of n.depends_on || []) {
+      if (!byName.has(p)) continue;
+      const a = pos(p), b = pos(n.name);
+      const x1 = a.x + W, y1 = a.y + H / 2, x2 = b.x - 1, y2 = b.y + H / 2;
+      el.append(svg("path", { class: "edge", "data-from": p, "data-to": n.name, "marker-end": `url(#${arrow})`,
+        d: `M${x1},${y1} C${x1 + GX / 2},${y1} ${x2 - GX / 2},${y2} ${x2},${y2}` }));
+    }
+  }
+  const parts = new Map();
+  for (const n of nodes) {
+    const { x, y } = pos(n.name);
+    const link = svg("a");
+    const g = svg("g", { class: "node", "data-node": n.name, transform: `translate(${x},${y})` });
+    const title = svg("title");
+    // Text sits in a box of its own, which clips what would overflow.
+    const label = svg("svg", { x: 10, y: 0, width: W - 16, height: H });
+    const name = svg("text", { class: "name", x: 0, y: 21 });
+    name.textContent = n.name.length > 18 ? n.name.slice(0, 17) + "…" : n.name;
+    const st = svg("text", { class: "st", x: 0, y: 40 });
+    label.append(name, st);
+    const bar = svg("rect", { class: "bar", x: 6, y: H - 6, height: 3, rx: 1.5, width: 0 });
+    const memo = svg("g", { class: "memo", transform: `translate(${W - 70},29)`, display: "none" });
+    const badge = svg("text", { x: 32, y: 12, "text-anchor": "middle" });
+    badge.textContent = "memoized";
+    memo.append(svg("rect", { width: 64, height: 16, rx: 8 }), badge);
+    g.append(title, svg("rect", { class: "box", width: W, height: H, rx: 6 }), bar, label, memo);
+    link.append(g);
+    el.append(link);
+    parts.set(n.name, { link, g, title, st, bar, memo });
+  }
+
+  const update = (nodes) => {
+    for (const n of nodes) {
+      const p = parts.get(n.name);
+      if (!p) continue;
+      const status = n.status || "";
+      p.g.setAttribute("class", "node " + status);
+      p.g.setAttribute("data-status", status);
+      const running = status === "IN_PROGRESS";
+      p.st.textContent = running ? `${status} · ${n.progress}%` : status || "job " + n.job;
+      p.bar.setAttribute("width", running ? ((W - 12) * Math.min(100, Math.max(0, n.progress))) / 100 : 0);
+      p.memo.setAttribute("display", n.memoized ? "inline" : "none");
+      p.title.textContent = `${n.name} (job ${n.job})` + (status ? `: ${status}` : "") + (n.memoized ? ", memoized" : "") +
+        (n.task_id ? " · open its task" : "");
+      if (n.task_id) {
+        p.link.setAttribute("href", "/ui/tasks/" + n.task_id);
+        p.link.setAttribute("aria-label", p.title.textContent);
+      } else {
+        p.link.removeAttribute("href");
+        p.link.removeAttribute("aria-label");
+      }
+    }
+  };
+  update(nodes);
+  return { el, update };
+}
+
+// ---- one run ----------------------------------------------------------------
+
+async function renderRun(id) {
+  document.title = "Run · Conveyor";
+  let r;
+  try {
+    r = await api("GET", "/v1/runs/" + encodeURIComponent(id));
+  } catch (err) {
+    fill(main, h("h1", {}, "Run not found"),
+      h("p", { role: "alert" }, err.status === 404 ? "There is no such run, or it is not yours to see." : err.message),
+      h("p", {}, h("a", { href: "/ui/workflows" }, "All workflows")));
+    return;
+  }
+  document.title = `${r.workflow} run ${r.id.slice(-6)} · Conveyor`;
+  const badge = h("span", { id: "run-status", "aria-live": "polite" });
+  const actions = h("div", { class: "row" });
+  const details = h("div", {});
+  const graph = dag(r.nodes || []);
+  graph.el.id = "dag";
+  const table = h("div", {});
+
+  let timer = 0;
+  const drawActions = () => {
+    actions.replaceChildren();
+    if (!mayWrite()) return;
+    if (r.status === "RUNNING") {
+      actions.append(h("button", { type: "button", class: "danger", id: "cancel-run", onclick: () => act("cancel") }, "Cancel run"));
+    } else if (r.status === "FAILED" || r.status === "CANCELLED") {
+      actions.append(h("button", { type: "button", id: "retry-run", onclick: () => act("retry") }, "Retry run"));
+    }
+  };
+  const act = async (verb) => {
+    if (!confirm(verb === "cancel" ? "Cancel this run? Its running tasks are told to stop, and its waiting nodes will not run."
+      : "Retry this run? Its nodes that did not complete run again.")) return;
+    try {
+      r = await api("POST", `/v1/runs/${r.id}/${verb}`);
+      draw();
+    } catch (err) {
+      actions.append(h("p", { class: "error", role: "alert" }, err.message));
+    }
+  };
+  const draw = () => {
+    badge.replaceChildren(statusBadge(r.status));
+    drawActions();
+    graph.update(r.nodes || []);
+    const params = r.params && Object.keys(r.params).length ? r.params : null;
+    fill(details, h("dl", { class: "details" },
+      h("dt", {}, "Workflow"), h("dd", {}, h("a", { href: "/ui/workflows#wf-" + encodeURIComponent(r.workflow) }, r.workflow)),
+      h("dt", {}, "Started"), h("dd", {}, when(r.created_at), r.scheduled_at ? [" (scheduled for ", when(r.scheduled_at), ")"] : null),
+      h("dt", {}, "Finished"), h("dd", {}, r.finished_at ? when(r.finished_at) : "—"),
+      h("dt", {}, "On failure"), h("dd", {}, r.on_failure),
+      h("dt", {}, "Memoize"), h("dd", {}, r.memoize ? (r.force ? "yes, but this run is forced" : "yes") : "no")),
+    r.error ? [h("h2", {}, "Error"), h("pre", { class: "error", id: "run-error" }, r.error)] : null,
+    params ? [h("h2", {}, "Params"), h("pre", {}, JSON.stringify(params, null, 2))] : null);
+    fill(table, h("div", { class: "table-wrap" }, h("table", { "aria-labelledby": "nodes-h" },
+      h("thead", {}, h("tr", {}, ["Node", "Job", "Status", "Progress", "Attempt", "Task"].map((t) => h("th", { scope: "col" }, t)))),
+      h("tbody", {}, (r.nodes || []).map((n) => h("tr", { "data-node": n.name },
+        h("td", {}, n.name), h("td", {}, n.job),
+        h("td", { title: n.memoized ? "Its result is that of an earlier run's task" : null }, statusBadge(n.status)),
+        h("td", {}, n.task_id && !n.memoized ? h("progress", { max: 100, value: n.progress, "aria-label": `Progress of ${n.name}` }, n.progress + "%") : "—"),
+        h("td", {}, n.attempt ? String(n.attempt) : "—"),
+        h("td", { class: "id" }, n.task_id ? h("a", { href: "/ui/tasks/" + n.task_id }, n.task_id.slice(-12)) : "—")))))));
+    // A running run is read again every 1.5 s.
+    clearTimeout(timer);
+    if (r.status === "RUNNING") timer = setTimeout(poll, 1500);
+  };
+  const poll = async () => {
+    try {
+      r = await api("GET", "/v1/runs/" + r.id);
+    } catch { /* try again at the next tick */ }
+    draw();
+  };
+
+  fill(main,
+    h("h1", {}, "Run ", h("span", { class: "id" }, r.id), " ", badge),
+    actions,
+    h("section", { "aria-labelledby": "graph-h" }, h("h2", { id: "graph-h" }, "Graph"),
+      h("p", { class: "muted" }, "A node with a task opens it."), h("div", { class: "dag-wrap" }, graph.el)),
+    h("div", { class: "grid2" },
+      h("section", { "aria-labelledby": "nodes-h" }, h("h2", { id: "nodes-h" }, "Nodes"), table),
+      h("section", { "aria-labelledby": "run-h" }, h("h2", { id: "run-h" }, "Details"), details)));
+  draw();
+}
+
 // ---- frame ----------------------------------------------------------------
 
 function theme() {
@@ -451,7 +728,8 @@ async function start() {
   theme();
   const path = location.pathname.replace(/\/+$/, "") || "/ui";
   for (const a of document.querySelectorAll("[data-nav]")) {
-    const on = (a.dataset.nav === "overview" && path === "/ui") || (a.dataset.nav === "tasks" && path.startsWith("/ui/tasks"));
+    const on = (a.dataset.nav === "overview" && path === "/ui") || (a.dataset.nav === "tasks" && path.startsWith("/ui/tasks")) ||
+      (a.dataset.nav === "workflows" && (path === "/ui/workflows" || path.startsWith("/ui/runs/")));
     if (on) a.setAttribute("aria-current", "page");
   }
   if (path === "/ui/login") return renderLogin();
@@ -470,6 +748,9 @@ async function start() {
   const task = path.match(/^\/ui\/tasks\/([^/]+)$/);
   if (task) return renderTask(decodeURIComponent(task[1]));
   if (path === "/ui/tasks") return renderTasks();
+  const run = path.match(/^\/ui\/runs\/([^/]+)$/);
+  if (run) return renderRun(decodeURIComponent(run[1]));
+  if (path === "/ui/workflows") return renderWorkflows();
   return renderOverview();
 }
 

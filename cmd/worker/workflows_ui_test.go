@@ -1,0 +1,127 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/conveyorhq/conveyor/internal/postgres"
+	"github.com/conveyorhq/conveyor/internal/testdb"
+)
+
+// The dashboard's workflows in a real browser: a diamond workflow (a → b,
+// c → d) is applied through the API; a person starts a run of it from the
+// workflows page, sees its graph (4 nodes in 3 columns, 4 edges; a PENDING,
+// for no worker runs here, and b, c, d WAITING), cancels it with the
+// button and sees it CANCELLED, then opens a's task from its node.
+
+const diamondJobs = `
+jobs:
+  - {name: a, type: wfui.a}
+  - {name: b, type: wfui.b}
+  - {name: c, type: wfui.c}
+  - {name: d, type: wfui.d}
+workflows:
+  - name: diamond
+    memoize: true
+    nodes:
+      - {job: a}
+      - {job: b, depends_on: [a]}
+      - {job: c, depends_on: [a]}
+      - {job: d, depends_on: [b, c]}
+`
+
+// dagNode is a node of the run page's graph as the test reads it.
+type dagNode struct {
+	Status string  `json:"status"`
+	X      float64 `json:"x"`
+	Y      float64 `json:"y"`
+	Link   string  `json:"link"`
+}
+
+const readDAG = `Object.fromEntries([...document.querySelectorAll("#dag g.node")].map((g) => [g.dataset.node, {
+  status: g.dataset.status, x: g.transform.baseVal[0].matrix.e, y: g.transform.baseVal[0].matrix.f,
+  link: g.parentNode.getAttribute("href") || ""}]))`
+
+func TestWorkflowsDashboardInABrowser(t *testing.T) {
+	b := setup(t)
+	b.apply(t, diamondJobs)
+	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
+	require.NoError(t, err)
+
+	tab := browser(t)
+	signIn(t, tab, b.api, key)
+
+	// The workflows page lists the workflow; Run (forced, with params)
+	// starts a run and opens its page.
+	var facts string
+	run(t, tab, 30*time.Second,
+		chromedp.Navigate(b.api+"/ui/workflows"),
+		chromedp.WaitVisible(`section[data-workflow="diamond"]`, chromedp.ByQuery),
+		chromedp.Text(`section[data-workflow="diamond"] p.muted`, &facts, chromedp.ByQuery),
+		chromedp.WaitVisible(`//section[@data-workflow="diamond"]//p[contains(., "No run yet")]`, chromedp.BySearch),
+		chromedp.SetValue("#run-diamond-params", `{"day": "monday"}`, chromedp.ByID),
+		chromedp.Click("#run-diamond-force", chromedp.ByID),
+		chromedp.Click(`section[data-workflow="diamond"] button[type="submit"]`, chromedp.ByQuery),
+		chromedp.WaitVisible(`#dag g.node[data-node="a"][data-status="PENDING"]`, chromedp.ByQuery))
+	require.Contains(t, facts, "4 nodes")
+	var url string
+	run(t, tab, 5*time.Second, chromedp.Location(&url))
+	require.Regexp(t, `/ui/runs/[0-9a-f-]{36}$`, url)
+
+	// The graph: 4 nodes, 4 edges, a column per depth.
+	var nodes map[string]dagNode
+	var edges []string
+	var text string
+	run(t, tab, 10*time.Second,
+		chromedp.Evaluate(readDAG, &nodes),
+		chromedp.Evaluate(`[...document.querySelectorAll("#dag path.edge")].map((e) => e.dataset.from + ">" + e.dataset.to).sort()`, &edges),
+		chromedp.Text("main", &text, chromedp.ByQuery))
+	require.Len(t, nodes, 4)
+	require.Equal(t, []string{"a>b", "a>c", "b>d", "c>d"}, edges)
+	require.Equal(t, "PENDING", nodes["a"].Status)
+	require.Regexp(t, `^/ui/tasks/[0-9a-f-]{36}$`, nodes["a"].Link, "a node with a task links to it")
+	for _, n := range []string{"b", "c", "d"} {
+		require.Equal(t, "WAITING", nodes[n].Status, "node %s", n)
+		require.Empty(t, nodes[n].Link, "node %s has no task yet", n)
+	}
+	require.Less(t, nodes["a"].X, nodes["b"].X)
+	require.Equal(t, nodes["b"].X, nodes["c"].X)
+	require.NotEqual(t, nodes["b"].Y, nodes["c"].Y)
+	require.Less(t, nodes["c"].X, nodes["d"].X)
+	require.Contains(t, text, "monday", "the run's params")
+	require.Contains(t, text, "this run is forced")
+	require.NotContains(t, text, "undefined")
+	require.NotContains(t, text, "null")
+	screenshot(t, tab, "workflow-run")
+
+	// Cancel with the button (the confirmation is accepted).
+	var status string
+	run(t, tab, 30*time.Second,
+		chromedp.Click("#cancel-run", chromedp.ByID),
+		chromedp.WaitVisible(`#run-status [data-status="CANCELLED"]`, chromedp.ByQuery),
+		chromedp.Text("#run-status", &status, chromedp.ByID),
+		chromedp.WaitVisible("#retry-run", chromedp.ByID),
+		chromedp.Evaluate(readDAG, &nodes))
+	require.Equal(t, "CANCELLED", strings.TrimSpace(status))
+	require.Equal(t, "CANCELLED", nodes["a"].Status)
+	for _, n := range []string{"b", "c", "d"} {
+		require.NotEqual(t, "WAITING", nodes[n].Status, "node %s of a cancelled run", n)
+	}
+
+	// a's node opens its task.
+	run(t, tab, 30*time.Second,
+		chromedp.Click(`#dag g.node[data-node="a"]`, chromedp.ByQuery),
+		chromedp.WaitVisible(`#status [data-status="CANCELLED"]`, chromedp.ByQuery),
+		chromedp.Location(&url))
+	require.True(t, strings.HasSuffix(url, nodes["a"].Link), "%s opens %s", url, nodes["a"].Link)
+
+	// The workflows page shows the run among the latest.
+	run(t, tab, 30*time.Second,
+		chromedp.Navigate(b.api+"/ui/workflows"),
+		chromedp.WaitVisible(`section[data-workflow="diamond"] tr[data-run] [data-status="CANCELLED"]`, chromedp.ByQuery))
+}

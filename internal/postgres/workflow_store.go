@@ -1,0 +1,523 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/conveyorhq/conveyor/internal/auth"
+	"github.com/conveyorhq/conveyor/internal/job"
+	"github.com/conveyorhq/conveyor/internal/task"
+)
+
+// The API's statements on workflows, their runs and dataset lineage. A
+// run's progress itself happens in the database (migration 007: a trigger
+// on tasks settling); these statements start runs, read them, and stop or
+// resume them.
+
+const workflowColumns = `id, definition, config_hash, next_tick_at, created_at, updated_at`
+
+const workflowsOfOrg = `SELECT ` + workflowColumns + ` FROM workflows WHERE org_id = $1 ORDER BY name`
+
+var sqlWorkflowsList = statement("workflows.list", workflowsOfOrg)
+
+var sqlWorkflowsLock = statement("workflows.lock", workflowsOfOrg+` FOR UPDATE`)
+
+var sqlWorkflowGet = statement("workflows.get", `SELECT `+workflowColumns+` FROM workflows WHERE org_id = $1 AND name = $2`)
+
+var sqlWorkflowInsert = statement("workflows.insert", `
+INSERT INTO workflows (org_id, name, definition, config_hash, schedule, timezone, missed, active, next_tick_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`)
+
+// sqlWorkflowUpdate rewrites a workflow; its cursor moves only when its
+// schedule changed ($10).
+var sqlWorkflowUpdate = statement("workflows.update", `
+UPDATE workflows SET definition = $3, config_hash = $4, schedule = $5, timezone = $6, missed = $7, active = $8,
+	next_tick_at = CASE WHEN $10 THEN $9 ELSE next_tick_at END, updated_at = now()
+WHERE org_id = $1 AND name = $2`)
+
+var sqlWorkflowDelete = statement("workflows.delete", `DELETE FROM workflows WHERE org_id = $1 AND name = $2`)
+
+// sqlRunInsert starts a run; a cron tick's run is made once ($11).
+var sqlRunInsert = statement("workflow_runs.insert", `
+INSERT INTO workflow_runs (id, org_id, workflow_id, workflow, on_failure, memoize, force, params, traceparent,
+	scheduled_at, principal)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+ON CONFLICT DO NOTHING`)
+
+// sqlRunNodes copies a workflow's nodes into its run, each with the job
+// it names as the run starts.
+var sqlRunNodes = statement("run_nodes.insert", `
+INSERT INTO run_nodes (run_id, node, org_id, position, job_id, job, depends_on, input_datasets, output_datasets)
+SELECT $1, n.name, $2, n.position, j.id, n.job, coalesce(n.depends_on, '{}'), coalesce(n.input_datasets, '{}'),
+	coalesce(n.output_datasets, '{}')
+FROM jsonb_to_recordset($3::jsonb) AS n(name text, job text, position integer, depends_on text[],
+	input_datasets text[], output_datasets text[])
+LEFT JOIN jobs j ON j.org_id = $2 AND j.name = n.job`)
+
+var sqlRunAdvance = statement("workflow_runs.advance", `SELECT conveyor_advance_run($1)`)
+
+const runColumns = `r.id, r.workflow, r.status, r.on_failure, r.memoize, r.force, r.params, r.scheduled_at,
+	coalesce(r.error, ''), r.created_at, r.updated_at, r.finished_at`
+
+var sqlRunGet = statement("workflow_runs.get", `SELECT `+runColumns+` FROM workflow_runs r WHERE r.org_id = $1 AND r.id = $2`)
+
+// sqlRunsList lists a workflow's runs (all the org's with $2 empty),
+// newest first, before the cursor $3.
+var sqlRunsList = statement("workflow_runs.list", `SELECT `+runColumns+` FROM workflow_runs r
+WHERE r.org_id = $1 AND ($2 = '' OR r.workflow = $2) AND ($3::uuid IS NULL OR r.id < $3)
+ORDER BY r.id DESC LIMIT $4`)
+
+var sqlRunGraph = statement("run_nodes.graph", `
+SELECT n.node, n.job, n.depends_on, n.input_datasets, n.output_datasets, n.state, n.task_id, n.memoized_from,
+	coalesce(t.status, ''), coalesce(t.state, ''), coalesce(t.progress, 0), coalesce(t.attempt, 0)
+FROM run_nodes n LEFT JOIN tasks t ON t.id = n.task_id
+WHERE n.run_id = $1 ORDER BY n.position`)
+
+// sqlRunStop cancels a running run and skips its nodes not submitted; it
+// returns whether the run was running.
+var sqlRunStop = statement("workflow_runs.cancel", `
+WITH run AS (
+	UPDATE workflow_runs SET status = 'CANCELLED', finished_at = now(), updated_at = now()
+	WHERE org_id = $1 AND id = $2 AND status = 'RUNNING' RETURNING id
+), skipped AS (
+	UPDATE run_nodes SET state = 'SKIPPED' WHERE run_id = (SELECT id FROM run) AND state = 'WAITING'
+)
+SELECT count(*) > 0 FROM run`)
+
+// sqlRunResume puts a failed or cancelled run back to RUNNING, once no
+// task of it is in flight any more: its nodes that did not complete wait
+// again, to run anew. It returns whether the run was resumed.
+var sqlRunResume = statement("workflow_runs.resume", `
+WITH run AS (
+	UPDATE workflow_runs SET status = 'RUNNING', error = NULL, finished_at = NULL, updated_at = now()
+	WHERE org_id = $1 AND id = $2 AND status IN ('FAILED', 'CANCELLED')
+		AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = $2 AND t.status IN (`+inFlight+`))
+	RETURNING id
+), reset AS (
+	UPDATE run_nodes n SET state = 'WAITING', task_id = NULL, memo_key = NULL, memoized_from = NULL
+	WHERE n.run_id = (SELECT id FROM run) AND (n.state = 'SKIPPED' OR (n.state = 'SUBMITTED'
+		AND EXISTS (SELECT 1 FROM tasks t WHERE t.id = n.task_id AND t.status IN ('FAILED', 'CANCELLED'))))
+)
+SELECT count(*) > 0 FROM run`)
+
+// sqlStoppedRunTasks reads the tasks still in flight whose run stopped or
+// whose parent task ended without completing, and a pending cancel's
+// absence: what a cancel of theirs would do.
+var sqlStoppedRunTasks = statement("tasks.orphans", `
+SELECT t.id, t.status, t.version, t.cancel_requested_at IS NOT NULL FROM tasks t
+WHERE t.status IN (`+inFlight+`) AND NOT (t.status = `+lit(task.StatusInProgress)+` AND t.cancel_requested_at IS NOT NULL)
+	AND t.id IN (
+		SELECT id FROM tasks WHERE $1::uuid IS NOT NULL AND run_id = $1 AND status IN (`+inFlight+`)
+		UNION ALL
+		SELECT c.id FROM tasks c JOIN workflow_runs r ON r.id = c.run_id
+		WHERE $1::uuid IS NULL AND c.run_id IS NOT NULL AND c.status IN (`+inFlight+`)
+			AND r.status IN ('`+job.RunFailed+`', '`+job.RunCancelled+`')
+		UNION ALL
+		SELECT c.id FROM tasks c JOIN tasks p ON p.id = c.parent_id
+		WHERE $1::uuid IS NULL AND c.parent_id IS NOT NULL AND c.status IN (`+inFlight+`)
+			AND p.status IN (`+litList([]task.Status{task.StatusFailed, task.StatusCancelled})+`))
+ORDER BY t.id LIMIT $2`)
+
+// inFlight lists the statuses of a task not yet finished.
+var inFlight = litList([]task.Status{task.StatusPending, task.StatusInProgress})
+
+// sqlWakeParents queues again the parents waiting for children none of
+// which is left to finish: the settling of the last one queues its parent
+// itself, unless it raced with the parent's going to wait.
+var sqlWakeParents = statement("tasks.wake_parents", `
+SELECT count(*) FILTER (WHERE conveyor_wake_parent(p.id)) FROM (
+	SELECT id FROM tasks p WHERE status = `+lit(task.StatusPending)+` AND state = '`+task.StateAwaiting+`'
+		AND NOT EXISTS (SELECT 1 FROM tasks c WHERE c.parent_id = p.id AND c.status IN (`+inFlight+`))
+	ORDER BY id LIMIT $1) p`)
+
+var sqlLineageRefs = statement("workflows.lineage", `
+SELECT w.name, n->>'name', n->>'job', coalesce(n->'output_datasets' ? $2, false),
+	coalesce(n->'input_datasets' ? $2, false)
+FROM workflows w CROSS JOIN LATERAL jsonb_array_elements(w.definition->'nodes') n
+WHERE w.org_id = $1 AND (n->'output_datasets' ? $2 OR n->'input_datasets' ? $2)
+ORDER BY w.name, n->>'name'`)
+
+var sqlDatasetVersions = statement("dataset_versions.latest", `
+SELECT id, run_id, node, task_id, created_at FROM dataset_versions
+WHERE org_id = $1 AND dataset = $2 ORDER BY id DESC LIMIT $3`)
+
+// Workflows lists the org's workflows.
+func (s *JobStore) Workflows(ctx context.Context, p auth.Principal) ([]job.StoredWorkflow, error) {
+	out, err := scopedRows(ctx, s.pool, p.Scope(), scanWorkflow, sqlWorkflowsList, p.OrgID)
+	return out, translate(err)
+}
+
+// Workflow returns one workflow of the org by name, or task.ErrNotFound.
+func (s *JobStore) Workflow(ctx context.Context, p auth.Principal, name string) (job.StoredWorkflow, error) {
+	out, err := scopedRows(ctx, s.pool, p.Scope(), scanWorkflow, sqlWorkflowGet, p.OrgID, name)
+	if err != nil {
+		return job.StoredWorkflow{}, translate(err)
+	}
+	if len(out) == 0 {
+		return job.StoredWorkflow{}, task.ErrNotFound
+	}
+	return out[0], nil
+}
+
+func scanWorkflow(row pgx.CollectableRow) (job.StoredWorkflow, error) {
+	var w job.StoredWorkflow
+	var def []byte
+	if err := row.Scan(&w.ID, &def, &w.ConfigHash, &w.NextTickAt, &w.CreatedAt, &w.UpdatedAt); err != nil {
+		return job.StoredWorkflow{}, err
+	}
+	if err := json.Unmarshal(def, &w.Definition); err != nil {
+		return job.StoredWorkflow{}, fmt.Errorf("workflow %s: stored definition: %w", w.ID, err)
+	}
+	return w, nil
+}
+
+// writeWorkflow inserts w, or updates it over old; its schedule's cursor
+// is handled as a job's.
+func writeWorkflow(ctx context.Context, tx pgx.Tx, org uuid.UUID, w job.Workflow, old *job.Workflow, now time.Time) error {
+	def, err := json.Marshal(w)
+	if err != nil {
+		return err
+	}
+	schedule, tz, missed, next, err := cursor(w.Source, now)
+	if err != nil {
+		return err
+	}
+	args := []any{org, w.Name, def, w.Hash(), schedule, tz, missed, w.Active, next}
+	if old == nil {
+		_, err = tx.Exec(ctx, sqlWorkflowInsert, args...)
+		return err
+	}
+	o := old.Normalized()
+	_, err = tx.Exec(ctx, sqlWorkflowUpdate, append(args, scheduleMoved(o.Source, w.Source, o.Active, w.Active))...)
+	return err
+}
+
+// cursor returns the columns of a source's schedule and its first tick
+// after now (all empty without a source).
+func cursor(src *job.Source, now time.Time) (schedule *string, tz, missed string, next *time.Time, err error) {
+	tz, missed = job.DefaultTimezone, job.MissedRunOnce
+	if src == nil {
+		return nil, tz, missed, nil, nil
+	}
+	sched, err := job.Schedule(src.Schedule, src.Timezone)
+	if err != nil {
+		return nil, "", "", nil, err
+	}
+	n := sched.Next(now)
+	return &src.Schedule, src.Timezone, src.Missed, &n, nil
+}
+
+// scheduleMoved reports whether a schedule's cursor must start again: the
+// source came or went, its schedule or time zone changed, or the
+// activity did.
+func scheduleMoved(old, cur *job.Source, oldActive, active bool) bool {
+	return (old == nil) != (cur == nil) || oldActive != active ||
+		(old != nil && cur != nil && (old.Schedule != cur.Schedule || old.Timezone != cur.Timezone))
+}
+
+// StartRun starts a run of the named workflow: it records the run and its
+// nodes and submits (or memoizes) the nodes without parents, in one
+// transaction.
+func (s *JobStore) StartRun(ctx context.Context, p auth.Principal, name string, req job.RunRequest) (job.Run, error) {
+	params, err := runParams(req.Params)
+	if err != nil {
+		return job.Run{}, err
+	}
+	id, err := uuid.NewV7()
+	if err != nil {
+		return job.Run{}, err
+	}
+	var run job.Run
+	err = inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, sqlWorkflowGet, p.OrgID, name)
+		if err != nil {
+			return err
+		}
+		wfs, err := pgx.CollectRows(rows, scanWorkflow)
+		if err != nil {
+			return err
+		}
+		if len(wfs) == 0 {
+			return task.ErrNotFound
+		}
+		principal, _ := json.Marshal(p.Actor()) // strings and a uuid always encode
+		if _, err := startRun(ctx, tx, p.OrgID, wfs[0], id, params, req.Force, req.Trace["traceparent"], nil, principal); err != nil {
+			return err
+		}
+		run, err = readRun(ctx, tx, p.OrgID, id)
+		return err
+	})
+	if err != nil {
+		return job.Run{}, translate(err)
+	}
+	call(s.OnOutbox)
+	call(s.OnChange)
+	return run, nil
+}
+
+// runParams checks a run's params: a JSON object ({} when left out).
+func runParams(raw json.RawMessage) (json.RawMessage, error) {
+	return task.JSONObject(raw, "params")
+}
+
+// startRun records run id of wf with its nodes and moves it forward. A run
+// of a cron tick that was already made is not made again: made is false.
+func startRun(ctx context.Context, tx pgx.Tx, org uuid.UUID, wf job.StoredWorkflow, id uuid.UUID, params json.RawMessage,
+	force bool, traceparent string, scheduledAt *time.Time, principal []byte) (made bool, err error) {
+	d := wf.Definition.Normalized()
+	type node struct {
+		job.Node
+		Position int `json:"position"`
+	}
+	order := d.Order()
+	nodes := make([]node, len(order))
+	for i, n := range order {
+		nodes[i] = node{Node: n, Position: i}
+	}
+	doc, err := json.Marshal(nodes)
+	if err != nil {
+		return false, err
+	}
+	var principalArg any
+	if principal != nil {
+		principalArg = string(principal)
+	}
+	tag, err := tx.Exec(ctx, sqlRunInsert, id, org, wf.ID, d.Name, d.OnFailure, d.Memoize, force, params,
+		nullIfEmpty(traceparent), scheduledAt, principalArg)
+	if err != nil || tag.RowsAffected() == 0 {
+		return false, err
+	}
+	if _, err := tx.Exec(ctx, sqlRunNodes, id, org, doc); err != nil {
+		return false, err
+	}
+	_, err = tx.Exec(ctx, sqlRunAdvance, id)
+	return err == nil, err
+}
+
+func nullIfEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// Run reads a run of the org with its graph.
+func (s *JobStore) Run(ctx context.Context, p auth.Principal, id uuid.UUID) (job.Run, error) {
+	var run job.Run
+	err := inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
+		var err error
+		run, err = readRun(ctx, tx, p.OrgID, id)
+		return err
+	})
+	return run, translate(err)
+}
+
+func readRun(ctx context.Context, q querier, org, id uuid.UUID) (job.Run, error) {
+	rows, err := q.Query(ctx, sqlRunGet, org, id)
+	if err != nil {
+		return job.Run{}, err
+	}
+	runs, err := pgx.CollectRows(rows, scanRun)
+	if err != nil {
+		return job.Run{}, err
+	}
+	if len(runs) == 0 {
+		return job.Run{}, task.ErrNotFound
+	}
+	run := runs[0]
+	rows, err = q.Query(ctx, sqlRunGraph, id)
+	if err != nil {
+		return job.Run{}, err
+	}
+	run.Nodes, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (job.RunNode, error) {
+		var n job.RunNode
+		err := row.Scan(&n.Name, &n.Job, &n.DependsOn, &n.InputDatasets, &n.OutputDatasets, &n.State, &n.TaskID,
+			&n.MemoizedFrom, &n.TaskStatus, &n.TaskState, &n.Progress, &n.Attempt)
+		return n, err
+	})
+	return run, err
+}
+
+func scanRun(row pgx.CollectableRow) (job.Run, error) {
+	var r job.Run
+	var params []byte
+	err := row.Scan(&r.ID, &r.Workflow, &r.Status, &r.OnFailure, &r.Memoize, &r.Force, &params, &r.ScheduledAt,
+		&r.Error, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt)
+	r.Params = params
+	return r, err
+}
+
+// Runs lists the org's runs of a workflow ("" for all), newest first,
+// older than the cursor after when it is set.
+func (s *JobStore) Runs(ctx context.Context, p auth.Principal, workflow string, after uuid.UUID, limit int) ([]job.Run, error) {
+	var cursor *uuid.UUID
+	if after != uuid.Nil {
+		cursor = &after
+	}
+	out, err := scopedRows(ctx, s.pool, p.Scope(), scanRun, sqlRunsList, p.OrgID, workflow, cursor, limit)
+	return out, translate(err)
+}
+
+// CancelRun cancels a running run: nodes not yet submitted are skipped,
+// its pending tasks cancelled, its running ones asked to stop. A run that
+// already ended is a conflict.
+func (s *JobStore) CancelRun(ctx context.Context, p auth.Principal, id uuid.UUID, trace task.Carrier) (job.Run, error) {
+	var run job.Run
+	var queued bool
+	err := inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
+		var stopped bool
+		if err := tx.QueryRow(ctx, sqlRunStop, p.OrgID, id).Scan(&stopped); err != nil {
+			return err
+		}
+		if !stopped {
+			cur, err := readRun(ctx, tx, p.OrgID, id)
+			if err != nil {
+				return err
+			}
+			return task.Errorf(task.ErrCodeConflict, "run is %s and cannot be cancelled", cur.Status)
+		}
+		var err error
+		if _, queued, err = cancelStopped(ctx, tx, &id, maxRunCancel, trace, p.Actor()); err != nil {
+			return err
+		}
+		run, err = readRun(ctx, tx, p.OrgID, id)
+		return err
+	})
+	if err != nil {
+		return job.Run{}, translate(err)
+	}
+	if queued {
+		call(s.OnOutbox)
+	}
+	call(s.OnEvents)
+	return run, nil
+}
+
+// maxRunCancel bounds the tasks one cancel of a run changes at once; the
+// scheduler cancels any left over.
+const maxRunCancel = 1000
+
+// cancelStopped cancels up to limit tasks in flight of run (or, with run
+// nil, of every stopped run and of every parent that ended without
+// completing), each with the transition a client's cancel would apply,
+// fenced at the version read. It returns how many changed and whether it
+// wrote outbox messages.
+func cancelStopped(ctx context.Context, q querier, run *uuid.UUID, limit int, trace task.Carrier, by *task.Principal) (int, bool, error) {
+	rows, err := q.Query(ctx, sqlStoppedRunTasks, run, limit)
+	if err != nil {
+		return 0, false, err
+	}
+	var changes []task.Change
+	var st task.Standing
+	var status string
+	if _, err := pgx.ForEachRow(rows, []any{&st.ID, &status, &st.Version, &st.CancelPending}, func() error {
+		tr, _, err := task.OnCancel(task.Status(status), st.CancelPending)
+		if err == nil && tr != "" {
+			changes = append(changes, task.Change{TaskID: st.ID, Version: st.Version, Transition: tr, Trace: trace, By: by,
+				Detail: map[string]any{"reason": "its run or parent task stopped"}})
+		}
+		return nil
+	}); err != nil {
+		return 0, false, err
+	}
+	if len(changes) == 0 {
+		return 0, false, nil
+	}
+	applied, errs, queued, err := apply(ctx, q, changes)
+	if err != nil {
+		return 0, false, err
+	}
+	n := 0
+	for i, e := range errs {
+		if e != nil {
+			return 0, false, e
+		}
+		if !applied[i].Fenced {
+			n++
+		}
+	}
+	return n, queued, nil
+}
+
+// RetryRun resumes a failed or cancelled run whose tasks have all ended:
+// its nodes that did not complete (failed, cancelled or skipped) run
+// again, those that completed keep their results.
+func (s *JobStore) RetryRun(ctx context.Context, p auth.Principal, id uuid.UUID) (job.Run, error) {
+	var run job.Run
+	err := inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
+		var resumed bool
+		if err := tx.QueryRow(ctx, sqlRunResume, p.OrgID, id).Scan(&resumed); err != nil {
+			return err
+		}
+		if !resumed {
+			cur, err := readRun(ctx, tx, p.OrgID, id)
+			if err != nil {
+				return err
+			}
+			if cur.Status != job.RunFailed && cur.Status != job.RunCancelled {
+				return task.Errorf(task.ErrCodeConflict, "run is %s; only FAILED or CANCELLED runs can be retried", cur.Status)
+			}
+			return task.Errorf(task.ErrCodeConflict, "run is still stopping: a task of it is still in flight; "+
+				"retry once it has ended")
+		}
+		if _, err := tx.Exec(ctx, sqlRunAdvance, id); err != nil {
+			return err
+		}
+		var err error
+		run, err = readRun(ctx, tx, p.OrgID, id)
+		return err
+	})
+	if err != nil {
+		return job.Run{}, translate(err)
+	}
+	call(s.OnOutbox)
+	call(s.OnChange)
+	call(s.OnEvents)
+	return run, nil
+}
+
+// Lineage tells which workflow nodes produce and consume a dataset, and
+// its latest versions (at most limit).
+func (s *JobStore) Lineage(ctx context.Context, p auth.Principal, dataset string, limit int) (job.Lineage, error) {
+	l := job.Lineage{Dataset: dataset, Producers: []job.DatasetRef{}, Consumers: []job.DatasetRef{}, Versions: []job.DatasetVersion{}}
+	err := inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, sqlLineageRefs, p.OrgID, dataset)
+		if err != nil {
+			return err
+		}
+		var ref job.DatasetRef
+		var produces, consumes bool
+		if _, err := pgx.ForEachRow(rows, []any{&ref.Workflow, &ref.Node, &ref.Job, &produces, &consumes}, func() error {
+			if produces {
+				l.Producers = append(l.Producers, ref)
+			}
+			if consumes {
+				l.Consumers = append(l.Consumers, ref)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		rows, err = tx.Query(ctx, sqlDatasetVersions, p.OrgID, dataset, limit)
+		if err != nil {
+			return err
+		}
+		var v job.DatasetVersion
+		var node *string
+		_, err = pgx.ForEachRow(rows, []any{&v.Version, &v.RunID, &node, &v.TaskID, &v.CreatedAt}, func() error {
+			v.Node = ""
+			if node != nil {
+				v.Node = *node
+			}
+			l.Versions = append(l.Versions, v)
+			return nil
+		})
+		return err
+	})
+	return l, translate(err)
+}

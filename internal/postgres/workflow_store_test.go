@@ -1,0 +1,417 @@
+package postgres_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/conveyorhq/conveyor/internal/auth"
+	"github.com/conveyorhq/conveyor/internal/job"
+	"github.com/conveyorhq/conveyor/internal/postgres"
+	"github.com/conveyorhq/conveyor/internal/task"
+	"github.com/conveyorhq/conveyor/internal/testdb"
+)
+
+const diamondFile = `
+jobs:
+  - {name: a, type: wf.a}
+  - {name: b, type: wf.b}
+  - {name: c, type: wf.c}
+  - {name: d, type: wf.d}
+workflows:
+  - name: diamond
+    on_failure: %s
+    memoize: true
+    nodes:
+      - {job: a, output_datasets: [raw]}
+      - {job: b, depends_on: [a], input_datasets: [raw]}
+      - {job: c, depends_on: [a]}
+      - {job: d, depends_on: [b, c]}
+`
+
+type wfHarness struct {
+	t     *testing.T
+	db    *testdb.DB
+	p     auth.Principal
+	store *postgres.JobStore
+}
+
+func newWorkflowHarness(t *testing.T, onFailure string) *wfHarness {
+	t.Helper()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	applyFile(t, db, admin, fmt.Sprintf(diamondFile, onFailure))
+	return &wfHarness{t: t, db: db, p: admin, store: postgres.NewJobStore(db.Pool)}
+}
+
+// nodeTasks returns the tasks of a run by node, each node's latest.
+func (h *wfHarness) nodeTasks(run uuid.UUID) map[string]task.Task {
+	h.t.Helper()
+	rows, err := h.db.Pool.Query(context.Background(), `SELECT id, node, status FROM tasks WHERE run_id = $1 ORDER BY id`, run)
+	require.NoError(h.t, err)
+	defer rows.Close()
+	out := map[string]task.Task{}
+	for rows.Next() {
+		var tk task.Task
+		var status string
+		require.NoError(h.t, rows.Scan(&tk.ID, &tk.Node, &status))
+		tk.Status = task.Status(status)
+		out[tk.Node] = tk
+	}
+	require.NoError(h.t, rows.Err())
+	return out
+}
+
+// settle claims a node's task and ends it with transition tr.
+func (h *wfHarness) settle(id uuid.UUID, tr task.Transition, result string) {
+	h.t.Helper()
+	ctx := context.Background()
+	w := postgres.NewWorkerStore(h.db.Pool, nil)
+	claimed, err := w.Claim(ctx, []uuid.UUID{id}, "w1", time.Minute)
+	require.NoError(h.t, err)
+	require.Len(h.t, claimed, 1, "task %s is claimable", id)
+	c := task.Change{TaskID: id, Version: claimed[0].Version, Transition: tr, Error: "boom"}
+	if tr == task.Complete {
+		c.Result = json.RawMessage(result)
+	}
+	_, errs, err := w.Apply(ctx, []task.Change{c})
+	require.NoError(h.t, err)
+	require.NoError(h.t, errs[0])
+}
+
+func (h *wfHarness) run(id uuid.UUID) job.Run {
+	h.t.Helper()
+	r, err := h.store.Run(context.Background(), h.p, id)
+	require.NoError(h.t, err)
+	return r
+}
+
+func nodeStatus(r job.Run) map[string]string {
+	out := map[string]string{}
+	for _, n := range r.Nodes {
+		out[n.Name] = n.Status()
+	}
+	return out
+}
+
+// A diamond runs node by node, each child submitted in the transaction of
+// its last parent's completion with the parents' results as inputs; a
+// second run with the same inputs is memoized, a forced one runs.
+func TestWorkflowDiamondRunsAndMemoizes(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailStop)
+	ctx := context.Background()
+	run, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{Params: json.RawMessage(`{"day": "2026-11-23"}`)})
+	require.NoError(t, err)
+	require.Equal(t, job.RunRunning, run.Status)
+	require.Equal(t, map[string]string{"a": "PENDING", "b": "WAITING", "c": "WAITING", "d": "WAITING"}, nodeStatus(run))
+	tasks := h.nodeTasks(run.ID)
+	require.Len(t, tasks, 1)
+	var queued int
+	require.NoError(t, h.db.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE task_id = $1`, tasks["a"].ID).Scan(&queued))
+	require.Equal(t, 1, queued, "the first node's task goes out through the outbox")
+
+	h.settle(tasks["a"].ID, task.Complete, `{"rows": 3}`)
+	tasks = h.nodeTasks(run.ID)
+	require.Len(t, tasks, 3, "b and c follow a at once")
+	var inputs []byte
+	require.NoError(t, h.db.Pool.QueryRow(ctx, `SELECT inputs FROM tasks WHERE id = $1`, tasks["b"].ID).Scan(&inputs))
+	require.JSONEq(t, `{"params": {"day": "2026-11-23"}, "parents": {"a": {"rows": 3}}}`, string(inputs))
+	var version int64
+	require.NoError(t, h.db.Pool.QueryRow(ctx, `SELECT input_version FROM task_inputs WHERE task_id = $1 AND input_dataset = 'raw'`,
+		tasks["b"].ID).Scan(&version))
+	require.Positive(t, version, "b read the version of raw that a wrote")
+
+	h.settle(tasks["b"].ID, task.Complete, `{"b": 1}`)
+	require.Len(t, h.nodeTasks(run.ID), 3, "d waits for c")
+	h.settle(tasks["c"].ID, task.Complete, `{"c": 1}`)
+	tasks = h.nodeTasks(run.ID)
+	require.Len(t, tasks, 4)
+	h.settle(tasks["d"].ID, task.Complete, `{}`)
+	done := h.run(run.ID)
+	require.Equal(t, job.RunCompleted, done.Status)
+	require.NotNil(t, done.FinishedAt)
+
+	l, err := h.store.Lineage(ctx, h.p, "raw", 10)
+	require.NoError(t, err)
+	require.Equal(t, []job.DatasetRef{{Workflow: "diamond", Node: "a", Job: "a"}}, l.Producers)
+	require.Equal(t, []job.DatasetRef{{Workflow: "diamond", Node: "b", Job: "b"}}, l.Consumers)
+	require.Len(t, l.Versions, 1)
+
+	// Same params, same job configs, same dataset versions: nothing runs.
+	again, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{Params: json.RawMessage(`{"day": "2026-11-23"}`)})
+	require.NoError(t, err)
+	require.Equal(t, job.RunCompleted, again.Status)
+	require.Equal(t, map[string]string{"a": "MEMOIZED", "b": "MEMOIZED", "c": "MEMOIZED", "d": "MEMOIZED"}, nodeStatus(again))
+	require.Empty(t, h.nodeTasks(again.ID), "a memoized run executes no task")
+	require.Equal(t, run.ID, *again.Nodes[3].MemoizedFrom)
+
+	// Other params, or forced: it runs.
+	other, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{Params: json.RawMessage(`{"day": "2026-11-24"}`)})
+	require.NoError(t, err)
+	require.Equal(t, "PENDING", nodeStatus(other)["a"])
+	forced, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{Params: json.RawMessage(`{"day": "2026-11-23"}`), Force: true})
+	require.NoError(t, err)
+	require.Equal(t, "PENDING", nodeStatus(forced)["a"])
+	require.Len(t, h.nodeTasks(forced.ID), 1)
+}
+
+// B and C completing at the same moment, in two transactions, submit D
+// exactly once.
+func TestWorkflowJoinRacesSubmitOnce(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailStop)
+	ctx := context.Background()
+	for i := range 10 {
+		run, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{Params: json.RawMessage(fmt.Sprintf(`{"i": %d}`, i))})
+		require.NoError(t, err)
+		h.settle(h.nodeTasks(run.ID)["a"].ID, task.Complete, `{}`)
+		tasks := h.nodeTasks(run.ID)
+		w := postgres.NewWorkerStore(h.db.Pool, nil)
+		claimed, err := w.Claim(ctx, []uuid.UUID{tasks["b"].ID, tasks["c"].ID}, "w1", time.Minute)
+		require.NoError(t, err)
+		require.Len(t, claimed, 2)
+		var wg sync.WaitGroup
+		for _, c := range claimed {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, errs, err := w.Apply(ctx, []task.Change{{TaskID: c.ID, Version: c.Version, Transition: task.Complete,
+					Result: json.RawMessage(`{}`)}})
+				require.NoError(t, err)
+				require.NoError(t, errs[0])
+			}()
+		}
+		wg.Wait()
+		var ds int
+		require.NoError(t, h.db.Pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE run_id = $1 AND node = 'd'`, run.ID).Scan(&ds))
+		require.Equal(t, 1, ds, "run %d", i)
+	}
+}
+
+// With on_failure stop, a failed node fails the run, skips what had not
+// started and cancels what runs; a retry runs again only what did not
+// complete.
+func TestWorkflowStopsOnFailureAndRetries(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailStop)
+	ctx := context.Background()
+	run, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{})
+	require.NoError(t, err)
+	a := h.nodeTasks(run.ID)["a"].ID
+	h.settle(a, task.Complete, `{}`)
+	tasks := h.nodeTasks(run.ID)
+	h.settle(tasks["b"].ID, task.Fail, "")
+	failed := h.run(run.ID)
+	require.Equal(t, job.RunFailed, failed.Status)
+	require.Contains(t, failed.Error, "b")
+	require.Equal(t, map[string]string{"a": "COMPLETED", "b": "FAILED", "c": "PENDING", "d": "SKIPPED"}, nodeStatus(failed))
+
+	n, err := postgres.NewSchedulerStore(h.db.Pool, nil).CancelStopped(ctx, 100)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "c, still in flight, is cancelled")
+	require.Equal(t, "CANCELLED", nodeStatus(h.run(run.ID))["c"])
+
+	retried, err := h.store.RetryRun(ctx, h.p, run.ID)
+	require.NoError(t, err)
+	require.Equal(t, job.RunRunning, retried.Status)
+	require.Equal(t, map[string]string{"a": "COMPLETED", "b": "PENDING", "c": "PENDING", "d": "WAITING"}, nodeStatus(retried))
+	tasks = h.nodeTasks(run.ID)
+	require.Equal(t, a, tasks["a"].ID, "a completed: it does not run again")
+	h.settle(tasks["b"].ID, task.Complete, `{}`)
+	h.settle(tasks["c"].ID, task.Complete, `{}`)
+	h.settle(h.nodeTasks(run.ID)["d"].ID, task.Complete, `{}`)
+	require.Equal(t, job.RunCompleted, h.run(run.ID).Status)
+	var completed int
+	require.NoError(t, h.db.Pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE run_id = $1 AND status = 'COMPLETED'`, run.ID).Scan(&completed))
+	require.Equal(t, 4, completed, "each node completed once")
+
+	_, err = h.store.RetryRun(ctx, h.p, run.ID)
+	require.Equal(t, task.ErrCodeConflict, task.ErrorCode(err))
+}
+
+// With on_failure continue, the branch that does not depend on the failed
+// node runs to its end; then the run fails.
+func TestWorkflowContinuesIndependentBranches(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailContinue)
+	ctx := context.Background()
+	run, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{})
+	require.NoError(t, err)
+	h.settle(h.nodeTasks(run.ID)["a"].ID, task.Complete, `{}`)
+	tasks := h.nodeTasks(run.ID)
+	h.settle(tasks["b"].ID, task.Fail, "")
+	r := h.run(run.ID)
+	require.Equal(t, job.RunRunning, r.Status, "c still runs")
+	require.Equal(t, "SKIPPED", nodeStatus(r)["d"])
+	h.settle(tasks["c"].ID, task.Complete, `{}`)
+	r = h.run(run.ID)
+	require.Equal(t, job.RunFailed, r.Status)
+	require.Equal(t, map[string]string{"a": "COMPLETED", "b": "FAILED", "c": "COMPLETED", "d": "SKIPPED"}, nodeStatus(r))
+}
+
+// Cancelling a run cancels its pending tasks and asks its running ones to
+// stop; nothing more is submitted.
+func TestWorkflowCancel(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailStop)
+	ctx := context.Background()
+	run, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{})
+	require.NoError(t, err)
+	h.settle(h.nodeTasks(run.ID)["a"].ID, task.Complete, `{}`)
+	tasks := h.nodeTasks(run.ID)
+	_, err = postgres.NewWorkerStore(h.db.Pool, nil).Claim(ctx, []uuid.UUID{tasks["b"].ID}, "w1", time.Minute)
+	require.NoError(t, err)
+	r, err := h.store.CancelRun(ctx, h.p, run.ID, nil)
+	require.NoError(t, err)
+	require.Equal(t, job.RunCancelled, r.Status)
+	st := nodeStatus(r)
+	require.Equal(t, "CANCELLED", st["c"])
+	require.Equal(t, "IN_PROGRESS", st["b"], "b is asked to stop")
+	require.Equal(t, task.StateCancelRequested, r.Nodes[1].TaskState)
+	require.Equal(t, "SKIPPED", st["d"])
+	_, err = h.store.CancelRun(ctx, h.p, run.ID, nil)
+	require.Equal(t, task.ErrCodeConflict, task.ErrorCode(err))
+	_, err = h.store.RetryRun(ctx, h.p, run.ID)
+	require.Equal(t, task.ErrCodeConflict, task.ErrorCode(err), "b is still stopping")
+	require.ErrorContains(t, err, "still stopping")
+}
+
+// A handler's children: spawned once per key, the parent waits on hold
+// (no slot, no message) and is queued again by its last child's settling.
+func TestSpawnedChildrenWakeTheirParent(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	ctx := context.Background()
+	parent := submitOf(t, db, admin, "fan.parent", "", 1)[0]
+	w := postgres.NewWorkerStore(db.Pool, nil)
+	claimed, err := w.Claim(ctx, []uuid.UUID{parent}, "w1", time.Minute)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	p := claimed[0]
+	subs := func() []task.Submission {
+		var out []task.Submission
+		for _, key := range []string{"k1", "k2", "k3"} {
+			s, err := task.NewSubmission(task.SubmitInput{Type: "fan.child", Dedupe: new(bool)}, task.Defaults{MaxAttempts: 3}, "")
+			require.NoError(t, err)
+			s.OrgID, s.ParentID, s.ChildKey = p.OrgID, &p.ID, key
+			out = append(out, s)
+		}
+		return out
+	}
+	kids, err := w.Spawn(ctx, p, subs(), nil)
+	require.NoError(t, err)
+	require.Len(t, kids, 3)
+	again, err := w.Spawn(ctx, p, subs(), nil)
+	require.NoError(t, err)
+	require.Equal(t, kids, again, "spawning the same keys again makes nothing new")
+
+	out, _, err := w.Apply(ctx, []task.Change{{TaskID: p.ID, Version: p.Version, Transition: task.Await}})
+	require.NoError(t, err)
+	require.False(t, out[0].Fenced)
+	var state string
+	var admittedNow, queued bool
+	status := func() {
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT state, admitted,
+			EXISTS (SELECT 1 FROM outbox WHERE task_id = $1 AND task_version = t.version) FROM tasks t WHERE id = $1`, p.ID).
+			Scan(&state, &admittedNow, &queued))
+	}
+	status()
+	require.Equal(t, task.StateAwaiting, state)
+	require.False(t, admittedNow || queued, "a waiting parent holds no slot and has no message")
+	st, err := postgres.NewSchedulerStore(db.Pool, nil).Admit(ctx, admitAll)
+	require.NoError(t, err)
+	require.Zero(t, st.Admitted, "the scheduler leaves a waiting parent alone")
+
+	ids := []uuid.UUID{kids[0].ID, kids[1].ID, kids[2].ID}
+	finish(t, db, ids[:2])
+	status()
+	require.Equal(t, task.StateAwaiting, state, "one child still runs")
+	finish(t, db, ids[2:])
+	status()
+	require.Equal(t, task.StateQueued, state)
+	require.True(t, admittedNow && queued, "the last child queued its parent again")
+	back, err := w.Claim(ctx, []uuid.UUID{p.ID}, "w2", time.Minute)
+	require.NoError(t, err)
+	require.Len(t, back, 1)
+	require.Equal(t, p.Attempt, back[0].Attempt, "waiting used no attempt")
+	states, err := w.Spawn(ctx, back[0], subs(), nil)
+	require.NoError(t, err)
+	for _, s := range states {
+		require.Equal(t, task.StatusCompleted, s.Status)
+		require.JSONEq(t, `{}`, string(s.Result))
+	}
+}
+
+// A parent that went to wait after its last child had settled (a race the
+// row lock cannot order) is woken by the scheduler's sweep.
+func TestWakeParentsSweep(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	ctx := context.Background()
+	parent := submitOf(t, db, admin, "fan.parent", "", 1)[0]
+	w := postgres.NewWorkerStore(db.Pool, nil)
+	claimed, err := w.Claim(ctx, []uuid.UUID{parent}, "w1", time.Minute)
+	require.NoError(t, err)
+	out, _, err := w.Apply(ctx, []task.Change{{TaskID: parent, Version: claimed[0].Version, Transition: task.Await}})
+	require.NoError(t, err)
+	require.False(t, out[0].Fenced)
+	n, err := postgres.NewSchedulerStore(db.Pool, nil).WakeParents(ctx, 10)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "no child is left to finish")
+	var state string
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT state FROM tasks WHERE id = $1`, parent).Scan(&state))
+	require.Equal(t, task.StateQueued, state)
+}
+
+// A workflow's cron source starts one run per tick, each with its tick as
+// its params, however many passes see it.
+func TestWorkflowCronStartsOneRunPerTick(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	ctx := context.Background()
+	applyFile(t, db, admin, `
+jobs:
+  - {name: only, type: wf.only}
+workflows:
+  - name: ticking
+    memoize: true
+    source: {kind: cron, schedule: "@every 1s"}
+    nodes:
+      - {job: only}
+`)
+	s := postgres.NewSchedulerStore(db.Pool, nil)
+	cfg := job.CronConfig{CatchUp: time.Minute, MaxJobs: 10, MaxTicks: 100}
+	var first time.Time
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT next_tick_at FROM workflows WHERE name = 'ticking'`).Scan(&first))
+	now := first.Add(2500 * time.Millisecond)
+	for range 2 {
+		_, err := s.Cron(ctx, cfg, now)
+		require.NoError(t, err)
+	}
+	rows, err := db.Pool.Query(ctx, `SELECT scheduled_at, params->>'scheduled_at', status,
+		(SELECT count(*) FROM tasks t WHERE t.run_id = r.id) FROM workflow_runs r ORDER BY scheduled_at`)
+	require.NoError(t, err)
+	var ticks []time.Time
+	for rows.Next() {
+		var at time.Time
+		var param, status string
+		var tasks int
+		require.NoError(t, rows.Scan(&at, &param, &status, &tasks))
+		require.Equal(t, at.UTC().Format(time.RFC3339Nano), param)
+		require.Equal(t, job.RunRunning, status)
+		require.Equal(t, 1, tasks, "each tick runs its node: the tick is an input")
+		ticks = append(ticks, at)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []time.Time{first, first.Add(time.Second), first.Add(2 * time.Second)}, ticks)
+}
