@@ -322,6 +322,9 @@ BEGIN
     IF NEW.parent_id IS NOT NULL THEN
         PERFORM conveyor_wake_parent(NEW.parent_id);
     END IF;
+    -- What this wrote to the outbox goes out now, not at the relays' next
+    -- poll (their LISTEN channel; one NOTIFY per transaction).
+    PERFORM pg_notify('conveyor_outbox', '');
     RETURN NULL;
 END $$;
 
