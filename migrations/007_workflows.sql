@@ -223,16 +223,17 @@ $$;
 --
 -- It runs as the schema's owner (security definer): a run's tasks share its
 -- visibility, and its progress must not depend on who settled the task.
-CREATE FUNCTION conveyor_advance_run(p_run uuid) RETURNS void LANGUAGE plpgsql SECURITY DEFINER AS $$
+CREATE FUNCTION conveyor_advance_run(p_run uuid) RETURNS integer LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     r       workflow_runs%ROWTYPE;
     n       run_nodes%ROWTYPE;
     changed boolean;
     failed  text;
+    made    integer := 0;
 BEGIN
     SELECT * INTO r FROM workflow_runs WHERE id = p_run FOR UPDATE;
     IF NOT FOUND OR r.status <> 'RUNNING' THEN
-        RETURN;
+        RETURN 0;
     END IF;
     LOOP
         changed := false;
@@ -243,7 +244,7 @@ BEGIN
             UPDATE workflow_runs SET status = 'FAILED', error = coalesce(error, 'node failed: ' || failed),
                 finished_at = now(), updated_at = now()
             WHERE id = p_run;
-            RETURN;
+            RETURN 0;
         END IF;
         -- Nodes below a failed or skipped one can never run.
         UPDATE run_nodes c SET state = 'SKIPPED'
@@ -261,6 +262,8 @@ BEGIN
         LOOP
             IF conveyor_release_node(r, n) THEN
                 changed := true;
+            ELSE
+                made := made + 1;
             END IF;
         END LOOP;
         EXIT WHEN NOT changed;
@@ -275,6 +278,7 @@ BEGIN
             error = coalesce(error, 'node failed: ' || failed)
         WHERE id = p_run;
     END IF;
+    RETURN made;
 END $$;
 
 -- conveyor_wake_parent queues again a task that waits for its children
@@ -309,6 +313,8 @@ BEGIN
 END $$;
 
 CREATE FUNCTION conveyor_task_settled() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    queued boolean := false;
 BEGIN
     IF NEW.run_id IS NOT NULL THEN
         IF NEW.status = 'COMPLETED' THEN
@@ -317,14 +323,18 @@ BEGIN
             FROM run_nodes n CROSS JOIN LATERAL unnest(n.output_datasets) AS d(name)
             WHERE n.run_id = NEW.run_id AND n.node = NEW.node AND n.task_id = NEW.id;
         END IF;
-        PERFORM conveyor_advance_run(NEW.run_id);
+        queued := conveyor_advance_run(NEW.run_id) > 0;
     END IF;
     IF NEW.parent_id IS NOT NULL THEN
-        PERFORM conveyor_wake_parent(NEW.parent_id);
+        queued := conveyor_wake_parent(NEW.parent_id) OR queued;
     END IF;
-    -- What this wrote to the outbox goes out now, not at the relays' next
-    -- poll (their LISTEN channel; one NOTIFY per transaction).
-    PERFORM pg_notify('conveyor_outbox', '');
+    -- What this queued goes out now, not at the relays' next poll (their
+    -- LISTEN channel). NOTIFY takes a database-wide lock at commit: only a
+    -- settling that queued something sends one (not each of a thousand
+    -- children but the last).
+    IF queued THEN
+        PERFORM pg_notify('conveyor_outbox', '');
+    END IF;
     RETURN NULL;
 END $$;
 
