@@ -118,9 +118,15 @@ func publishCeiling(amqpURL string, n, batch int) (float64, error) {
 	return float64(n) / time.Since(start).Seconds(), nil
 }
 
-// consumeCeiling consumes n messages from the queue the publish ceiling
-// filled, acking each, with a prefetch of prefetch.
-func consumeCeiling(amqpURL string, n, prefetch int) (float64, error) {
+// consumeCeiling fills the ceiling's queue with n messages, then consumes
+// them with a prefetch of prefetch and returns messages per second. It acks
+// every ackEvery-th message with multiple=true (covering those before it),
+// or each one when ackEvery is 1; ackEvery must not exceed prefetch, or the
+// broker stops sending before the next ack.
+func consumeCeiling(ctx context.Context, amqpURL string, n, prefetch, ackEvery int) (float64, error) {
+	if err := fillQueue(ctx, amqpURL, "bench.ceiling", n); err != nil {
+		return 0, err
+	}
 	conn, err := amqp.Dial(amqpURL)
 	if err != nil {
 		return 0, err
@@ -141,12 +147,55 @@ func consumeCeiling(amqpURL string, n, prefetch int) (float64, error) {
 	for i := range n {
 		select {
 		case m := <-msgs:
-			if err := m.Ack(false); err != nil {
-				return 0, err
+			if (i+1)%ackEvery == 0 || i == n-1 {
+				if err := m.Ack(ackEvery > 1); err != nil {
+					return 0, err
+				}
 			}
 		case <-time.After(30 * time.Second):
 			return 0, fmt.Errorf("consumed only %d of %d", i, n)
 		}
 	}
 	return float64(n) / time.Since(start).Seconds(), nil
+}
+
+// multipleAckEvery is how many messages a consumer with prefetch acks at
+// once with multiple=true: half its window, so that the broker always has
+// the other half to send while an ack is on its way.
+func multipleAckEvery(prefetch int) int { return max(prefetch/2, 1) }
+
+// fillQueue empties the queue of taskType and publishes n persistent task
+// messages into it, without confirms (this is set-up, not measured), then
+// waits until the queue holds all of them.
+func fillQueue(ctx context.Context, amqpURL, taskType string, n int) error {
+	if err := declareQueues(amqpURL, taskType); err != nil {
+		return err
+	}
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	q := rabbitmq.QueueName(taskType)
+	if _, err := ch.QueuePurge(q, false); err != nil {
+		return err
+	}
+	for i := range n {
+		err := ch.PublishWithContext(ctx, rabbitmq.TasksExchange, taskType, false, false, amqp.Publishing{
+			DeliveryMode: amqp.Persistent, ContentType: "application/json", Priority: 5,
+			MessageId: fmt.Sprint(i), Body: messageBody,
+			Headers: amqp.Table{"traceparent": "00-0dba3b847a67f67a629808001b5e6847-bbc96f631e9baf07-01"},
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return waitFor(time.Minute, 20*time.Millisecond, func() (bool, error) {
+		st, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
+		return st.Messages >= n, err
+	})
 }

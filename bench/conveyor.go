@@ -69,6 +69,14 @@ func (e *env) system(ctx context.Context, name string, apiConns int, apiVars ...
 	if s.token, err = postgres.NewDirectory(pool).Bootstrap(ctx, "bench", "bench"); err != nil {
 		return nil, err
 	}
+	// ...and recorded their types, as a worker does when it starts: the
+	// API then knows them, and a submission of a type no worker has ever
+	// run (which the API counts against the org's unserved types, one
+	// more statement) is not what is measured.
+	if _, err := pool.Exec(ctx, `INSERT INTO task_types (name) VALUES ('demo.noop'), ('bench.relay')
+		ON CONFLICT (name) DO NOTHING`); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -104,21 +112,56 @@ func (s *system) start(name string, vars ...string) error {
 	return nil
 }
 
-func (s *system) startRelay() error {
-	s.relay = freeAddr()
-	if err := s.start("relay", "RELAY_ADMIN_ADDR="+s.relay); err != nil {
-		return err
+// startRelay starts the system's relay.
+func (s *system) startRelay() error { return s.startRelays(1) }
+
+// startRelays starts n relays sharing the outbox: "relay", whose admin
+// address s.relay holds, then "relay-1" and on.
+func (s *system) startRelays(n int) error {
+	for i := range n {
+		name, addr := "relay", freeAddr()
+		if i > 0 {
+			name = fmt.Sprintf("relay-%d", i)
+		} else {
+			s.relay = addr
+		}
+		if err := s.start(name, "RELAY_ADMIN_ADDR="+addr); err != nil {
+			return err
+		}
+		if err := waitHTTP("http://"+addr+"/readyz", 30*time.Second); err != nil {
+			return err
+		}
 	}
-	return waitHTTP("http://"+s.relay+"/readyz", 30*time.Second)
+	return nil
 }
 
-// startWorker starts a worker; vars are added to its environment.
+// startWorker starts a worker with concurrency handler slots, or with the
+// product's defaults when concurrency is 0 (neither WORKER_CONCURRENCY nor
+// WORKER_READ_AHEAD set); vars are added to its environment.
 func (s *system) startWorker(name string, concurrency int, vars ...string) error {
-	addr := freeAddr()
-	if err := s.start(name, append([]string{"WORKER_ADMIN_ADDR=" + addr, fmt.Sprintf("WORKER_CONCURRENCY=%d", concurrency)}, vars...)...); err != nil {
+	addr, err := s.launchWorker(name, concurrency, vars...)
+	if err != nil {
 		return err
 	}
 	return waitHTTP("http://"+addr+"/readyz", 30*time.Second)
+}
+
+// launchWorker starts a worker as startWorker does, without waiting for
+// it to be ready, and returns its admin address.
+func (s *system) launchWorker(name string, concurrency int, vars ...string) (string, error) {
+	addr := freeAddr()
+	vars = append([]string{"WORKER_ADMIN_ADDR=" + addr}, vars...)
+	if concurrency > 0 {
+		vars = append(vars, fmt.Sprintf("WORKER_CONCURRENCY=%d", concurrency))
+	}
+	return addr, s.start(name, vars...)
+}
+
+// workerPrefetch is the broker prefetch of a worker with concurrency slots
+// and the default read-ahead: as many as the concurrency, at most 256
+// (worker/run.go, readAhead).
+func workerPrefetch(concurrency int) int {
+	return concurrency + min(concurrency, 256)
 }
 
 func (s *system) count(ctx context.Context, sql string) (int, error) {
@@ -233,23 +276,31 @@ func (s *system) submitNoops(n int) error {
 	return nil
 }
 
-// burnDown measures how fast workers complete n queued demo.noop tasks:
-// the tasks are submitted and published first, then the workers start.
-func (s *system) burnDown(ctx context.Context, n, workers, concurrency int) (perSec, commits, wal float64, err error) {
+// burnDown measures how fast procs workers, each with concurrency slots
+// (0: the defaults), complete n queued demo.noop tasks: the tasks are
+// submitted and published first, then the workers start, all at once. The
+// time runs from their start to the last completion.
+func (s *system) burnDown(ctx context.Context, n, procs, concurrency int) (burnResult, error) {
 	if err := s.submitNoops(n); err != nil {
-		return 0, 0, 0, err
+		return burnResult{}, err
 	}
 	if err := s.waitOutboxEmpty(ctx, 5*time.Minute); err != nil {
-		return 0, 0, 0, err
+		return burnResult{}, err
 	}
 	before, err := pgCounters(ctx, s.pool)
 	if err != nil {
-		return 0, 0, 0, err
+		return burnResult{}, err
 	}
 	start := time.Now()
-	for i := range workers {
-		if err := s.startWorker(fmt.Sprintf("worker-%d", i), concurrency); err != nil {
-			return 0, 0, 0, err
+	addrs := make([]string, procs)
+	for i := range procs {
+		if addrs[i], err = s.launchWorker(fmt.Sprintf("worker-%d", i), concurrency); err != nil {
+			return burnResult{}, err
+		}
+	}
+	for _, addr := range addrs {
+		if err := waitHTTP("http://"+addr+"/readyz", 30*time.Second); err != nil {
+			return burnResult{}, err
 		}
 	}
 	err = waitFor(5*time.Minute, 20*time.Millisecond, func() (bool, error) {
@@ -258,14 +309,14 @@ func (s *system) burnDown(ctx context.Context, n, workers, concurrency int) (per
 	})
 	elapsed := time.Since(start)
 	if err != nil {
-		return 0, 0, 0, fmt.Errorf("burn-down: %w", err)
+		return burnResult{}, fmt.Errorf("burn-down: %w", err)
 	}
 	after, err := pgCounters(ctx, s.pool)
 	if err != nil {
-		return 0, 0, 0, err
+		return burnResult{}, err
 	}
-	return float64(n) / elapsed.Seconds(), float64(after.commits-before.commits) / float64(n),
-		float64(after.wal-before.wal) / float64(n), nil
+	return burnResult{float64(n) / elapsed.Seconds(), float64(after.commits-before.commits) / float64(n),
+		float64(after.wal-before.wal) / float64(n)}, nil
 }
 
 // latency submits single tasks at a fixed rate for d to an idle system and
@@ -324,31 +375,40 @@ func (s *system) latency(ctx context.Context, rate int, d time.Duration) (p50, p
 	return percentile(lat, 0.5), percentile(lat, 0.99), rows.Err()
 }
 
-// relayThroughput fills the outbox with n rows and measures how fast one
-// relay publishes them; it also reports the relay's peak RSS.
-func (s *system) relayThroughput(ctx context.Context, n int) (perSec float64, peakRSS int64, err error) {
-	if err := s.startRelay(); err != nil {
-		return 0, 0, err
+// relayThroughput starts relays relay processes, fills the outbox with n
+// rows and measures how fast the relays publish them together; it also
+// reports each relay's peak RSS, by process name.
+func (s *system) relayThroughput(ctx context.Context, n, relays int) (perSec float64, peakRSS map[string]int64, err error) {
+	if err := s.startRelays(relays); err != nil {
+		return 0, nil, err
 	}
 	if err := s.fillOutbox(ctx, n, "bench.relay"); err != nil {
-		return 0, 0, err
+		return 0, nil, err
 	}
-	// The rows are committed: wake the relay as the API would.
+	// The rows are committed: wake the relays as the API would.
 	start := time.Now()
 	if _, err := s.pool.Exec(ctx, `SELECT pg_notify('conveyor_outbox', '')`); err != nil {
-		return 0, 0, err
+		return 0, nil, err
 	}
-	stop := s.sampleRSS("relay")
+	names := []string{"relay"}
+	for i := 1; i < relays; i++ {
+		names = append(names, fmt.Sprintf("relay-%d", i))
+	}
+	stop := s.sampleRSS(names...)
 	err = s.waitOutboxEmpty(ctx, 10*time.Minute)
 	elapsed := time.Since(start)
 	peak := stop()
-	return float64(n) / elapsed.Seconds(), peak["relay"], err
+	return float64(n) / elapsed.Seconds(), peak, err
 }
+
+// benchOrg is the org system bootstraps, which rows the bench writes
+// straight into the database belong to.
+const benchOrg = `(SELECT id FROM orgs WHERE slug = 'bench')`
 
 // fillOutbox inserts n task.run rows straight into the outbox.
 func (s *system) fillOutbox(ctx context.Context, n int, routingKey string) error {
-	_, err := s.pool.Exec(ctx, `INSERT INTO outbox (kind, task_id, task_type, attempt, task_version, priority, headers)
-		SELECT 'task.run', gen_random_uuid(), $2, 0, 1, 5,
+	_, err := s.pool.Exec(ctx, `INSERT INTO outbox (kind, org_id, task_id, task_type, attempt, task_version, priority, headers)
+		SELECT 'task.run', `+benchOrg+`, gen_random_uuid(), $2, 0, 1, 5,
 			'{"traceparent": "00-0dba3b847a67f67a629808001b5e6847-bbc96f631e9baf07-01"}'
 		FROM generate_series(1, $1)`, n, routingKey)
 	return err
@@ -359,11 +419,11 @@ func (s *system) fillOutbox(ctx context.Context, n int, routingKey string) error
 func (s *system) fillTasks(ctx context.Context, n int) error {
 	for done := 0; done < n; done += 100_000 {
 		_, err := s.pool.Exec(ctx, `WITH t AS (
-				INSERT INTO tasks (id, type, payload)
-				SELECT gen_random_uuid(), 'demo.noop', jsonb_build_object('i', g)
-				FROM generate_series(1, $1) g RETURNING id, type, priority)
-			INSERT INTO outbox (kind, task_id, task_type, attempt, task_version, priority)
-			SELECT 'task.run', id, type, 0, 1, priority FROM t`,
+				INSERT INTO tasks (id, org_id, type, payload)
+				SELECT gen_random_uuid(), `+benchOrg+`, 'demo.noop', jsonb_build_object('i', g)
+				FROM generate_series(1, $1) g RETURNING id, org_id, type, priority)
+			INSERT INTO outbox (kind, org_id, task_id, task_type, attempt, task_version, priority)
+			SELECT 'task.run', org_id, id, type, 0, 1, priority FROM t`,
 			min(100_000, n-done))
 		if err != nil {
 			return err

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -118,7 +119,7 @@ func (e *env) start(name string, vars ...string) (*proc, error) {
 		return nil, err
 	}
 	cmd := exec.Command(filepath.Join(e.bin, strings.SplitN(name, "-", 2)[0]))
-	cmd.Env = append(append(os.Environ(), "LOG_LEVEL=warn", "LOG_FORMAT=text"), vars...)
+	cmd.Env = append(append(inherited(), "LOG_LEVEL=warn", "LOG_FORMAT=text"), vars...)
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		return nil, err
@@ -126,6 +127,19 @@ func (e *env) start(name string, vars ...string) (*proc, error) {
 	p := &proc{name: name, cmd: cmd, log: log}
 	e.cleanups = append(e.cleanups, p.stop)
 	return p, nil
+}
+
+// benchOwned are the product's settings the bench decides for each
+// process, or leaves unset to measure the defaults: a value in the bench's
+// own environment must not leak into either.
+var benchOwned = []string{"WORKER_CONCURRENCY", "WORKER_READ_AHEAD"}
+
+// inherited is the bench's environment without the settings it owns.
+func inherited() []string {
+	return slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		name, _, _ := strings.Cut(kv, "=")
+		return slices.Contains(benchOwned, name)
+	})
 }
 
 func (p *proc) stop() {

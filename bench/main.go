@@ -49,6 +49,11 @@ type options struct {
 	fairSeconds int
 	fairProcs   int
 	fairRef     int
+	// riverWorkers and conveyorWorkers are the burn-down's sweeps: River's
+	// MaxWorkers and Conveyor's WORKER_CONCURRENCY; the best of each is
+	// its figure.
+	riverWorkers    []int
+	conveyorWorkers []int
 }
 
 // result is one line of the report.
@@ -60,6 +65,8 @@ type result struct {
 	Ratio    float64 `json:"ratio,omitempty"`
 	Target   string  `json:"target,omitempty"`
 	Met      *bool   `json:"met,omitempty"`
+	// Config is the configuration a best-of-a-sweep figure came from.
+	Config string `json:"config,omitempty"`
 }
 
 type report struct {
@@ -72,12 +79,14 @@ type report struct {
 
 func main() {
 	var o options
-	quick := flag.Bool("quick", false, "small sizes and short runs (a smoke test of the benchmark itself)")
+	quick := flag.Bool("quick", false, "small sizes and short runs (a smoke test of the benchmark itself); flags given explicitly are kept")
 	flag.IntVar(&o.conc, "concurrency", 32, "concurrent clients for the submit measurements")
 	flag.IntVar(&o.pool, "pool", 16, "database connections of the API and of the direct-pgx ceiling")
 	flag.DurationVar(&o.dur, "duration", 10*time.Second, "length of each timed measurement")
-	flag.IntVar(&o.burnN, "n", 20000, "tasks (and River jobs) in the burn-down")
-	flag.IntVar(&o.workers, "workers", 64, "handler concurrency in the burn-down (Conveyor WORKER_CONCURRENCY, River MaxWorkers)")
+	flag.IntVar(&o.burnN, "n", 20000, "tasks (and River jobs) in each burn-down")
+	flag.IntVar(&o.workers, "workers", 64, "handler concurrency of the fairness measurement's workers (WORKER_CONCURRENCY, shared by -fair-procs)")
+	riverWorkers := flag.String("river-workers", "100,500,2000", "River MaxWorkers values of the burn-down sweep, each on a fresh database; the best is River's figure")
+	conveyorWorkers := flag.String("conveyor-workers", "64,256", "Conveyor WORKER_CONCURRENCY values of the tuned burn-down sweep (read-ahead at its default); the best is Conveyor's figure")
 	flag.IntVar(&o.messages, "messages", 100000, "messages for the publish, consume and relay measurements")
 	flag.IntVar(&o.rate, "rate", 200, "offered rate (tasks/s) of the latency measurement")
 	backlogs := flag.String("backlogs", "10000,1000000", "small and large backlogs of the memory measurement")
@@ -90,32 +99,70 @@ func main() {
 	flag.IntVar(&o.fairSeconds, "fair-seconds", 15, "how long org B's trickle lasts, in seconds")
 	flag.IntVar(&o.fairRef, "fair-ref-backlog", 20000, "org A's backlog in the fairness measurement's reference run with fair mode off (B waits for all of it)")
 	flag.IntVar(&o.fairProcs, "fair-procs", 1, "worker processes in the fairness measurement, sharing -workers slots")
-	flag.StringVar(&o.only, "only", "", "comma-separated steps to run: ceilings,river,submits,relay,burndown,latency,streams,fairness,backlog (default all)")
+	flag.StringVar(&o.only, "only", "", "comma-separated steps to run: "+strings.Join(stepKeys(), ",")+" (default all)")
 	flag.StringVar(&o.out, "out", "results/latest.json", "where to write the JSON report")
 	flag.StringVar(&o.adminURL, "database", envOr("BENCH_DATABASE_URL", "postgres://postgres@localhost:5432/postgres?sslmode=disable"), "PostgreSQL to create scratch databases in")
 	flag.StringVar(&o.amqpURL, "amqp", envOr("BENCH_AMQP_URL", "amqp://guest:guest@localhost:5672/"), "RabbitMQ to create scratch vhosts in")
 	flag.Parse()
 	if *quick {
-		o.dur, o.burnN, o.messages, o.sampleFor = 2*time.Second, 2000, 10000, 3*time.Second
-		*backlogs = "10000,100000"
-		o.fairBacklog, o.fairRef, o.fairSeconds = 20000, 5000, 4
+		given := map[string]bool{}
+		flag.Visit(func(f *flag.Flag) { given[f.Name] = true })
+		quickly := func(name string, set func()) {
+			if !given[name] {
+				set()
+			}
+		}
+		quickly("duration", func() { o.dur = 2 * time.Second })
+		quickly("n", func() { o.burnN = 2000 })
+		quickly("messages", func() { o.messages = 10000 })
+		quickly("sample", func() { o.sampleFor = 3 * time.Second })
+		quickly("backlogs", func() { *backlogs = "10000,100000" })
+		// River's sweep at its two ends (a database each, cheap); one
+		// tuned Conveyor configuration, as each costs a whole system.
+		quickly("river-workers", func() { *riverWorkers = "100,2000" })
+		quickly("conveyor-workers", func() { *conveyorWorkers = "64" })
+		quickly("fair-backlog", func() { o.fairBacklog = 20000 })
+		quickly("fair-ref-backlog", func() { o.fairRef = 5000 })
+		quickly("fair-seconds", func() { o.fairSeconds = 4 })
 	}
 	if o.fairRate < 1 || o.fairSeconds < 1 || o.fairBacklog < 1 || o.fairRef < 1 || o.fairProcs < 1 {
 		fmt.Fprintln(os.Stderr, "bench: -fair-backlog, -fair-ref-backlog, -fair-rate, -fair-seconds and -fair-procs must be positive")
 		os.Exit(2)
 	}
-	for _, b := range strings.Split(*backlogs, ",") {
-		var n int
-		if _, err := fmt.Sscan(b, &n); err != nil || n <= 0 {
-			fmt.Fprintf(os.Stderr, "bench: -backlogs: %q is not a positive count\n", b)
+	for _, l := range []struct {
+		flag string
+		text string
+		dst  *[]int
+	}{{"backlogs", *backlogs, &o.backlogs}, {"river-workers", *riverWorkers, &o.riverWorkers}, {"conveyor-workers", *conveyorWorkers, &o.conveyorWorkers}} {
+		var err error
+		if *l.dst, err = counts(l.text); err != nil {
+			fmt.Fprintf(os.Stderr, "bench: -%s: %v\n", l.flag, err)
 			os.Exit(2)
 		}
-		o.backlogs = append(o.backlogs, n)
+	}
+	for _, k := range strings.Split(o.only, ",") {
+		if o.only != "" && !slices.Contains(stepKeys(), k) {
+			fmt.Fprintf(os.Stderr, "bench: -only: no step %q (steps: %s)\n", k, strings.Join(stepKeys(), ","))
+			os.Exit(2)
+		}
 	}
 	if err := run(context.Background(), o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
+}
+
+// counts parses a comma-separated list of positive counts.
+func counts(list string) ([]int, error) {
+	var out []int
+	for _, s := range strings.Split(list, ",") {
+		var n int
+		if _, err := fmt.Sscan(s, &n); err != nil || n <= 0 {
+			return nil, fmt.Errorf("%q is not a positive count", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
 func envOr(name, def string) string {
@@ -146,16 +193,53 @@ func (b *bench) vs(name string, value float64, unit, baseline string, minRatio f
 		}
 	}
 	if minRatio > 0 {
-		met := r.Ratio >= minRatio
-		r.Target, r.Met = fmt.Sprintf("ratio ≥ %.2f", minRatio), &met
+		r.atLeast(minRatio, "")
 	}
 	b.add(r)
+}
+
+// last is the result added last, for what is known only after it.
+func (b *bench) last() *result { return &b.results[len(b.results)-1] }
+
+// atLeast sets a target on r's ratio: at least minRatio, for the reason
+// why when there is one to give.
+func (r *result) atLeast(minRatio float64, why string) {
+	met := r.Ratio >= minRatio
+	r.Target, r.Met = fmt.Sprintf("ratio ≥ %.2f", minRatio), &met
+	if why != "" {
+		r.Target += " (" + why + ")"
+	}
 }
 
 // atMost adds a result with an absolute target.
 func (b *bench) atMost(name string, value float64, unit string, limit float64) {
 	met := value <= limit
 	b.add(result{Name: name, Value: value, Unit: unit, Target: fmt.Sprintf("≤ %g %s", limit, unit), Met: &met})
+}
+
+// steps are the measurements, in the order they run; -only picks some by key.
+var steps = []struct {
+	key, name string
+	fn        func(*bench, context.Context) error
+}{
+	{"ceilings", "ceilings: direct pgx submit, bare publish and consume", (*bench).ceilings},
+	{"river", "River: inserts and burn-down", (*bench).river},
+	{"submits", "Conveyor: HTTP submits", (*bench).submits},
+	{"relay", "Conveyor: relay throughput", (*bench).relay},
+	{"burndown", "Conveyor: burn-down, default and tuned", (*bench).burnDown},
+	{"scaleout", "Conveyor: scale-out, worker and relay processes", (*bench).scaleOut},
+	{"latency", "Conveyor: submit-to-start latency at a fixed rate", (*bench).latency},
+	{"streams", "Conveyor: live streams, progress write to clients", (*bench).streams},
+	{"fairness", "Conveyor: one org's trickle beside another's backlog", (*bench).fairness},
+	{"backlog", "Conveyor: memory against backlog", (*bench).backlog},
+}
+
+func stepKeys() []string {
+	keys := make([]string, len(steps))
+	for i, s := range steps {
+		keys[i] = s.key
+	}
+	return keys
 }
 
 func run(ctx context.Context, o options) error {
@@ -167,34 +251,23 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	b := &bench{o: o, e: e}
-	steps := []struct {
-		key, name string
-		fn        func(context.Context) error
-	}{
-		{"ceilings", "ceilings: direct pgx submit, bare publish and consume", b.ceilings},
-		{"river", "River: inserts and burn-down", b.river},
-		{"submits", "Conveyor: HTTP submits", b.submits},
-		{"relay", "Conveyor: relay throughput", b.relay},
-		{"burndown", "Conveyor: burn-down", b.burnDown},
-		{"latency", "Conveyor: submit-to-start latency at a fixed rate", b.latency},
-		{"streams", "Conveyor: live streams, progress write to clients", b.streams},
-		{"fairness", "Conveyor: one org's trickle beside another's backlog", b.fairness},
-		{"backlog", "Conveyor: memory against backlog", b.backlog},
-	}
 	for _, s := range steps {
 		if (s.key == "backlog" && o.skipBacklog) || (o.only != "" && !slices.Contains(strings.Split(o.only, ","), s.key)) {
 			continue
 		}
 		fmt.Fprintln(os.Stderr, s.name)
-		if err := s.fn(ctx); err != nil {
+		stepStart := time.Now()
+		if err := s.fn(b, ctx); err != nil {
 			return fmt.Errorf("%s: %w", s.name, err)
 		}
+		fmt.Fprintf(os.Stderr, "  (%s)\n", time.Since(stepStart).Round(time.Second))
 	}
 	rep := report{
 		Started: started, Results: b.results, Duration: time.Since(started).Round(time.Second).String(),
 		Machine: machine(ctx, e),
 		Options: map[string]any{
 			"concurrency": o.conc, "pool": o.pool, "duration": o.dur.String(), "n": o.burnN, "workers": o.workers,
+			"river_workers": o.riverWorkers, "conveyor_workers": o.conveyorWorkers,
 			"messages": o.messages, "rate": o.rate, "backlogs": o.backlogs, "sample": o.sampleFor.String(),
 			"streams": o.streams, "stream_rate": o.streamRate, "fair_backlog": o.fairBacklog, "fair_rate": o.fairRate,
 			"fair_seconds": o.fairSeconds, "fair_procs": o.fairProcs, "fair_ref_backlog": o.fairRef,
@@ -225,7 +298,7 @@ func (b *bench) scope(fn func() error) error {
 }
 
 func (b *bench) ceilings(ctx context.Context) error {
-	return b.scope(func() error {
+	err := b.scope(func() error {
 		_, pool, err := b.e.database(ctx, "bench_ceiling", int32(b.o.pool))
 		if err != nil {
 			return err
@@ -246,12 +319,59 @@ func (b *bench) ceilings(ctx context.Context) error {
 			return err
 		}
 		b.add(result{Name: "ceiling: publish, bare amqp091 (confirms, 500/batch)", Value: v, Unit: "msgs/s"})
-		if v, err = consumeCeiling(amqpURL, b.o.messages, 64); err != nil {
-			return err
-		}
-		b.add(result{Name: "ceiling: consume, bare amqp091 (acks)", Value: v, Unit: "msgs/s"})
 		return nil
 	})
+	if err != nil {
+		return err
+	}
+	// The consume ceiling at the prefetch of every tuned configuration,
+	// since the best of them is not known yet.
+	var prefetches []int
+	for _, c := range b.o.conveyorWorkers {
+		prefetches = append(prefetches, workerPrefetch(c))
+	}
+	return b.consumeCeilings(ctx, prefetches...)
+}
+
+// consumeCeilings measures the bare consumer at each prefetch it has not
+// been measured at in this run: acking each message, as a worker acks each
+// task, and acking half a window at a time with multiple=true, the best a
+// consumer can do.
+func (b *bench) consumeCeilings(ctx context.Context, prefetches ...int) error {
+	return b.scope(func() error {
+		var amqpURL string
+		for _, p := range prefetches {
+			for _, multiple := range []bool{false, true} {
+				name := consumeCeilingName(p, multiple)
+				if slices.ContainsFunc(b.results, func(r result) bool { return r.Name == name }) {
+					continue
+				}
+				if amqpURL == "" {
+					var err error
+					if amqpURL, err = b.e.vhost("bench_consume"); err != nil {
+						return err
+					}
+				}
+				every := 1
+				if multiple {
+					every = multipleAckEvery(p)
+				}
+				v, err := consumeCeiling(ctx, amqpURL, b.o.messages, p, every)
+				if err != nil {
+					return err
+				}
+				b.add(result{Name: name, Value: v, Unit: "msgs/s"})
+			}
+		}
+		return nil
+	})
+}
+
+func consumeCeilingName(prefetch int, multiple bool) string {
+	if !multiple {
+		return fmt.Sprintf("ceiling: consume, bare amqp091 (acks, prefetch %d)", prefetch)
+	}
+	return fmt.Sprintf("ceiling: consume, bare amqp091 (multiple acks every %d, prefetch %d)", multipleAckEvery(prefetch), prefetch)
 }
 
 func (b *bench) river(ctx context.Context) error {
@@ -273,23 +393,40 @@ func (b *bench) river(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return b.scope(func() error {
-		_, pool, err := b.e.database(ctx, "bench_river_burn", int32(b.o.workers/2+4))
+	// The burn-down at each MaxWorkers, each on a fresh database with the
+	// same n jobs; River's figure is the best of them.
+	var best burnResult
+	var bestWorkers int
+	var bestConns int32
+	for _, w := range b.o.riverWorkers {
+		err := b.scope(func() error {
+			_, pool, err := b.e.database(ctx, fmt.Sprintf("bench_river_burn_%d", w), riverPoolConns)
+			if err != nil {
+				return err
+			}
+			if err := riverMigrate(ctx, pool); err != nil {
+				return err
+			}
+			r, conns, err := riverBurnDown(ctx, pool, b.o.burnN, w)
+			if err != nil {
+				return err
+			}
+			b.add(result{Name: fmt.Sprintf("River: burn-down, MaxWorkers %d", w), Value: r.perSec, Unit: "jobs/s"})
+			if r.perSec > best.perSec {
+				best, bestWorkers, bestConns = r, w, conns
+			}
+			return nil
+		})
 		if err != nil {
 			return err
 		}
-		if err := riverMigrate(ctx, pool); err != nil {
-			return err
-		}
-		perSec, commits, wal, err := riverBurnDown(ctx, pool, b.o.burnN, b.o.workers)
-		if err != nil {
-			return err
-		}
-		b.add(result{Name: "River: burn-down of no-op jobs", Value: perSec, Unit: "jobs/s"})
-		b.add(result{Name: "River: write transactions per job (burn-down)", Value: commits, Unit: "txs"})
-		b.add(result{Name: "River: WAL per job (burn-down)", Value: wal, Unit: "bytes"})
-		return nil
-	})
+	}
+	config := fmt.Sprintf("MaxWorkers %d", bestWorkers)
+	b.add(result{Name: "River: burn-down of no-op jobs", Value: best.perSec, Unit: "jobs/s", Config: config})
+	b.add(result{Name: "River: write transactions per job (burn-down)", Value: best.commits, Unit: "txs", Config: config})
+	b.add(result{Name: "River: WAL per job (burn-down)", Value: best.wal, Unit: "bytes", Config: config})
+	b.add(result{Name: fmt.Sprintf("River: connections opened (burn-down, pool of %d)", riverPoolConns), Value: float64(bestConns), Unit: "conns", Config: config})
+	return nil
 }
 
 func (b *bench) submits(ctx context.Context) error {
@@ -354,19 +491,79 @@ func (b *bench) relay(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		perSec, rss, err := s.relayThroughput(ctx, b.o.messages)
+		perSec, rss, err := s.relayThroughput(ctx, b.o.messages, 1)
 		if err != nil {
 			return err
 		}
 		b.vs("Conveyor: relay publish throughput", perSec, "msgs/s", "ceiling: publish, bare amqp091 (confirms, 500/batch)", 0.8)
-		b.add(result{Name: "Conveyor: relay peak RSS (publishing)", Value: mib(rss), Unit: "MiB"})
+		b.add(result{Name: "Conveyor: relay peak RSS (publishing)", Value: mib(rss["relay"]), Unit: "MiB"})
 		return nil
 	})
 }
 
+// burnDown measures one worker process burning down n tasks in the
+// default configuration and at each tuned concurrency; Conveyor's figure is
+// the best tuned one, set against River's best, against the bare consumer
+// at the same prefetch, and against the default.
 func (b *bench) burnDown(ctx context.Context) error {
-	return b.scope(func() error {
-		s, err := b.e.system(ctx, "bench_burn", b.o.pool)
+	def, err := b.conveyorBurn(ctx, "bench_burn_default", 1, 0)
+	if err != nil {
+		return err
+	}
+	var best conveyorBurnResult
+	var bestConc int
+	for _, c := range b.o.conveyorWorkers {
+		r, err := b.conveyorBurn(ctx, fmt.Sprintf("bench_burn_%d", c), 1, c)
+		if err != nil {
+			return err
+		}
+		b.add(result{Name: fmt.Sprintf("Conveyor: burn-down, WORKER_CONCURRENCY %d (prefetch %d)", c, workerPrefetch(c)), Value: r.perSec, Unit: "tasks/s"})
+		if r.perSec > best.perSec {
+			best, bestConc = r, c
+		}
+	}
+	prefetch := workerPrefetch(bestConc)
+	if err := b.consumeCeilings(ctx, prefetch); err != nil {
+		return err
+	}
+	config := fmt.Sprintf("WORKER_CONCURRENCY %d, prefetch %d", bestConc, prefetch)
+	const name = "Conveyor: burn-down of demo.noop tasks"
+	for _, l := range []struct {
+		name, baseline string
+		min            float64
+	}{
+		{name, "River: burn-down of no-op jobs", 0.5},
+		{name + ", vs bare consumer", consumeCeilingName(prefetch, false), 0.8},
+		{name + ", vs bare consumer's multiple acks", consumeCeilingName(prefetch, true), 0},
+	} {
+		b.vs(l.name, best.perSec, "tasks/s", l.baseline, l.min)
+		b.last().Config = config
+	}
+	b.vs("Conveyor: burn-down, default configuration", def.perSec, "tasks/s", name, 0.8)
+	b.last().Config = fmt.Sprintf("defaults: WORKER_CONCURRENCY %d, prefetch %d", def.concurrency, workerPrefetch(def.concurrency))
+	b.vs("Conveyor: write transactions per task (burn-down)", best.commits, "txs", "River: write transactions per job (burn-down)", 0)
+	b.last().Config = config
+	b.vs("Conveyor: WAL per task (burn-down)", best.wal, "bytes", "River: WAL per job (burn-down)", 0)
+	b.last().Config = config
+	b.add(result{Name: "Conveyor: worker peak RSS (burn-down)", Value: mib(best.rss), Unit: "MiB", Config: config})
+	return nil
+}
+
+// conveyorBurnResult is a burn-down of Conveyor's, with the first
+// worker's peak RSS and its concurrency as it registered it (the default's
+// when none was set).
+type conveyorBurnResult struct {
+	burnResult
+	rss         int64
+	concurrency int
+}
+
+// conveyorBurn runs one burn-down on a system of its own: procs workers
+// with concurrency slots each (0: the defaults) and one relay.
+func (b *bench) conveyorBurn(ctx context.Context, name string, procs, concurrency int) (conveyorBurnResult, error) {
+	var r conveyorBurnResult
+	err := b.scope(func() error {
+		s, err := b.e.system(ctx, name, b.o.pool)
 		if err != nil {
 			return err
 		}
@@ -374,17 +571,72 @@ func (b *bench) burnDown(ctx context.Context) error {
 			return err
 		}
 		stop := s.sampleRSS("worker-0")
-		perSec, commits, wal, err := s.burnDown(ctx, b.o.burnN, 1, b.o.workers)
-		peak := stop()
+		r.burnResult, err = s.burnDown(ctx, b.o.burnN, procs, concurrency)
+		r.rss = stop()["worker-0"]
 		if err != nil {
 			return err
 		}
-		b.vs("Conveyor: burn-down of demo.noop tasks", perSec, "tasks/s", "River: burn-down of no-op jobs", 0.5)
-		b.vs("Conveyor: write transactions per task (burn-down)", commits, "txs", "River: write transactions per job (burn-down)", 0)
-		b.vs("Conveyor: WAL per task (burn-down)", wal, "bytes", "River: WAL per job (burn-down)", 0)
-		b.add(result{Name: "Conveyor: worker peak RSS (burn-down)", Value: mib(peak["worker-0"]), Unit: "MiB"})
-		return nil
+		return s.pool.QueryRow(ctx, `SELECT coalesce(max(concurrency), 0) FROM workers`).Scan(&r.concurrency)
 	})
+	return r, err
+}
+
+// scaleOutWhy explains the scale-out's target: throughput must not fall as
+// processes are added (0.95), less the noise of a run on a shared machine.
+const scaleOutWhy = "must not fall as processes are added: 0.95 less noise"
+
+// scaleOut measures whether throughput holds as processes are added: the
+// same burn-down with 1, 2 and 4 worker processes in the default
+// configuration, and the same outbox backlog published by 1 and 2 relays.
+func (b *bench) scaleOut(ctx context.Context) error {
+	workerName := func(n int) string {
+		return fmt.Sprintf("Conveyor: burn-down, %d worker %s (default configuration)", n, processes(n))
+	}
+	for _, n := range []int{1, 2, 4} {
+		r, err := b.conveyorBurn(ctx, fmt.Sprintf("bench_scale_workers_%d", n), n, 0)
+		if err != nil {
+			return err
+		}
+		if n == 1 {
+			b.add(result{Name: workerName(n), Value: r.perSec, Unit: "tasks/s"})
+			continue
+		}
+		b.vs(workerName(n), r.perSec, "tasks/s", workerName(1), 0)
+		b.last().atLeast(0.9, scaleOutWhy)
+	}
+	relayName := func(n int) string {
+		return fmt.Sprintf("Conveyor: relay publish throughput, %d relay %s", n, processes(n))
+	}
+	for _, n := range []int{1, 2} {
+		err := b.scope(func() error {
+			s, err := b.e.system(ctx, fmt.Sprintf("bench_scale_relays_%d", n), b.o.pool)
+			if err != nil {
+				return err
+			}
+			perSec, _, err := s.relayThroughput(ctx, b.o.messages, n)
+			if err != nil {
+				return err
+			}
+			if n == 1 {
+				b.add(result{Name: relayName(n), Value: perSec, Unit: "msgs/s"})
+				return nil
+			}
+			b.vs(relayName(n), perSec, "msgs/s", relayName(1), 0)
+			b.last().atLeast(0.9, scaleOutWhy)
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func processes(n int) string {
+	if n == 1 {
+		return "process"
+	}
+	return "processes"
 }
 
 func (b *bench) latency(ctx context.Context) error {
@@ -493,7 +745,7 @@ func machine(ctx context.Context, e *env) map[string]string {
 
 func printTable(w io.Writer, rep report) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "measurement\tvalue\tunit\tratio\tbaseline\ttarget\n")
+	fmt.Fprintf(tw, "measurement\tvalue\tunit\tratio\tbaseline\ttarget\tconfig\n")
 	for _, r := range rep.Results {
 		ratio, met := "", ""
 		if r.Ratio != 0 {
@@ -502,7 +754,7 @@ func printTable(w io.Writer, rep report) {
 		if r.Met != nil {
 			met = r.Target + map[bool]string{true: " ✓", false: " ✗"}[*r.Met]
 		}
-		fmt.Fprintf(tw, "%s\t%.1f\t%s\t%s\t%s\t%s\n", r.Name, r.Value, r.Unit, ratio, r.Baseline, met)
+		fmt.Fprintf(tw, "%s\t%.1f\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Value, r.Unit, ratio, r.Baseline, met, r.Config)
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(w, "\n%s, %s CPUs (%s), %s, PostgreSQL %s, RabbitMQ %s; took %s\n", rep.Machine["go"], rep.Machine["cpus"],

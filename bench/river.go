@@ -37,9 +37,10 @@ func riverClient(pool *pgxpool.Pool, workers int) (*river.Client[pgx.Tx], error)
 		Workers: w,
 		// River's default 100ms fetch cooldown caps a queue at MaxWorkers
 		// jobs per 100ms; the shortest allowed makes it the strongest
-		// baseline for a burn-down.
+		// baseline for a burn-down. Fetches follow completions (a freed
+		// slot calls for one); the poll is the fallback, kept short.
 		FetchCooldown:     river.FetchCooldownMin,
-		FetchPollInterval: 50 * time.Millisecond,
+		FetchPollInterval: 20 * time.Millisecond,
 	})
 }
 
@@ -64,31 +65,49 @@ func riverInsert(ctx context.Context, pool *pgxpool.Pool, conc int, d time.Durat
 	})
 }
 
+// riverPoolConns is the River client's connection pool in the burn-down.
+// River's no-op jobs hold no connection while they run: the client needs
+// one for the notifier's LISTEN, one for the producer's fetch (one at a
+// time per queue), one for the batch completer (one batch at a time), and
+// a few at times for the elector and the leader's maintenance services,
+// besides the bench's own progress query; about a dozen at most. 32 leaves
+// room to spare (the pool opens a connection only when none is idle, so
+// the cap costs nothing unused) and stays far under PostgreSQL's default
+// max_connections of 100, which workers/2+4 would pass at MaxWorkers 2000.
+const riverPoolConns = 32
+
+// burnResult is one burn-down: its rate, and the write transactions and
+// WAL bytes per job or task.
+type burnResult struct {
+	perSec, commits, wal float64
+}
+
 // riverBurnDown inserts n no-op jobs, then starts a client with the given
 // number of workers and measures how long until all are completed. It
-// returns jobs per second and the commits and WAL bytes per job.
-func riverBurnDown(ctx context.Context, pool *pgxpool.Pool, n, workers int) (perSec, commits, wal float64, err error) {
+// also returns how many connections the pool opened, the most the client
+// and the bench held at once.
+func riverBurnDown(ctx context.Context, pool *pgxpool.Pool, n, workers int) (burnResult, int32, error) {
 	client, err := riverClient(pool, workers)
 	if err != nil {
-		return 0, 0, 0, err
+		return burnResult{}, 0, err
 	}
 	params := make([]river.InsertManyParams, 0, 5000)
 	for i := range n {
 		params = append(params, river.InsertManyParams{Args: noopArgs{I: i}})
 		if len(params) == cap(params) || i == n-1 {
 			if _, err := client.InsertManyFast(ctx, params); err != nil {
-				return 0, 0, 0, err
+				return burnResult{}, 0, err
 			}
 			params = params[:0]
 		}
 	}
 	before, err := pgCounters(ctx, pool)
 	if err != nil {
-		return 0, 0, 0, err
+		return burnResult{}, 0, err
 	}
 	start := time.Now()
 	if err := client.Start(ctx); err != nil {
-		return 0, 0, 0, err
+		return burnResult{}, 0, err
 	}
 	err = waitFor(5*time.Minute, 20*time.Millisecond, func() (bool, error) {
 		var done int
@@ -96,18 +115,19 @@ func riverBurnDown(ctx context.Context, pool *pgxpool.Pool, n, workers int) (per
 		return done >= n, err
 	})
 	elapsed := time.Since(start)
+	conns := pool.Stat().TotalConns()
 	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	_ = client.Stop(stopCtx)
 	if err != nil {
-		return 0, 0, 0, fmt.Errorf("river burn-down: %w", err)
+		return burnResult{}, 0, fmt.Errorf("river burn-down: %w", err)
 	}
 	after, err := pgCounters(ctx, pool)
 	if err != nil {
-		return 0, 0, 0, err
+		return burnResult{}, 0, err
 	}
-	return float64(n) / elapsed.Seconds(), float64(after.commits-before.commits) / float64(n),
-		float64(after.wal-before.wal) / float64(n), nil
+	return burnResult{float64(n) / elapsed.Seconds(), float64(after.commits-before.commits) / float64(n),
+		float64(after.wal-before.wal) / float64(n)}, conns, nil
 }
 
 type counters struct{ commits, wal int64 }

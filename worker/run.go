@@ -69,7 +69,7 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 	}, runner.Deps{
 		Store: store,
 		Broker: runner.BrokerFunc(func(_ context.Context, types []string, prefetch int) (runner.Source, error) {
-			c, err := rabbitmq.DialConsumer(cfg.AMQPURL, name, types, prefetch)
+			c, err := rabbitmq.DialConsumer(cfg.AMQPURL, name, cfg.AMQPQueueType, types, prefetch)
 			if err != nil {
 				return nil, err
 			}
@@ -139,10 +139,18 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 }
 
 // readAhead resolves WORKER_READ_AHEAD's default: as many as the
-// concurrency, at most 256.
+// concurrency, at most 256; none on quorum queues. The worker withdraws its
+// read-ahead while handlers run long by lowering the prefetch, but a quorum
+// queue's consumer keeps the prefetch it started with: the deliveries read
+// ahead would be requeued, redelivered at once and requeued again for as
+// long as the handlers run (thousands of times in a test of 4-second
+// tasks), each time counting towards the queue's delivery limit.
 func readAhead(cfg config.Worker) int {
 	if cfg.ReadAhead >= 0 {
 		return cfg.ReadAhead
+	}
+	if cfg.AMQPQueueType == rabbitmq.Quorum {
+		return 0
 	}
 	return min(cfg.Concurrency, 256)
 }

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/conveyorhq/conveyor/internal/rabbitmq"
 )
 
 // Common is what every binary reads.
@@ -161,6 +163,17 @@ func oneOf(name, v string, allowed ...string) error {
 func positive(name string, d time.Duration) error {
 	if d <= 0 {
 		return fmt.Errorf("%s: must be a positive duration, got %s", name, d)
+	}
+	return nil
+}
+
+// validAMQPURL checks AMQP_URL: one AMQP URL or a comma-separated list.
+func validAMQPURL(list string) error {
+	if list == "" {
+		return fmt.Errorf("AMQP_URL: must not be empty")
+	}
+	if _, err := rabbitmq.ParseURLs(list); err != nil {
+		return fmt.Errorf("AMQP_URL: %w", err)
 	}
 	return nil
 }

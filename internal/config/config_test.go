@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/conveyorhq/conveyor/internal/config"
+	"github.com/conveyorhq/conveyor/internal/rabbitmq"
 )
 
 func TestLoadAPINamesTheBadVariable(t *testing.T) {
@@ -50,6 +51,11 @@ func TestLoadWorkerNamesTheBadVariable(t *testing.T) {
 		{"RETRY_BACKOFF_BASE", "-1s"},
 		{"WORKER_DEAD_AFTER", "1s"},
 		{"AMQP_URL", ""},
+		{"AMQP_URL", "http://localhost:5672/"},
+		{"AMQP_URL", "amqp://localhost:5672/,"},
+		{"AMQP_URL", "amqp://localhost:5672/,localhost:5673"},
+		{"AMQP_QUEUE_TYPE", "stream"},
+		{"AMQP_QUEUE_TYPE", "Quorum"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
@@ -64,7 +70,29 @@ func TestLoadWorkerDefaults(t *testing.T) {
 	cfg, err := config.Load[config.Worker]()
 	require.NoError(t, err)
 	require.Equal(t, ":8082", cfg.AdminAddr)
-	require.Equal(t, 16, cfg.Concurrency)
+	require.Equal(t, 64, cfg.Concurrency)
 	require.Equal(t, 30*time.Second, cfg.LeaseDuration)
 	require.Equal(t, 5*time.Second, cfg.HeartbeatInterval)
+	require.Equal(t, rabbitmq.Classic, cfg.AMQPQueueType)
+}
+
+func TestLoadWorkerTakesAClusterAndQuorumQueues(t *testing.T) {
+	t.Setenv("AMQP_URL", "amqp://guest:guest@10.0.0.1:5672/, amqps://guest:guest@10.0.0.2/conveyor")
+	t.Setenv("AMQP_QUEUE_TYPE", "quorum")
+	cfg, err := config.Load[config.Worker]()
+	require.NoError(t, err)
+	require.Equal(t, rabbitmq.Quorum, cfg.AMQPQueueType)
+}
+
+func TestLoadRelayNamesTheBadAMQPURL(t *testing.T) {
+	for _, value := range []string{"", "amqp://a:5672/,,amqp://b:5672/", "amqp://a:5672/,mqtt://b:1883"} {
+		t.Run(value, func(t *testing.T) {
+			t.Setenv("AMQP_URL", value)
+			_, err := config.Load[config.Relay]()
+			require.ErrorContains(t, err, "AMQP_URL")
+		})
+	}
+	t.Setenv("AMQP_URL", "amqp://a:5672/,amqp://b:5672/")
+	_, err := config.Load[config.Relay]()
+	require.NoError(t, err)
 }

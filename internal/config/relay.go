@@ -8,6 +8,9 @@ import (
 // Relay configures cmd/relay.
 type Relay struct {
 	Common
+	// AMQPURL is one AMQP URL, or those of a cluster's nodes separated by
+	// commas: each connection tries them in turn, each time starting from
+	// the next one.
 	AMQPURL   string `envconfig:"AMQP_URL" default:"amqp://guest:guest@localhost:5672/"`
 	AdminAddr string `envconfig:"RELAY_ADMIN_ADDR" default:":8081"`
 	// BatchSize is the most rows one transaction locks and publishes.
@@ -32,8 +35,8 @@ func (c Relay) Validate() error {
 	if err := c.Common.Validate(); err != nil {
 		return err
 	}
-	if c.AMQPURL == "" {
-		return fmt.Errorf("AMQP_URL: must not be empty")
+	if err := validAMQPURL(c.AMQPURL); err != nil {
+		return err
 	}
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
 		return fmt.Errorf("RELAY_BATCH_SIZE: must be between 1 and 10000, got %d", c.BatchSize)

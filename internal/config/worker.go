@@ -3,15 +3,24 @@ package config
 import (
 	"fmt"
 	"time"
+
+	"github.com/conveyorhq/conveyor/internal/rabbitmq"
 )
 
 // Worker configures a worker binary (cmd/worker, or one built with
 // worker.Main).
 type Worker struct {
 	Common
-	AMQPURL     string `envconfig:"AMQP_URL" default:"amqp://guest:guest@localhost:5672/"`
-	AdminAddr   string `envconfig:"WORKER_ADMIN_ADDR" default:":8082"`
-	Concurrency int    `envconfig:"WORKER_CONCURRENCY" default:"16"`
+	// AMQPURL is one AMQP URL, or those of a cluster's nodes separated by
+	// commas: each connection tries them in turn, each time starting from
+	// the next one.
+	AMQPURL string `envconfig:"AMQP_URL" default:"amqp://guest:guest@localhost:5672/"`
+	// AMQPQueueType is the type of the task queues the worker declares:
+	// classic (priorities 0-9 honoured) or quorum (replicated over the
+	// cluster; see docs/quorum.md). Every worker of a type must agree.
+	AMQPQueueType rabbitmq.QueueType `envconfig:"AMQP_QUEUE_TYPE" default:"classic"`
+	AdminAddr     string             `envconfig:"WORKER_ADMIN_ADDR" default:":8082"`
+	Concurrency   int                `envconfig:"WORKER_CONCURRENCY" default:"64"`
 	// ID names the worker in the registry and on the tasks it runs; empty
 	// means hostname, pid and a random suffix.
 	ID string `envconfig:"WORKER_ID"`
@@ -46,7 +55,8 @@ type Worker struct {
 	// ReadAhead is how many deliveries beyond its free slots a worker lets
 	// the broker send it ahead, while no handler runs long: a freed slot
 	// then finds its next task at once. -1 means as many as
-	// WORKER_CONCURRENCY (at most 256); 0 turns read-ahead off.
+	// WORKER_CONCURRENCY (at most 256), or none with AMQP_QUEUE_TYPE=quorum
+	// (see docs/quorum.md); 0 turns read-ahead off.
 	ReadAhead int `envconfig:"WORKER_READ_AHEAD" default:"-1"`
 	// SchedulerInterval is the longest time between two passes of the
 	// scheduler (cron ticks, admission of waiting tasks) on the leader;
@@ -71,8 +81,11 @@ func (c Worker) Validate() error {
 	if err := c.Common.Validate(); err != nil {
 		return err
 	}
-	if c.AMQPURL == "" {
-		return fmt.Errorf("AMQP_URL: must not be empty")
+	if err := validAMQPURL(c.AMQPURL); err != nil {
+		return err
+	}
+	if _, err := rabbitmq.ParseQueueType(string(c.AMQPQueueType)); err != nil {
+		return fmt.Errorf("AMQP_QUEUE_TYPE: %w", err)
 	}
 	if c.Concurrency < 1 || c.Concurrency > 10000 {
 		return fmt.Errorf("WORKER_CONCURRENCY: must be between 1 and 10000, got %d", c.Concurrency)

@@ -48,8 +48,9 @@ WHERE `+isPending+` AND admitted AND next_run_at < now() - $1 * interval '1 mill
 	AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.task_id = t.id AND o.kind = 'task.run')
 ORDER BY next_run_at LIMIT $2`)
 
-// sqlDeleteExpired removes terminal tasks past retention; their events,
-// results and idempotency keys go with them (ON DELETE CASCADE).
+// sqlDeleteExpired removes terminal tasks past retention; their events and
+// results go with them (the tasks_deleted trigger), and so do their
+// idempotency keys (ON DELETE CASCADE).
 var sqlDeleteExpired = statement("tasks.delete_expired", `
 DELETE FROM tasks WHERE id IN (
 	SELECT id FROM tasks WHERE `+isTerminal+` AND completed_at < now() - $1 * interval '1 millisecond'

@@ -25,11 +25,16 @@ import (
 // batches cannot deadlock.
 var sqlClaim = statement("tasks.claim", `
 WITH locked AS (
+	-- The condition is a CASE, which no index can serve, so the rows are
+	-- found by their primary key whatever the statistics say: with the
+	-- condition spelt as an OR of indexed columns, a fresh backlog (not
+	-- analyzed yet) made the planner scan every pending task per claim.
 	SELECT id AS locked_id FROM tasks
-	WHERE id = ANY($1::uuid[]) AND (
-		(`+isPending+` AND admitted AND next_run_at <= now() + interval '1 second')
-		OR (`+isRunning+` AND lease_expires_at < now() AND attempt < max_attempts
-			AND cancel_requested_at IS NULL))
+	WHERE id = ANY($1::uuid[]) AND CASE status
+		WHEN `+lit(task.StatusPending)+` THEN admitted AND next_run_at <= now() + interval '1 second'
+		WHEN `+lit(task.StatusInProgress)+` THEN lease_expires_at < now() AND attempt < max_attempts
+			AND cancel_requested_at IS NULL
+		ELSE false END
 	ORDER BY id
 	FOR UPDATE
 ), upd AS (

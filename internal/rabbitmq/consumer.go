@@ -16,9 +16,11 @@ import (
 // ErrClosed is the Err of a consumer its owner closed.
 var ErrClosed = errors.New("rabbitmq: consumer closed")
 
-// Consumer consumes the task queues of a worker's types on one channel,
-// whose prefetch is shared by all of them, and the control broadcasts on
-// another channel, from an exclusive queue of its own.
+// Consumer consumes the task queues of a worker's types on one channel and
+// the control broadcasts on another channel, from an exclusive queue of its
+// own. On classic queues the task channel's prefetch is shared by all the
+// types; quorum queues support no channel-wide prefetch, so there each
+// type's consumer gets the whole credit (see DialConsumer).
 //
 // A consumer does not recover: once anything it depends on is lost (the
 // connection, either channel, a consumer the broker cancelled because its
@@ -29,7 +31,9 @@ var ErrClosed = errors.New("rabbitmq: consumer closed")
 // case: it ends the consumer's goroutines.
 type Consumer struct {
 	conn    *amqp.Connection
+	qt      QueueType
 	tasks   *amqp.Channel
+	settler *settler // of the tasks channel
 	control *amqp.Channel
 	// queues maps the consumer tag of each task queue to the queue.
 	queues map[string]string
@@ -53,17 +57,25 @@ type Consumer struct {
 	stopping atomic.Bool
 }
 
-// DialConsumer connects, declares the topology the worker needs (the
-// exchanges, a durable queue per type, its own exclusive control queue) and
-// starts consuming with at most prefetch unacknowledged task messages over
-// all the types. name is the connection name the broker shows.
-func DialConsumer(url, name string, types []string, prefetch int) (*Consumer, error) {
+// DialConsumer connects to a node of url (see ParseURLs), declares the
+// topology the worker needs (the exchanges, a durable queue of type qt per
+// type, its own exclusive control queue) and starts consuming. name is the
+// connection name the broker shows.
+//
+// prefetch bounds the unacknowledged task messages. On classic queues the
+// bound is channel-wide (global QoS): prefetch over all the types. Quorum
+// queues refuse a consumer on a channel with global QoS (the broker closes
+// the connection with NOT_IMPLEMENTED), so there the bound is per consumer:
+// each type's queue may have prefetch messages unacknowledged, and a worker
+// of n types may hold up to n times prefetch.
+func DialConsumer(url, name string, qt QueueType, types []string, prefetch int) (*Consumer, error) {
 	conn, err := dial(url, name)
 	if err != nil {
 		return nil, err
 	}
 	c := &Consumer{
 		conn:       conn,
+		qt:         qt,
 		queues:     make(map[string]string, len(types)),
 		deliveries: make(chan outbox.Delivery),
 		cancels:    make(chan outbox.Cancel, 64),
@@ -94,14 +106,12 @@ func (c *Consumer) open(types []string, prefetch int) error {
 	if err := DeclareExchanges(c.tasks); err != nil {
 		return err
 	}
-	// global: RabbitMQ applies the limit to the whole channel, shared by
-	// the consumers of every type.
-	if err := c.tasks.Qos(prefetch, 0, true); err != nil {
+	if err := c.qos(prefetch); err != nil {
 		return fmt.Errorf("set prefetch: %w", err)
 	}
 	streams := make(map[string]<-chan amqp.Delivery, len(types))
 	for _, typ := range types {
-		if err := DeclareTaskQueue(c.tasks, typ); err != nil {
+		if err := DeclareTaskQueueOf(c.tasks, typ, c.qt); err != nil {
 			return err
 		}
 		q := QueueName(typ)
@@ -132,6 +142,7 @@ func (c *Consumer) open(types []string, prefetch int) error {
 		return fmt.Errorf("consume control queue: %w", err)
 	}
 
+	c.settler = newSettler(c.tasks)
 	c.wg.Add(len(streams) + 2)
 	for tag, msgs := range streams {
 		go c.forward(c.queues[tag], msgs)
@@ -160,7 +171,7 @@ func (c *Consumer) forward(queue string, msgs <-chan amqp.Delivery) {
 				return
 			}
 			select {
-			case c.deliveries <- toDelivery(queue, m):
+			case c.deliveries <- toDelivery(queue, m, c.settler):
 			case <-c.done:
 				return
 			}
@@ -193,14 +204,14 @@ func (c *Consumer) forwardCancels(queue string, msgs <-chan amqp.Delivery) {
 	}
 }
 
-func toDelivery(queue string, m amqp.Delivery) outbox.Delivery {
+func toDelivery(queue string, m amqp.Delivery, s *settler) outbox.Delivery {
 	d := outbox.Delivery{
 		MessageID:    m.MessageId,
 		Exchange:     m.Exchange,
 		Queue:        queue,
 		Redelivered:  m.Redelivered,
 		Headers:      make(map[string]string, len(m.Headers)),
-		Acknowledger: acker{ch: m.Acknowledger, tag: m.DeliveryTag},
+		Acknowledger: acker{s: s, tag: m.DeliveryTag},
 	}
 	for k, v := range m.Headers {
 		if s, ok := v.(string); ok {
@@ -215,16 +226,17 @@ func toDelivery(queue string, m amqp.Delivery) outbox.Delivery {
 	return d
 }
 
-// acker settles one delivery on the channel it came from: it keeps the
-// delivery's acknowledger and tag, not the whole amqp.Delivery and its body.
+// acker settles one delivery through the settler of the channel it came
+// from: it keeps the delivery's tag, not the whole amqp.Delivery and its
+// body.
 type acker struct {
-	ch  amqp.Acknowledger
+	s   *settler
 	tag uint64
 }
 
-func (a acker) Ack() error     { return a.ch.Ack(a.tag, false) }
-func (a acker) Requeue() error { return a.ch.Nack(a.tag, false, true) }
-func (a acker) Reject() error  { return a.ch.Reject(a.tag, false) }
+func (a acker) Ack() error     { return a.s.ack(a.tag) }
+func (a acker) Requeue() error { return a.s.nack(a.tag, true) }
+func (a acker) Reject() error  { return a.s.nack(a.tag, false) }
 
 // Deliveries yields the task messages. A delivery must be settled (Ack,
 // Requeue or Reject) on this consumer while it is open; one never settled
@@ -257,14 +269,24 @@ func (c *Consumer) fail(err error) {
 	})
 }
 
-// SetPrefetch changes how many task messages may be unacknowledged at once
-// on this consumer's channel (a channel-wide limit, shared by the queues of
-// every type); the broker applies it to its next deliveries.
+// SetPrefetch changes how many task messages may be unacknowledged at once.
+// On classic queues the limit is channel-wide, shared by the queues of
+// every type, and the broker applies it to its next deliveries. On quorum
+// queues it is per consumer, and RabbitMQ applies a per-consumer QoS only
+// to consumers started after it: the consumers of this connection keep the
+// prefetch they were started with, and the new value holds from the next
+// connection on.
 func (c *Consumer) SetPrefetch(n int) error {
-	if err := c.tasks.Qos(n, 0, true); err != nil {
+	if err := c.qos(n); err != nil {
 		return fmt.Errorf("set prefetch %d: %w", n, err)
 	}
 	return nil
+}
+
+// qos sets the task channel's prefetch: channel-wide (global) on classic
+// queues, per consumer on quorum queues, which support nothing else.
+func (c *Consumer) qos(n int) error {
+	return c.tasks.Qos(n, 0, c.qt != Quorum)
 }
 
 // StopConsuming asks the broker to send no more task messages; the control
@@ -290,6 +312,11 @@ func (c *Consumer) Close() error {
 	c.closeOnce.Do(func() {
 		c.fail(ErrClosed)
 		close(c.quit)
+		// The acks still queued go out before the connection closes:
+		// their deliveries are not sent again.
+		if c.settler != nil {
+			c.settler.close()
+		}
 		// A connection the broker or the network already closed is
 		// not an error of Close.
 		if e := c.conn.Close(); e != nil && !errors.Is(e, amqp.ErrClosed) {

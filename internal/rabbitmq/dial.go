@@ -1,8 +1,12 @@
 package rabbitmq
 
 import (
+	"errors"
 	"fmt"
 	"net"
+	"net/url"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -18,11 +22,66 @@ const (
 	writeTimeout = 15 * time.Second
 )
 
-// dial connects to RabbitMQ with heartbeats, a connection name shown in the
-// management UI, and bounded socket writes.
-func dial(url, name string) (*amqp.Connection, error) {
+// ParseURLs reads AMQP_URL: one AMQP URL, or the URLs of several nodes of a
+// cluster separated by commas. Each must parse as an AMQP URL; blanks
+// around the commas are ignored.
+func ParseURLs(list string) ([]string, error) {
+	var urls []string
+	for u := range strings.SplitSeq(list, ",") {
+		u = strings.TrimSpace(u)
+		if u == "" {
+			return nil, errors.New("empty URL in the list")
+		}
+		if _, err := amqp.ParseURI(u); err != nil {
+			// A URL may hold a password: the error names the URL's
+			// position, not the URL, which url.Error quotes whole.
+			if ue := (*url.Error)(nil); errors.As(err, &ue) {
+				err = fmt.Errorf("%w (a reserved character in the user name or password must be percent-encoded)", ue.Err)
+			}
+			return nil, fmt.Errorf("URL %d of %d: %w", len(urls)+1, strings.Count(list, ",")+1, err)
+		}
+		urls = append(urls, u)
+	}
+	return urls, nil
+}
+
+// dials counts the dials of this process. Each dial starts with the next
+// node of the list: a reconnect, or another connection of the process,
+// tries another node first, so connections spread over a cluster and one
+// after a node's loss does not start with the lost node again. The
+// first dial takes the first node: processes given the list in different
+// orders start on different nodes.
+var dials atomic.Uint64
+
+// rotation is the order in which the dial numbered n tries the nodes.
+func rotation(urls []string, n uint64) []string {
+	start := int(n % uint64(len(urls)))
+	return append(append(make([]string, 0, len(urls)), urls[start:]...), urls[:start]...)
+}
+
+// dial connects to one of the nodes in list (see ParseURLs), trying them in
+// turn, with heartbeats, a connection name shown in the management UI, and
+// bounded socket writes. When no node answers it returns the last error.
+func dial(list, name string) (*amqp.Connection, error) {
+	urls, err := ParseURLs(list)
+	if err != nil {
+		return nil, fmt.Errorf("connect to RabbitMQ: AMQP_URL: %w", err)
+	}
+	for _, url := range rotation(urls, dials.Add(1)-1) {
+		var conn *amqp.Connection
+		if conn, err = dialOne(url, name); err == nil {
+			return conn, nil
+		}
+	}
+	if len(urls) > 1 {
+		return nil, fmt.Errorf("connect to RabbitMQ (none of %d nodes answered): %w", len(urls), err)
+	}
+	return nil, fmt.Errorf("connect to RabbitMQ: %w", err)
+}
+
+func dialOne(url, name string) (*amqp.Connection, error) {
 	base := amqp.DefaultDial(30 * time.Second)
-	conn, err := amqp.DialConfig(url, amqp.Config{
+	return amqp.DialConfig(url, amqp.Config{
 		Heartbeat:  heartbeat,
 		Properties: amqp.Table{"connection_name": name},
 		Dial: func(network, addr string) (net.Conn, error) {
@@ -33,10 +92,6 @@ func dial(url, name string) (*amqp.Connection, error) {
 			return &deadlineConn{Conn: c}, nil
 		},
 	})
-	if err != nil {
-		return nil, fmt.Errorf("connect to RabbitMQ: %w", err)
-	}
-	return conn, nil
 }
 
 // deadlineConn sets a write deadline before every write.

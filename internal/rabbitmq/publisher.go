@@ -70,7 +70,9 @@ func (p *Publisher) open(returnBuffer int) error {
 		if e == nil {
 			e = &amqp.Error{Reason: "closed"}
 		}
-		p.err.Store(e)
+		// A publisher that gave up on its channel (see Publish) has
+		// stored why.
+		p.err.CompareAndSwap(nil, e)
 		close(p.closed)
 	}()
 	return nil
@@ -129,6 +131,13 @@ func (p *Publisher) Close() error { return p.conn.Close() }
 // (an exchange deleted under the publisher, a message larger than the
 // broker's max_message_size), a lost connection, a socket write that timed
 // out. Every message not confirmed by then is Failed, and Done is closed.
+//
+// A nack also closes Done once the batch is done: the publisher gives up its
+// channel, and its owner dials again. RabbitMQ nacks when a queue could not
+// take a message, and a channel may not recover: on RabbitMQ 3.10.8 a
+// channel that first published to a quorum queue while the queue's leader
+// node was down had every later publish to it nacked, long after a new
+// leader was elected, while a new channel's publishes were confirmed.
 func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) outbox.Outcome {
 	var out outbox.Outcome
 	pending := make([]*amqp.DeferredConfirmation, len(msgs))
@@ -181,6 +190,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) outbox.O
 		}
 	}
 	confirmed := make([]bool, len(msgs))
+	nacked := false
 	for i, dc := range pending {
 		if dc == nil {
 			continue
@@ -207,6 +217,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) outbox.O
 			out.Fail(msgs[i].ID, "not confirmed: channel closed: "+p.closeReason())
 		default:
 			out.Fail(msgs[i].ID, "nacked by the broker")
+			nacked = true
 		}
 	}
 	for drained := false; !drained && returns != nil; {
@@ -232,6 +243,11 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) outbox.O
 		default:
 			out.Fail(id, fmt.Sprintf("returned: %d %s", r.ReplyCode, r.ReplyText))
 		}
+	}
+	if nacked {
+		p.err.CompareAndSwap(nil, &amqp.Error{Code: amqp.InternalError,
+			Reason: "a publish was nacked by the broker: publishing on a new channel"})
+		_ = p.ch.Close()
 	}
 	return out
 }

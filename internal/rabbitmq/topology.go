@@ -4,20 +4,22 @@
 //
 // PostgreSQL holds every task; RabbitMQ only delivers. A task.run message
 // goes to the direct exchange conveyor.tasks with the task's type as routing
-// key and lands in the durable priority queue conveyor.task.<type>. Only
-// workers declare those queues, for the types they run: a message for a
-// type no worker has declared yet is returned to the relay, which parks it
+// key and lands in the durable queue conveyor.task.<type>, a classic
+// priority queue or a replicated quorum queue (QueueType). Only workers
+// declare those queues, for the types they run: a message for a type no
+// worker has declared yet is returned to the relay, which parks it
 // in PostgreSQL. task.cancel messages are broadcast on the fanout exchange
 // conveyor.control to an exclusive queue per worker.
 //
 // Publisher, Consumer and Inspector speak in the types of package outbox.
-// Two things of amqp091-go are visible to callers: DeclareExchanges and
-// DeclareTaskQueue take an *amqp.Channel, for code that holds its own
-// channel (tests, tools), and the errors returned by Err may wrap an
-// *amqp.Error, which errors.As finds.
+// Two things of amqp091-go are visible to callers: DeclareExchanges,
+// DeclareTaskQueue and DeclareTaskQueueOf take an *amqp.Channel, for code
+// that holds its own channel (tests, tools), and the errors returned by Err
+// may wrap an *amqp.Error, which errors.As finds.
 package rabbitmq
 
 import (
+	"errors"
 	"fmt"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -47,15 +49,62 @@ func DeclareExchanges(ch *amqp.Channel) error {
 	return nil
 }
 
-// DeclareTaskQueue declares a type's durable queue, whose x-max-priority is
-// task.MaxPriority so that every priority a task may have is honoured, and
-// binds it to the tasks exchange with the type as routing key. Workers
-// declare the queues of their types before consuming; the relay never
-// declares one, so the set of queues is the set of types some worker runs.
-// Declaring is idempotent.
+// QueueType is the kind of queue the workers declare for their types.
+type QueueType string
+
+const (
+	// Classic queues live on one node and honour every task priority
+	// (x-max-priority is task.MaxPriority). The default.
+	Classic QueueType = "classic"
+	// Quorum queues are replicated over a cluster's nodes (Raft) and
+	// survive the loss of a minority of them. RabbitMQ 3.x refuses
+	// x-max-priority on them and ignores message priorities; 4.x has two
+	// levels, normal (0-4) and high (5 and up). Nor do they support a
+	// channel-wide prefetch: each consumer gets the credit (see
+	// DialConsumer).
+	Quorum QueueType = "quorum"
+)
+
+// ParseQueueType reads a queue type as AMQP_QUEUE_TYPE spells it.
+func ParseQueueType(s string) (QueueType, error) {
+	switch qt := QueueType(s); qt {
+	case Classic, Quorum:
+		return qt, nil
+	}
+	return "", fmt.Errorf("unknown queue type %q: must be %q or %q", s, Classic, Quorum)
+}
+
+// arguments are the queue arguments a type's queue is declared with.
+func (qt QueueType) arguments() amqp.Table {
+	if qt == Quorum {
+		return amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum}
+	}
+	return amqp.Table{"x-max-priority": int32(task.MaxPriority)}
+}
+
+// DeclareTaskQueue declares a type's durable classic queue, whose
+// x-max-priority is task.MaxPriority so that every priority a task may have
+// is honoured, and binds it to the tasks exchange with the type as routing
+// key. It is DeclareTaskQueueOf with Classic.
 func DeclareTaskQueue(ch *amqp.Channel, taskType string) error {
+	return DeclareTaskQueueOf(ch, taskType, Classic)
+}
+
+// DeclareTaskQueueOf declares a type's durable queue of type qt and binds it
+// to the tasks exchange with the type as routing key. Workers declare the
+// queues of their types before consuming; the relay never declares one, so
+// the set of queues is the set of types some worker runs. Declaring is
+// idempotent, but RabbitMQ refuses (PRECONDITION_FAILED, which also closes
+// ch) to declare a queue that exists with other arguments, such as the
+// other type: the error then says so.
+func DeclareTaskQueueOf(ch *amqp.Channel, taskType string, qt QueueType) error {
 	q := QueueName(taskType)
-	if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-max-priority": int32(task.MaxPriority)}); err != nil {
+	if _, err := ch.QueueDeclare(q, true, false, false, false, qt.arguments()); err != nil {
+		var ae *amqp.Error
+		if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
+			return fmt.Errorf("declare queue %s as %s: %w (the queue exists with other arguments: "+
+				"check that AMQP_QUEUE_TYPE is the type it was created with, or delete it to change its type)", q, qt, err)
+		}
 		return fmt.Errorf("declare queue %s: %w", q, err)
 	}
 	if err := ch.QueueBind(q, taskType, TasksExchange, false, nil); err != nil {

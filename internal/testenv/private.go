@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -80,11 +81,24 @@ type RabbitNode struct {
 	Port int
 	dir  string
 	env  []string
+	// killAtCleanup: the node is killed when the test ends, not stopped.
+	killAtCleanup bool
 }
 
 // StartRabbit starts a private RabbitMQ node, stopped and removed when t
 // ends. Starting takes a few seconds.
 func StartRabbit(t testing.TB) *RabbitNode {
+	t.Helper()
+	n := newRabbitNode(t)
+	n.Start(t)
+	return n
+}
+
+// newRabbitNode prepares a private node, not started yet: its name, ports,
+// configuration and data directories (owned by the rabbitmq user, as the
+// server runs as that user). The node is stopped and its files removed
+// when t ends.
+func newRabbitNode(t testing.TB) *RabbitNode {
 	t.Helper()
 	dir := ownedTempDir(t, "rabbitmq")
 	n := &RabbitNode{Name: "conveyor_test_" + randomSuffix() + "@localhost", Port: FreePort(t), dir: dir}
@@ -101,19 +115,25 @@ func StartRabbit(t testing.TB) *RabbitNode {
 		"RABBITMQ_ENABLED_PLUGINS_FILE=" + filepath.Join(dir, "enabled_plugins"),
 		"RABBITMQ_MNESIA_BASE=" + filepath.Join(dir, "mnesia"),
 		"RABBITMQ_LOG_BASE=" + filepath.Join(dir, "log"),
-		"RABBITMQ_PID_FILE=" + filepath.Join(dir, "pid"),
+		"RABBITMQ_PID_FILE=" + n.pidFile(),
 		"ERL_EPMD_ADDRESS=127.0.0.1",
 	}
 	for _, sub := range []string{"mnesia", "log"} {
 		mkdirOwned(t, filepath.Join(dir, sub), "rabbitmq")
 	}
-	n.Start(t)
 	t.Cleanup(func() {
-		_ = n.ctl("stop")
+		if n.killAtCleanup {
+			_ = n.kill()
+		} else {
+			_ = n.ctl("stop")
+		}
 		_ = os.RemoveAll(dir)
 	})
 	return n
 }
+
+// pidFile is where the node writes the process id of its Erlang VM.
+func (n *RabbitNode) pidFile() string { return filepath.Join(n.dir, "pid") }
 
 // URL is the node's AMQP URL.
 func (n *RabbitNode) URL() string { return fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", n.Port) }
@@ -121,18 +141,35 @@ func (n *RabbitNode) URL() string { return fmt.Sprintf("amqp://guest:guest@127.0
 // Start starts the node and waits until it serves.
 func (n *RabbitNode) Start(t testing.TB) {
 	t.Helper()
+	n.launch(t)
+	n.awaitStartup(t)
+}
+
+// launch starts the node's VM in the background; it is not serving yet.
+func (n *RabbitNode) launch(t testing.TB) {
+	t.Helper()
 	cmd := exec.Command("rabbitmq-server", "-detached")
 	cmd.Env = append(os.Environ(), n.env...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("testenv: start rabbitmq node: %v\n%s", err, out)
 	}
-	// -detached returns before the node is up: wait for it to answer,
-	// then for the broker inside it to finish booting.
+}
+
+// awaitStartup waits until a launched node serves.
+func (n *RabbitNode) awaitStartup(t testing.TB) {
+	t.Helper()
+	// -detached returns before the node is up. Its AMQP listener opens
+	// last of all, and trying the port is cheap, where each rabbitmqctl
+	// starts an Erlang VM (a second of CPU that the booting nodes want):
+	// wait for the port, then make sure the node answers and that the
+	// broker inside it has finished booting.
 	deadline := time.Now().Add(90 * time.Second)
+	for !listening(n.Port) && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
 	for n.ctl("ping") != nil {
 		if time.Now().After(deadline) {
-			logs, _ := os.ReadFile(filepath.Join(n.dir, "log", strings.TrimSuffix(n.Name, "@localhost")+"@localhost.log"))
-			t.Fatalf("testenv: rabbitmq node %s did not start:\n%s", n.Name, tail(string(logs), 3000))
+			t.Fatalf("testenv: rabbitmq node %s did not start:\n%s", n.Name, n.logTail())
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -150,13 +187,29 @@ func (n *RabbitNode) Start(t testing.TB) {
 	}
 }
 
+// listening says whether something accepts connections on the port.
+func listening(port int) bool {
+	c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), time.Second)
+	if err != nil {
+		return false
+	}
+	_ = c.Close()
+	return true
+}
+
+// logTail is the end of the node's log, for failures.
+func (n *RabbitNode) logTail() string {
+	logs, _ := os.ReadFile(filepath.Join(n.dir, "log", strings.TrimSuffix(n.Name, "@localhost")+"@localhost.log"))
+	return tail(string(logs), 3000)
+}
+
 // Stop stops the node (the whole Erlang VM); Start brings it back with its
 // durable queues and persistent messages.
 func (n *RabbitNode) Stop(t testing.TB) {
 	t.Helper()
 	// With the pid file, rabbitmqctl waits until the VM has exited, so a
 	// Start right after cannot meet the old node still shutting down.
-	if err := n.ctl("stop", filepath.Join(n.dir, "pid")); err != nil {
+	if err := n.ctl("stop", n.pidFile()); err != nil {
 		t.Fatalf("testenv: stop rabbitmq node: %v", err)
 	}
 	deadline := time.Now().Add(30 * time.Second)

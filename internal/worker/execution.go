@@ -30,10 +30,12 @@ type execution struct {
 	task     task.Task
 	lease    task.Lease
 	handler  conveyor.HandlerFunc
-	log      *slog.Logger
+	log      taskLog
 	span     trace.Span
 	delivery outbox.Delivery
-	started  time.Time
+	// release frees the worker's slot once the handler has returned.
+	release func()
+	started time.Time
 	// claimVersion is the version the claim left: a cancel broadcast that
 	// names an earlier version was for an earlier run.
 	claimVersion int
@@ -70,7 +72,7 @@ type outcome struct {
 	err    error
 }
 
-func (w *Worker) newExecution(t task.Task, h conveyor.HandlerFunc, log *slog.Logger, span trace.Span, d outbox.Delivery) *execution {
+func (w *Worker) newExecution(t task.Task, h conveyor.HandlerFunc, log taskLog, span trace.Span, d outbox.Delivery) *execution {
 	return &execution{
 		w: w, task: t, handler: h, log: log, span: span, delivery: d, started: time.Now(),
 		lease:        task.Lease{TaskID: t.ID, WorkerID: w.cfg.Info.ID, Attempt: t.Attempt, Version: t.Version},
@@ -120,7 +122,7 @@ func (e *execution) run(ctx context.Context) {
 	if e.task.StartedAt != nil && e.task.StartedAt.After(e.task.NextRunAt) {
 		e.w.metrics.queueWait.WithLabelValues(e.task.Type).Observe(e.task.StartedAt.Sub(e.task.NextRunAt).Seconds())
 	}
-	e.log.InfoContext(ctx, "task started")
+	e.log.DebugContext(ctx, "task started")
 	e.w.signals.started.send(e.task.ID)
 
 	e.hctx, e.stop = context.WithCancelCause(ctx)
@@ -152,6 +154,7 @@ func (e *execution) run(ctx context.Context) {
 	for {
 		select {
 		case out := <-done:
+			e.release()
 			if timer != nil {
 				timer.Stop()
 			}
@@ -203,6 +206,7 @@ func (e *execution) run(ctx context.Context) {
 			e.finish(ctx, outcome{err: conveyor.ErrTimeout})
 			e.ack()
 			<-done // the slot stays taken while the handler still runs
+			e.release()
 			return
 		}
 	}
@@ -537,7 +541,14 @@ func (e *execution) done(ctx context.Context, outcome string, err error) {
 	if outcome == "failed" {
 		e.span.SetStatus(codes.Error, "task failed")
 	}
-	e.log.InfoContext(ctx, "task attempt ended", "outcome", outcome, "duration", time.Since(e.started))
+	// A completion is the common case, counted in the metrics and kept in
+	// the task's events: it is logged at debug level, every other outcome
+	// at info.
+	level := slog.LevelInfo
+	if outcome == "completed" {
+		level = slog.LevelDebug
+	}
+	e.log.log(ctx, level, "task attempt ended", []any{"outcome", outcome, "duration", time.Since(e.started)})
 }
 
 // retryDelay is the wait before attempt+1: base doubled per attempt, capped,

@@ -14,6 +14,7 @@ type Metrics struct {
 	leader        prometheus.Gauge
 	liveWorkers   prometheus.Gauge
 	maintenance   *prometheus.CounterVec
+	batchSize     *prometheus.HistogramVec
 }
 
 // NewMetrics registers the worker's metrics on reg.
@@ -53,8 +54,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		maintenance: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "conveyor_maintenance_actions_total", Help: "Rows changed by maintenance, by action.",
 		}, []string{"action"}),
+		batchSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "conveyor_worker_batch_size", Help: "Claims or changes written by one statement of the worker, by statement (claim, apply).",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
+		}, []string{"statement"}),
 	}
 	reg.MustRegister(m.started, m.finished, m.duration, m.queueWait, m.cancelLatency, m.running, m.dropped,
-		m.leader, m.liveWorkers, m.maintenance)
+		m.leader, m.liveWorkers, m.maintenance, m.batchSize)
 	return m
 }

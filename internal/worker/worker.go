@@ -331,8 +331,12 @@ func (w *Worker) serve(ctx, runCtx context.Context, src Source) bool {
 		case d := <-src.Deliveries():
 			w.inflight.Add(1)
 			go func() {
-				defer func() { <-w.slots; w.inflight.Done() }()
-				w.process(runCtx, d)
+				// The slot is freed as soon as the handler returns: storing
+				// the outcome and settling the delivery go on beside the
+				// next task, within the broker's prefetch.
+				release := sync.OnceFunc(func() { <-w.slots })
+				defer func() { release(); w.inflight.Done() }()
+				w.process(runCtx, d, release)
 			}()
 		}
 	}
@@ -422,8 +426,9 @@ func (w *Worker) runningCount() int {
 // process claims the task of a delivery and runs it. The delivery is
 // acknowledged when the attempt's outcome is stored, or at once when the
 // task is not claimable; it is given back when the claim could not be
-// made.
-func (w *Worker) process(ctx context.Context, d outbox.Delivery) {
+// made. release frees the delivery's slot; it is called once the handler
+// has returned.
+func (w *Worker) process(ctx context.Context, d outbox.Delivery, release func()) {
 	if d.Err != nil {
 		w.log.ErrorContext(ctx, "dropping unreadable message", "queue", d.Queue, "message_id", d.MessageID, "error", d.Err)
 		w.metrics.dropped.WithLabelValues("unreadable").Inc()
@@ -439,7 +444,7 @@ func (w *Worker) process(ctx context.Context, d outbox.Delivery) {
 	}
 	ctx, span := w.startConsumerSpan(ctx, d)
 	defer span.End()
-	log := w.log.With("task_id", d.Body.TaskID, "type", d.Body.Type)
+	log := taskLog{l: w.log, attrs: []any{"task_id", d.Body.TaskID, "type", d.Body.Type}}
 
 	t, ok, err := w.claim(ctx, d)
 	if err != nil {
@@ -457,7 +462,8 @@ func (w *Worker) process(ctx context.Context, d outbox.Delivery) {
 		w.signals.dropped.send(d.Body.TaskID)
 		return
 	}
-	e := w.newExecution(t, handler, log.With("attempt", t.Attempt), span, d)
+	e := w.newExecution(t, handler, log.with("attempt", t.Attempt), span, d)
+	e.release = release
 	w.mu.Lock()
 	w.running[t.ID] = e
 	w.mu.Unlock()
@@ -504,6 +510,7 @@ type claimed struct {
 // When two deliveries of one task share a batch, only the first gets it.
 func (w *Worker) claimBatch(ctx context.Context, ids []uuid.UUID) ([]claimed, []error) {
 	res, errs := make([]claimed, len(ids)), make([]error, len(ids))
+	w.metrics.batchSize.WithLabelValues("claim").Observe(float64(len(ids)))
 	tasks, err := w.store.Claim(ctx, ids, w.cfg.Info.ID, w.cfg.Lease)
 	if err != nil {
 		for i := range errs {
@@ -527,6 +534,7 @@ func (w *Worker) claimBatch(ctx context.Context, ids []uuid.UUID) ([]claimed, []
 // applyBatch applies a batch of transitions in one statement; each is
 // fenced by its own version and fails alone.
 func (w *Worker) applyBatch(ctx context.Context, changes []task.Change) ([]task.Applied, []error) {
+	w.metrics.batchSize.WithLabelValues("apply").Observe(float64(len(changes)))
 	out, errs, err := w.store.Apply(ctx, changes)
 	if err != nil {
 		out, errs = make([]task.Applied, len(changes)), make([]error, len(changes))
