@@ -63,11 +63,7 @@ func (s *server) handleListJobs() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
-		out := make([]jobView, len(jobs))
-		for i, j := range jobs {
-			out[i] = toJobView(j)
-		}
-		s.respond(w, r, http.StatusOK, map[string]any{"jobs": out})
+		s.respond(w, r, http.StatusOK, map[string]any{"jobs": mapSlice(jobs, toJobView)})
 	}
 }
 
@@ -89,11 +85,9 @@ func (s *server) handleListTypes() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
-		out := make([]typeStateView, len(types))
-		for i, t := range types {
-			out[i] = typeStateView{TypeLimit: t.TypeLimit, Paused: t.PausedAt != nil, PausedAt: t.PausedAt}
-		}
-		s.respond(w, r, http.StatusOK, map[string]any{"types": out})
+		s.respond(w, r, http.StatusOK, map[string]any{"types": mapSlice(types, func(t job.TypeState) typeStateView {
+			return typeStateView{TypeLimit: t.TypeLimit, Paused: t.PausedAt != nil, PausedAt: t.PausedAt}
+		})})
 	}
 }
 

@@ -100,11 +100,7 @@ func (s *server) handleListWorkflows() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
-		out := make([]workflowView, len(flows))
-		for i, f := range flows {
-			out[i] = toWorkflowView(f)
-		}
-		s.respond(w, r, http.StatusOK, map[string]any{"workflows": out})
+		s.respond(w, r, http.StatusOK, map[string]any{"workflows": mapSlice(flows, toWorkflowView)})
 	}
 }
 
