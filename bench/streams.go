@@ -221,12 +221,12 @@ func (s *system) progressToStreams(ctx context.Context, c *streamClients, rate i
 		return zero, err
 	}
 	log := slog.New(slog.DiscardHandler)
-	notifier := postgres.NewNotifier(s.pool, postgres.EventsChannel, 2*time.Millisecond, log)
+	notifier := postgres.NewNotifier(s.pool, 2*time.Millisecond, log, postgres.EventsChannel)
 	nctx, stop := context.WithCancel(ctx)
 	defer stop()
 	go func() { _ = notifier.Run(nctx) }()
 	store := postgres.NewWorkerStore(s.pool, nil)
-	store.OnEvents = notifier.Poke
+	store.OnEvents = notifier.Poker(postgres.EventsChannel)
 	claimed, err := store.Claim(ctx, ids, "bench-streams", time.Hour)
 	if err != nil || len(claimed) != len(ids) {
 		return zero, fmt.Errorf("claim: %d of %d: %v", len(claimed), len(ids), err)

@@ -45,10 +45,11 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 	log := rt.Log
 
 	metrics := runner.NewMetrics(rt.Registry)
-	notifier := postgres.NewNotifier(rt.Pool, postgres.OutboxChannel, 2*time.Millisecond, log)
-	// Progress and every other change wake the API's live streams.
-	events := postgres.NewNotifier(rt.Pool, postgres.EventsChannel, 2*time.Millisecond, log)
-	store := postgres.NewWorkerStore(rt.Pool, notifier.Poke)
+	// New outbox rows wake the relays; progress and every other change
+	// wake the API's live streams and the scheduler.
+	notifier := postgres.NewNotifier(rt.Pool, 2*time.Millisecond, log, postgres.OutboxChannel, postgres.EventsChannel)
+	outboxPoke, eventsPoke := notifier.Poker(postgres.OutboxChannel), notifier.Poker(postgres.EventsChannel)
+	store := postgres.NewWorkerStore(rt.Pool, outboxPoke)
 	name := "conveyor-worker " + cfg.ID
 	w, err := runner.New(runner.Config{
 		Info: registry.Worker{
@@ -85,14 +86,14 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 	}
 	inspector := rabbitmq.NewInspector(cfg.AMQPURL, name+" maintenance")
 	defer func() { _ = inspector.Close() }()
-	maintenance := postgres.NewMaintenanceStore(rt.Pool, notifier.Poke)
-	maintenance.OnEvents = events.Poke
+	maintenance := postgres.NewMaintenanceStore(rt.Pool, outboxPoke)
+	maintenance.OnEvents = eventsPoke
 	maintainer := runner.NewMaintainer(runner.MaintenanceConfig{
 		WorkerID: cfg.ID, Interval: cfg.MaintenanceInterval, LeaderTTL: cfg.LeaderTTL,
 		RepublishAfter: cfg.RepublishAfter, Retention: cfg.Retention, DeadAfter: cfg.WorkerDeadAfter,
 	}, maintenance, runner.QueuesFunc(inspector.QueueReady), log, metrics)
-	schedulerStore := postgres.NewSchedulerStore(rt.Pool, notifier.Poke)
-	schedulerStore.OnEvents = events.Poke
+	schedulerStore := postgres.NewSchedulerStore(rt.Pool, outboxPoke)
+	schedulerStore.OnEvents = eventsPoke
 	scheduler := runner.NewScheduler(runner.SchedulerConfig{
 		Interval: cfg.SchedulerInterval, MinInterval: cfg.SchedulerMinInterval, CronEvery: 200 * time.Millisecond,
 		Cron: job.CronConfig{CatchUp: cfg.CronCatchUp, MaxJobs: 100, MaxTicks: 1000},
@@ -103,7 +104,7 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 	// free a slot: the scheduler wakes on the events' notifications, and
 	// on this worker's own changes at once.
 	wakeOnEvents := func() {
-		events.Poke()
+		eventsPoke()
 		scheduler.Wake()
 	}
 	store.OnEvents = wakeOnEvents
@@ -124,7 +125,6 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return adm.Run(bg) })
 	g.Go(func() error { return notifier.Run(bg) })
-	g.Go(func() error { return events.Run(bg) })
 	g.Go(func() error { return maintainer.Run(gctx) })
 	g.Go(func() error { return scheduler.Run(gctx) })
 	g.Go(func() error { return listener.Run(gctx) })

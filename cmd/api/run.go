@@ -30,10 +30,10 @@ func run(ctx context.Context, cfg config.API, stdout io.Writer) error {
 	defer rt.Close(ctx)
 	log := rt.Log
 
-	notifier := postgres.NewNotifier(rt.Pool, postgres.OutboxChannel, cfg.NotifyDebounce, log)
 	// One hub per instance feeds every live stream: it reads each event
 	// once, woken by the NOTIFYs of whoever wrote it (this instance too).
-	events := postgres.NewNotifier(rt.Pool, postgres.EventsChannel, cfg.NotifyDebounce, log)
+	notifier := postgres.NewNotifier(rt.Pool, cfg.NotifyDebounce, log, postgres.OutboxChannel, postgres.EventsChannel)
+	outboxPoke, eventsPoke := notifier.Poker(postgres.OutboxChannel), notifier.Poker(postgres.EventsChannel)
 	hub := stream.NewHub(postgres.NewEventFeed(rt.Pool), stream.Config{
 		Buffer: cfg.StreamBuffer, GapTimeout: cfg.StreamGapTimeout, Encode: httpapi.EventFrame,
 	}, log, rt.Registry)
@@ -42,12 +42,12 @@ func run(ctx context.Context, cfg config.API, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	store := postgres.NewAPIStore(rt.TenantPool, notifier.Poke)
-	store.OnEvents = events.Poke
+	store := postgres.NewAPIStore(rt.TenantPool, outboxPoke)
+	store.OnEvents = eventsPoke
 	// Jobs' changes (a limit raised, a resume) wake the scheduler through
 	// the events channel it listens on.
 	jobs := postgres.NewJobStore(rt.TenantPool)
-	jobs.OnChange, jobs.OnOutbox, jobs.OnEvents = events.Poke, notifier.Poke, events.Poke
+	jobs.OnChange, jobs.OnOutbox, jobs.OnEvents = eventsPoke, outboxPoke, eventsPoke
 	handler := httpapi.NewHandler(httpapi.Config{
 		MaxBodyBytes:      cfg.MaxBodyBytes,
 		Defaults:          task.Defaults{MaxAttempts: cfg.DefaultMaxAttempts},
@@ -96,7 +96,6 @@ func run(ctx context.Context, cfg config.API, stdout io.Writer) error {
 		return nil
 	})
 	g.Go(func() error { return notifier.Run(gctx) })
-	g.Go(func() error { return events.Run(gctx) })
 	g.Go(func() error { return listener.Run(gctx) })
 	// When the hub stops it ends the live streams, which would otherwise
 	// hold the server's shutdown open.

@@ -30,9 +30,12 @@ const eventColumns = `e.id, e.task_id, e.status, e.state, e.progress, coalesce(e
 
 // sqlFeed reads the events after an id, oldest first, each with the
 // snapshot they were read in: one statement, so the rows and the snapshot
-// agree.
+// agree. Each event's task is looked up by its key (the OFFSET 0 keeps the
+// lookup a nested loop): joined as a table, the planner hashed every task
+// to read the one or two events a wake-up brings.
 var sqlFeed = statement("task_events.feed", `SELECT pg_current_snapshot()::text, `+eventColumns+`
-	FROM task_events e JOIN tasks t ON t.id = e.task_id
+	FROM task_events e
+	CROSS JOIN LATERAL (SELECT type, visibility FROM tasks WHERE tasks.id = e.task_id OFFSET 0) t
 	WHERE e.id > $1 ORDER BY e.id LIMIT $2`)
 
 var sqlFeedHead = statement("task_events.head",

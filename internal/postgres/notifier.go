@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -13,44 +14,66 @@ import (
 const OutboxChannel = "conveyor_outbox"
 
 // Notifier wakes listeners after writes: relays after outbox writes
-// (OutboxChannel), the API's stream hubs after event writes
-// (EventsChannel). NOTIFY takes a database-wide lock at commit, so instead
-// of notifying inside every write transaction, writers Poke it after their
-// commit and it sends at most one NOTIFY per interval, outside any
-// transaction.
+// (OutboxChannel), the API's stream hubs and the scheduler after event
+// writes (EventsChannel). NOTIFY takes a database-wide lock at commit, so
+// instead of notifying inside every write transaction, writers poke it
+// after their commit and it sends at most one statement per interval,
+// outside any transaction, naming every channel poked since the last: a
+// submit that pokes both channels costs one round trip, not two.
 type Notifier struct {
 	pool     *pgxpool.Pool
-	channel  string
+	channels []string
+	pending  []atomic.Bool
 	interval time.Duration
 	log      *slog.Logger
 	poke     chan struct{}
 }
 
-// NewNotifier returns a notifier on channel that sends at most one NOTIFY
-// per interval.
-func NewNotifier(pool *pgxpool.Pool, channel string, interval time.Duration, log *slog.Logger) *Notifier {
-	return &Notifier{pool: pool, channel: channel, interval: interval, log: log, poke: make(chan struct{}, 1)}
+// NewNotifier returns a notifier on channels that sends at most one
+// statement per interval.
+func NewNotifier(pool *pgxpool.Pool, interval time.Duration, log *slog.Logger, channels ...string) *Notifier {
+	return &Notifier{pool: pool, channels: channels, pending: make([]atomic.Bool, len(channels)),
+		interval: interval, log: log, poke: make(chan struct{}, 1)}
 }
 
-// Poke asks for a NOTIFY soon. It never blocks.
-func (n *Notifier) Poke() {
-	select {
-	case n.poke <- struct{}{}:
-	default:
+// Poker returns the function that asks for a NOTIFY on channel soon; it
+// never blocks. channel must be one the notifier was made with.
+func (n *Notifier) Poker(channel string) func() {
+	for i, c := range n.channels {
+		if c == channel {
+			return func() {
+				n.pending[i].Store(true)
+				select {
+				case n.poke <- struct{}{}:
+				default:
+				}
+			}
+		}
 	}
+	panic("postgres: notifier has no channel " + channel)
 }
+
+// sqlNotify notifies each of the channels given.
+const sqlNotify = `SELECT pg_notify(c, '') FROM unnest($1::text[]) AS c`
 
 // Run sends the NOTIFYs until ctx is done.
 func (n *Notifier) Run(ctx context.Context) error {
+	due := make([]string, 0, len(n.channels))
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-n.poke:
 		}
-		if _, err := n.pool.Exec(ctx, "SELECT pg_notify($1, '')", n.channel); err != nil && ctx.Err() == nil {
+		due = due[:0]
+		for i := range n.pending {
+			if n.pending[i].Swap(false) {
+				due = append(due, n.channels[i])
+			}
+		}
+		if _, err := n.pool.Exec(ctx, sqlNotify, due); err != nil && ctx.Err() == nil {
 			// Listeners also poll, so a lost wake-up only costs latency.
-			n.log.WarnContext(ctx, "notify", "channel", n.channel, "error", err)
+			n.log.WarnContext(ctx, "notify", "channels", due, "error", err)
 		}
 		if n.interval > 0 {
 			select {

@@ -223,11 +223,11 @@ func TestRelayWakesOnNotify(t *testing.T) {
 	})
 	before := testenv.QueueDepth(t, b.amqpURL, rabbitmq.QueueName("demo.sleep"))
 
-	notifier := postgres.NewNotifier(b.db.Pool, postgres.OutboxChannel, 0, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	notifier := postgres.NewNotifier(b.db.Pool, 0, slog.New(slog.NewTextHandler(io.Discard, nil)), postgres.OutboxChannel)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { _ = notifier.Run(ctx) }()
-	store := postgres.NewAPIStore(b.db.Pool, notifier.Poke)
+	store := postgres.NewAPIStore(b.db.Pool, notifier.Poker(postgres.OutboxChannel))
 	sub, err := task.NewSubmission(task.SubmitInput{Type: "demo.sleep", Payload: json.RawMessage(`{"n":42}`)}, task.Defaults{MaxAttempts: 1}, "")
 	require.NoError(t, err)
 	_, err = store.Submit(ctx, b.admin, sub, nil)

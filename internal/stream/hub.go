@@ -24,6 +24,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -103,6 +104,12 @@ type Hub struct {
 
 	wake  chan struct{}
 	ready chan struct{} // closed once the cursor is settled
+	// While no one subscribes, wake-ups are skipped (skipped is set) and
+	// the hub reads at the poll only; a new subscriber first asks, on
+	// catchUp, for a read that brings the cursor up to date.
+	skipped atomic.Bool
+	catchUp chan chan struct{}
+	stopped chan struct{} // closed when Run returns
 
 	mu     sync.Mutex
 	cursor int64 // every id up to it is settled and was delivered
@@ -125,6 +132,7 @@ type gap struct {
 func NewHub(src Source, cfg Config, log *slog.Logger, reg prometheus.Registerer) *Hub {
 	return &Hub{src: src, cfg: cfg.withDefaults(), log: log, metrics: newMetrics(reg),
 		wake: make(chan struct{}, 1), ready: make(chan struct{}),
+		catchUp: make(chan chan struct{}), stopped: make(chan struct{}),
 		byOrg: map[uuid.UUID]map[*Subscription]struct{}{}, byTask: map[uuid.UUID]map[*Subscription]struct{}{}}
 }
 
@@ -146,9 +154,14 @@ func (h *Hub) Run(ctx context.Context) error {
 	// After an error, and while a gap holds, read again soon, then less
 	// and less often.
 	backoff := h.cfg.Recheck
+	var asked chan struct{}
 	for {
 		wait := h.cfg.Poll
+		h.skipped.Store(false)
 		blocked, err := h.step(ctx)
+		if asked != nil {
+			close(asked)
+		}
 		switch {
 		case ctx.Err() != nil:
 			return nil
@@ -160,15 +173,65 @@ func (h *Hub) Run(ctx context.Context) error {
 		default:
 			backoff = h.cfg.Recheck
 		}
-		timer := time.NewTimer(wait)
+		if asked = h.sleep(ctx, wait); ctx.Err() != nil {
+			return nil
+		}
+	}
+}
+
+// sleep waits for the next read: a wake-up while anyone subscribes, a
+// subscriber's request (returned, to be closed after the read), or wait.
+// A wake-up with no subscriber is noted and skipped: on an API no client
+// watches, reading each event as it commits would be a query per write
+// for no one.
+func (h *Hub) sleep(ctx context.Context, wait time.Duration) (asked chan struct{}) {
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
 		select {
 		case <-ctx.Done():
-			timer.Stop()
 			return nil
-		case <-h.wake:
-			timer.Stop()
 		case <-timer.C:
+			return nil
+		case asked := <-h.catchUp:
+			return asked
+		case <-h.wake:
+			if !h.idle() {
+				return nil
+			}
+			h.skipped.Store(true)
 		}
+	}
+}
+
+// idle reports whether no one subscribes.
+func (h *Hub) idle() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.byOrg) == 0 && len(h.byTask) == 0
+}
+
+// catchUpFor brings the cursor up to date when wake-ups were skipped, so
+// that a new subscriber's stream starts now, not at the last poll.
+func (h *Hub) catchUpFor(ctx context.Context) error {
+	if !h.skipped.Load() {
+		return nil
+	}
+	done := make(chan struct{})
+	select {
+	case h.catchUp <- done:
+	case <-h.stopped:
+		return ErrClosed
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-done:
+		return nil
+	case <-h.stopped:
+		return ErrClosed
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
@@ -307,6 +370,9 @@ func (h *Hub) Subscribe(ctx context.Context, scope auth.Scope, f task.EventFilte
 	if err := h.waitReady(ctx); err != nil {
 		return nil, 0, err
 	}
+	if err := h.catchUpFor(ctx); err != nil {
+		return nil, 0, err
+	}
 	s := &Subscription{hub: h, scope: scope, filter: f, ch: make(chan *Item, h.cfg.Buffer)}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -347,6 +413,7 @@ func (h *Hub) close() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.closed = true
+	close(h.stopped)
 	for _, index := range []map[uuid.UUID]map[*Subscription]struct{}{h.byOrg, h.byTask} {
 		for _, subs := range index {
 			for s := range subs {

@@ -27,6 +27,7 @@ type fakeSource struct {
 	running   []uint64     // xids in progress
 	nextXid   uint64
 	headReads int
+	reads     int
 }
 
 func (f *fakeSource) snapshot() postgres.Snapshot {
@@ -47,6 +48,7 @@ func (f *fakeSource) Head(context.Context) (int64, postgres.Snapshot, error) {
 func (f *fakeSource) Read(_ context.Context, after int64, limit int) ([]task.Event, postgres.Snapshot, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.reads++
 	var out []task.Event
 	for _, e := range f.events {
 		if e.ID > after && len(out) < limit {
@@ -216,6 +218,37 @@ func TestHubDeliversOnlyWhatTheScopeAndFilterTakeIn(t *testing.T) {
 	for _, s := range []*Subscription{orgWide, seer, admin, oneTask, other} {
 		requireNothing(t, s, 10*time.Millisecond)
 	}
+}
+
+// With no subscriber, wake-ups cost no read; the first subscriber brings
+// the cursor up to date before it is registered, so its stream starts with
+// the events written after it subscribed, none before.
+func TestHubIdleSkipsWakeUpsAndCatchesUpForASubscriber(t *testing.T) {
+	src := &fakeSource{}
+	h := startHub(t, src, Config{Poll: time.Hour})
+	_, err := h.Cursor(context.Background())
+	require.NoError(t, err)
+	time.Sleep(20 * time.Millisecond) // the first read, right after settling
+	src.mu.Lock()
+	before := src.reads
+	src.mu.Unlock()
+
+	for i := int64(1); i <= 5; i++ {
+		src.commit(ev(i, orgA, taskX))
+		h.Wake()
+		time.Sleep(5 * time.Millisecond)
+	}
+	src.mu.Lock()
+	require.Equal(t, before, src.reads, "no subscriber: the wake-ups read nothing")
+	src.mu.Unlock()
+
+	s, cursor, err := h.Subscribe(context.Background(), auth.Scope{OrgID: orgA}, task.EventFilter{})
+	require.NoError(t, err)
+	require.Equal(t, int64(5), cursor, "the subscriber's stream starts now")
+	src.commit(ev(6, orgA, taskX))
+	h.Wake()
+	require.Equal(t, []int64{6}, receive(t, s, 1))
+	requireNothing(t, s, 10*time.Millisecond)
 }
 
 func TestHubDropsASubscriberThatFallsBehind(t *testing.T) {

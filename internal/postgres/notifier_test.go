@@ -1,0 +1,69 @@
+package postgres_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/conveyorhq/conveyor/internal/postgres"
+	"github.com/conveyorhq/conveyor/internal/testdb"
+)
+
+// A notifier serves several channels: each poke reaches the listeners of
+// its own channel only, and pokes of both channels before a send go out
+// together.
+func TestNotifierWakesTheChannelsPoked(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	conn, err := pgx.Connect(ctx, db.URL)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	for _, ch := range []string{postgres.OutboxChannel, postgres.EventsChannel} {
+		_, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize())
+		require.NoError(t, err)
+	}
+	// received waits for notifications until none comes for a while.
+	received := func() map[string]int {
+		got := map[string]int{}
+		for {
+			wctx, wcancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			n, err := conn.WaitForNotification(wctx)
+			wcancel()
+			if err != nil {
+				require.NoError(t, ctx.Err())
+				return got
+			}
+			got[n.Channel]++
+		}
+	}
+
+	n := postgres.NewNotifier(db.Pool, 0, slog.New(slog.NewTextHandler(io.Discard, nil)),
+		postgres.OutboxChannel, postgres.EventsChannel)
+	outbox, events := n.Poker(postgres.OutboxChannel), n.Poker(postgres.EventsChannel)
+	require.Panics(t, func() { n.Poker("no_such_channel") })
+
+	outbox()
+	go func() { _ = n.Run(ctx) }()
+	require.Equal(t, map[string]int{postgres.OutboxChannel: 1}, received())
+
+	events()
+	require.Equal(t, map[string]int{postgres.EventsChannel: 1}, received())
+
+	// Both poked while the notifier is busy elsewhere: the next send
+	// names both, once each.
+	n2 := postgres.NewNotifier(db.Pool, 0, slog.New(slog.NewTextHandler(io.Discard, nil)),
+		postgres.OutboxChannel, postgres.EventsChannel)
+	n2.Poker(postgres.OutboxChannel)()
+	n2.Poker(postgres.EventsChannel)()
+	n2.Poker(postgres.OutboxChannel)()
+	go func() { _ = n2.Run(ctx) }()
+	require.Equal(t, map[string]int{postgres.OutboxChannel: 1, postgres.EventsChannel: 1}, received())
+}
