@@ -71,6 +71,9 @@ func (n *Notifier) Run(ctx context.Context) error {
 				due = append(due, n.channels[i])
 			}
 		}
+		if len(due) == 0 {
+			continue // an earlier send took this poke's channels along
+		}
 		if _, err := n.pool.Exec(ctx, sqlNotify, due); err != nil && ctx.Err() == nil {
 			// Listeners also poll, so a lost wake-up only costs latency.
 			n.log.WarnContext(ctx, "notify", "channels", due, "error", err)
