@@ -291,7 +291,10 @@ func (s *system) burnDown(ctx context.Context, n, procs, concurrency int) (burnR
 	if err != nil {
 		return burnResult{}, err
 	}
-	start := time.Now()
+	start, err := dbNow(ctx, s.pool)
+	if err != nil {
+		return burnResult{}, err
+	}
 	addrs := make([]string, procs)
 	for i := range procs {
 		if addrs[i], err = s.launchWorker(fmt.Sprintf("worker-%d", i), concurrency); err != nil {
@@ -303,11 +306,8 @@ func (s *system) burnDown(ctx context.Context, n, procs, concurrency int) (burnR
 			return burnResult{}, err
 		}
 	}
-	err = waitFor(5*time.Minute, 20*time.Millisecond, func() (bool, error) {
-		done, err := s.count(ctx, `SELECT count(*) FROM tasks WHERE status = 'COMPLETED'`)
-		return done >= n, err
-	})
-	elapsed := time.Since(start)
+	elapsed, err := awaitBurnDown(ctx, s.pool, n, start, `SELECT count(*) FROM tasks WHERE status = 'COMPLETED'`,
+		`SELECT max(completed_at) FROM tasks`)
 	if err != nil {
 		return burnResult{}, fmt.Errorf("burn-down: %w", err)
 	}

@@ -86,7 +86,7 @@ func main() {
 	flag.IntVar(&o.burnN, "n", 20000, "tasks (and River jobs) in each burn-down")
 	flag.IntVar(&o.workers, "workers", 64, "handler concurrency of the fairness measurement's workers (WORKER_CONCURRENCY, shared by -fair-procs)")
 	riverWorkers := flag.String("river-workers", "100,500,2000", "River MaxWorkers values of the burn-down sweep, each on a fresh database; the best is River's figure")
-	conveyorWorkers := flag.String("conveyor-workers", "64,256", "Conveyor WORKER_CONCURRENCY values of the tuned burn-down sweep (read-ahead at its default); the best is Conveyor's figure")
+	conveyorWorkers := flag.String("conveyor-workers", "64,256,1024", "Conveyor WORKER_CONCURRENCY values of the tuned burn-down sweep (read-ahead at its default); the best is Conveyor's figure")
 	flag.IntVar(&o.messages, "messages", 100000, "messages for the publish, consume and relay measurements")
 	flag.IntVar(&o.rate, "rate", 200, "offered rate (tasks/s) of the latency measurement")
 	backlogs := flag.String("backlogs", "10000,1000000", "small and large backlogs of the memory measurement")

@@ -105,16 +105,15 @@ func riverBurnDown(ctx context.Context, pool *pgxpool.Pool, n, workers int) (bur
 	if err != nil {
 		return burnResult{}, 0, err
 	}
-	start := time.Now()
+	start, err := dbNow(ctx, pool)
+	if err != nil {
+		return burnResult{}, 0, err
+	}
 	if err := client.Start(ctx); err != nil {
 		return burnResult{}, 0, err
 	}
-	err = waitFor(5*time.Minute, 20*time.Millisecond, func() (bool, error) {
-		var done int
-		err := pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE state = 'completed'`).Scan(&done)
-		return done >= n, err
-	})
-	elapsed := time.Since(start)
+	elapsed, err := awaitBurnDown(ctx, pool, n, start, `SELECT count(*) FROM river_job WHERE state = 'completed'`,
+		`SELECT max(finalized_at) FROM river_job`)
 	conns := pool.Stat().TotalConns()
 	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

@@ -70,7 +70,7 @@ func TestLoadWorkerDefaults(t *testing.T) {
 	cfg, err := config.Load[config.Worker]()
 	require.NoError(t, err)
 	require.Equal(t, ":8082", cfg.AdminAddr)
-	require.Equal(t, 64, cfg.Concurrency)
+	require.Equal(t, 256, cfg.Concurrency)
 	require.Equal(t, 30*time.Second, cfg.LeaseDuration)
 	require.Equal(t, 5*time.Second, cfg.HeartbeatInterval)
 	require.Equal(t, rabbitmq.Classic, cfg.AMQPQueueType)

@@ -20,7 +20,7 @@ type Worker struct {
 	// cluster; see docs/quorum.md). Every worker of a type must agree.
 	AMQPQueueType rabbitmq.QueueType `envconfig:"AMQP_QUEUE_TYPE" default:"classic"`
 	AdminAddr     string             `envconfig:"WORKER_ADMIN_ADDR" default:":8082"`
-	Concurrency   int                `envconfig:"WORKER_CONCURRENCY" default:"64"`
+	Concurrency   int                `envconfig:"WORKER_CONCURRENCY" default:"256"`
 	// ID names the worker in the registry and on the tasks it runs; empty
 	// means hostname, pid and a random suffix.
 	ID string `envconfig:"WORKER_ID"`

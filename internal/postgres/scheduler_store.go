@@ -35,15 +35,15 @@ var sqlSchedulerLock = statement("scheduler.lock", `SELECT pg_try_advisory_xact_
 // does not matter), and whether any of its tasks wait for admission. $1 is
 // a fixed window (0: the capacity, at least $3).
 //
-// Both reads go through the small indexes of admitted and of waiting
-// tasks. "IN (PENDING, IN_PROGRESS) AND <> IN_PROGRESS" is PENDING written
-// so that the planner cannot take the index of every PENDING task by due
-// time instead, which would walk a whole backlog of waiting ones.
+// Both reads go through small indexes, of the tasks a queue holds
+// (tasks_ready) and of waiting tasks. Each is ordered as its index is: with
+// LIMIT alone the planner may take a scan of the table, betting that
+// matching rows come early; in a backlog burnt down in order they come
+// last.
 var sqlTypeLoad = statement("scheduler.type_load", `
 SELECT k.name, k.admit_directly, c.capacity, c.win,
-	(SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.type = k.name AND t.admitted
-		AND t.status IN (`+litList([]task.Status{task.StatusPending, task.StatusInProgress})+`)
-		AND t.status <> `+lit(task.StatusInProgress)+` AND t.next_run_at <= now() LIMIT c.win + 1) r),
+	(SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.type = k.name AND t.`+isPending+` AND t.admitted
+		AND t.next_run_at <= now() ORDER BY t.type, t.next_run_at LIMIT c.win + 1) r),
 	(SELECT true FROM tasks t WHERE t.type = k.name AND t.`+isPending+` AND NOT t.admitted
 		ORDER BY t.type, t.org_id, t.concurrency_key LIMIT 1) IS NOT NULL
 FROM task_types k

@@ -3,6 +3,7 @@ package rabbitmq
 import (
 	"slices"
 	"sync"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -14,20 +15,30 @@ import (
 // consumers. An ack with multiple set settles every unsettled delivery up
 // to its tag, so it may only name a tag below which every delivery has been
 // settled by its owner (and whose own delivery is still unacknowledged):
-// the settler keeps that frontier. Acks at or below the frontier go out as
-// one frame; an ack above it (a delivery behind a
-// longer task) goes out alone at once, so that no delivery keeps prefetch
-// credit while waiting for another. Requeues and rejections go out alone
-// and at once.
+// the settler keeps that frontier.
+//
+// Acks queued within ackGather of each other (a worker's batch of outcomes
+// settles its deliveries together) are sent together: those at or below
+// the frontier as one frame. An ack above it waits up to ackHold for the
+// frontier to pass it (the delivery before it is usually in the next
+// batch), then goes out alone, so that a delivery behind a long task keeps
+// its prefetch credit no longer than that. Requeues and rejections go out
+// alone and at once.
 type settler struct {
 	ch   amqp.Acknowledger
 	acks chan uint64
+	// gather and hold are ackGather and ackHold (shorter in tests).
+	gather, hold time.Duration
 
 	mu sync.Mutex
 	// frontier: every delivery tagged up to it is settled.
 	frontier uint64
 	// settled holds the settled tags above the frontier.
 	settled map[uint64]bool
+
+	// held are the acks not sent yet, each with when it goes out alone;
+	// only the run loop (and close, after it) touches them.
+	held map[uint64]time.Time
 
 	// closeMu orders close after every ack being queued.
 	closeMu sync.RWMutex
@@ -36,8 +47,14 @@ type settler struct {
 	done    chan struct{}
 }
 
+const (
+	ackGather = time.Millisecond
+	ackHold   = 20 * time.Millisecond
+)
+
 func newSettler(ch amqp.Acknowledger) *settler {
-	s := &settler{ch: ch, acks: make(chan uint64, 1024), settled: map[uint64]bool{},
+	s := &settler{ch: ch, acks: make(chan uint64, 1024), gather: ackGather, hold: ackHold,
+		settled: map[uint64]bool{}, held: map[uint64]time.Time{},
 		quit: make(chan struct{}), done: make(chan struct{})}
 	go s.run()
 	return s
@@ -82,45 +99,82 @@ func (s *settler) mark(tags ...uint64) {
 // run sends the queued acknowledgements until close.
 func (s *settler) run() {
 	defer close(s.done)
-	batch := make([]uint64, 0, 256)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	var batch []uint64
 	for {
 		batch = batch[:0]
+		var due <-chan time.Time
+		if next, ok := s.nextDue(); ok {
+			timer.Reset(time.Until(next))
+			due = timer.C
+		}
 		select {
 		case <-s.quit:
 			return
 		case t := <-s.acks:
-			batch = append(batch, t)
+			batch = s.collect(append(batch, t), timer)
+		case <-due:
 		}
-	more:
-		for {
-			select {
-			case t := <-s.acks:
-				batch = append(batch, t)
-			default:
-				break more
-			}
-		}
-		s.flush(batch)
+		s.flush(batch, time.Now())
 	}
 }
 
-func (s *settler) flush(batch []uint64) {
+// collect adds to batch the acks queued within the gathering time.
+func (s *settler) collect(batch []uint64, timer *time.Timer) []uint64 {
+	timer.Reset(s.gather)
+	for {
+		select {
+		case t := <-s.acks:
+			batch = append(batch, t)
+		case <-timer.C:
+			return batch
+		case <-s.quit:
+			return batch
+		}
+	}
+}
+
+// nextDue is when the first held ack must go out alone.
+func (s *settler) nextDue() (time.Time, bool) {
+	var first time.Time
+	for _, due := range s.held {
+		if first.IsZero() || due.Before(first) {
+			first = due
+		}
+	}
+	return first, !first.IsZero()
+}
+
+// flush settles batch: it sends, as one multiple ack, every held ack at or
+// below the frontier, and alone those held past their time.
+func (s *settler) flush(batch []uint64, now time.Time) {
 	s.mark(batch...)
 	s.mu.Lock()
 	frontier := s.frontier
 	s.mu.Unlock()
-	slices.Sort(batch)
-	// The multiple ack names the batch's highest tag at or below the
+	for _, t := range batch {
+		s.held[t] = now.Add(s.hold)
+	}
+	// The multiple ack names the highest held tag at or below the
 	// frontier: one still unacknowledged at the broker (RabbitMQ refuses a
 	// multiple ack whose own tag is settled), with nothing unsettled below.
 	var upTo uint64
-	for _, t := range batch {
-		if t <= frontier {
-			upTo = t
-			continue
+	var alone []uint64
+	for t, due := range s.held {
+		switch {
+		case t <= frontier:
+			upTo = max(upTo, t)
+			delete(s.held, t)
+		case !due.After(now):
+			// A delivery still unsettled comes before this one, and this
+			// ack has waited for it long enough.
+			alone = append(alone, t)
+			delete(s.held, t)
 		}
-		// A delivery still unsettled comes before this one: this ack
-		// cannot wait for it.
+	}
+	slices.Sort(alone)
+	for _, t := range alone {
 		_ = s.ch.Ack(t, false)
 	}
 	if upTo > 0 {
@@ -128,7 +182,7 @@ func (s *settler) flush(batch []uint64) {
 	}
 }
 
-// close sends what is queued and stops the settler.
+// close sends what is queued and held, and stops the settler.
 func (s *settler) close() {
 	s.closeMu.Lock()
 	s.closed = true
@@ -141,9 +195,9 @@ func (s *settler) close() {
 		case t := <-s.acks:
 			rest = append(rest, t)
 		default:
-			if len(rest) > 0 {
-				s.flush(rest)
-			}
+			// Nothing is held any longer: every ack goes out now.
+			s.flush(rest, time.Now())
+			s.flush(nil, time.Now().Add(s.hold))
 			return
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -32,31 +33,56 @@ func (f *frames) Nack(tag uint64, multiple, requeue bool) error {
 
 func (f *frames) Reject(tag uint64, requeue bool) error { return f.Nack(tag, false, requeue) }
 
+// idleSettler is a settler without its run loop: the tests call flush with
+// the times they choose.
+func idleSettler(f *frames) *settler {
+	return &settler{ch: f, hold: ackHold, settled: map[uint64]bool{}, held: map[uint64]time.Time{}}
+}
+
 func TestSettlerCoversAContiguousRunWithOneFrame(t *testing.T) {
 	f := &frames{}
-	s := &settler{ch: f, settled: map[uint64]bool{}}
-	s.flush([]uint64{3, 1, 2})
+	s := idleSettler(f)
+	s.flush([]uint64{3, 1, 2}, time.Now())
 	require.Equal(t, []string{"ack 3 multiple=true"}, f.got)
 }
 
-func TestSettlerAcksAloneWhatAnUnsettledDeliveryPrecedes(t *testing.T) {
+func TestSettlerHoldsAnAckAboveTheFrontierUntilItPasses(t *testing.T) {
 	f := &frames{}
-	s := &settler{ch: f, settled: map[uint64]bool{}}
-	// 2 is still running: 1 is covered, 3 and 4 cannot wait for it.
-	s.flush([]uint64{1, 3, 4})
-	require.Equal(t, []string{"ack 3 multiple=false", "ack 4 multiple=false", "ack 1 multiple=true"}, f.got)
+	s := idleSettler(f)
+	now := time.Now()
+	// 2 is still running: 1 is covered; 3 and 4 wait for it.
+	s.flush([]uint64{1, 3, 4}, now)
+	require.Equal(t, []string{"ack 1 multiple=true"}, f.got)
+	f.got = nil
+	// 2 settles within the hold: one frame covers 2, 3 and 4.
+	s.flush([]uint64{2}, now.Add(ackHold/2))
+	require.Equal(t, []string{"ack 4 multiple=true"}, f.got)
+	require.Empty(t, s.held)
+}
+
+func TestSettlerAcksAloneWhatWaitedLongEnoughBehindAnUnsettledDelivery(t *testing.T) {
+	f := &frames{}
+	s := idleSettler(f)
+	now := time.Now()
+	s.flush([]uint64{1, 3, 4}, now)
+	f.got = nil
+	// 2 runs long: 3 and 4 must not keep their prefetch credit meanwhile.
+	s.flush(nil, now.Add(ackHold/2))
+	require.Empty(t, f.got, "still within the hold")
+	s.flush(nil, now.Add(ackHold))
+	require.Equal(t, []string{"ack 3 multiple=false", "ack 4 multiple=false"}, f.got)
 	f.got = nil
 	// 2 settles: the frontier jumps past 3 and 4, already acked, which a
 	// multiple ack must not name again.
-	s.flush([]uint64{2})
+	s.flush([]uint64{2}, now.Add(2*ackHold))
 	require.Equal(t, []string{"ack 2 multiple=true"}, f.got)
 }
 
 func TestSettlerNeverCoversARequeueWithAMultipleAck(t *testing.T) {
 	f := &frames{}
-	s := &settler{ch: f, settled: map[uint64]bool{}}
+	s := idleSettler(f)
 	require.NoError(t, s.nack(2, true))
-	s.flush([]uint64{1, 3})
+	s.flush([]uint64{1, 3}, time.Now())
 	// 2 went out first as a requeue; the multiple ack covers 1..3, of
 	// which only 1 and 3 were still unsettled at the broker.
 	require.Equal(t, []string{"nack 2 requeue=true", "ack 3 multiple=true"}, f.got)
@@ -82,4 +108,19 @@ func TestSettlerSendsEveryQueuedAckBeforeClosing(t *testing.T) {
 	require.Equal(t, uint64(100), acked)
 	require.NoError(t, s.ack(101), "an ack after close goes out alone")
 	require.Equal(t, "ack 101 multiple=false", f.got[len(f.got)-1])
+}
+
+func TestSettlerSendsWhatItHoldsWhenClosing(t *testing.T) {
+	f := &frames{}
+	s := newSettler(f)
+	s.hold = time.Hour // nothing would go out alone before close
+	require.NoError(t, s.ack(1))
+	require.NoError(t, s.ack(3))
+	require.Eventually(t, func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return len(f.got) == 1
+	}, 5*time.Second, time.Millisecond)
+	s.close()
+	require.Equal(t, []string{"ack 1 multiple=true", "ack 3 multiple=false"}, f.got)
 }

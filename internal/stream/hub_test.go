@@ -251,6 +251,38 @@ func TestHubIdleSkipsWakeUpsAndCatchesUpForASubscriber(t *testing.T) {
 	requireNothing(t, s, 10*time.Millisecond)
 }
 
+func TestHubIdleMovesItsCursorWithoutReadingEvents(t *testing.T) {
+	src := &fakeSource{}
+	src.commit(ev(1, orgA, taskX), ev(2, orgA, taskX), ev(3, orgA, taskX))
+	h := startHub(t, src, Config{Poll: 5 * time.Millisecond})
+	cursor := func() int64 {
+		c, err := h.Cursor(context.Background())
+		require.NoError(t, err)
+		return c
+	}
+	require.Equal(t, int64(3), cursor())
+
+	// Id 4 belongs to a transaction still running: the cursor may not pass
+	// it, though 5 is committed.
+	xid := src.begin()
+	src.commit(ev(5, orgA, taskX))
+	time.Sleep(50 * time.Millisecond)
+	require.Equal(t, int64(3), cursor(), "a transaction that may still write id 4 is running")
+	src.end(xid)
+	require.Eventually(t, func() bool { return cursor() == 5 }, time.Second, time.Millisecond)
+	src.mu.Lock()
+	require.Zero(t, src.reads, "no subscriber: no event was read")
+	src.mu.Unlock()
+
+	s, at, err := h.Subscribe(context.Background(), auth.Scope{OrgID: orgA}, task.EventFilter{})
+	require.NoError(t, err)
+	require.Equal(t, int64(5), at)
+	src.commit(ev(6, orgA, taskX))
+	h.Wake()
+	require.Equal(t, []int64{6}, receive(t, s, 1))
+	requireNothing(t, s, 10*time.Millisecond)
+}
+
 func TestHubDropsASubscriberThatFallsBehind(t *testing.T) {
 	src := &fakeSource{}
 	h := startHub(t, src, Config{Buffer: 2})
