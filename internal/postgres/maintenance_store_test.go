@@ -147,6 +147,22 @@ func TestRelayClaimUsesTheOutboxIndex(t *testing.T) {
 	require.NotContains(t, plan, "Sort", plan)
 }
 
+// The scheduler counts a type's queued tasks through the index of queued
+// tasks alone. Statistics taken while the whole backlog was queued made a
+// scan of the table look cheap for a LIMIT (matching rows "come early");
+// burnt down in order, the queued rows come last, behind every finished one.
+func TestTypeLoadCountsQueuedTasksThroughTheirIndex(t *testing.T) {
+	b := setupStores(t)
+	b.exec(t, `INSERT INTO task_types (name) VALUES ('demo.noop')`)
+	b.exec(t, `INSERT INTO tasks (id, org_id, type, next_run_at)
+		SELECT gen_random_uuid(), `+testdb.OrgSQL+`, 'demo.noop', now() - interval '1 hour' FROM generate_series(1, 20000)`)
+	b.exec(t, `ANALYZE tasks`)
+	b.exec(t, `UPDATE tasks SET status = 'COMPLETED', completed_at = now() WHERE id IN (SELECT id FROM tasks LIMIT 19000)`)
+	plan := b.explain(t, statementSQL(t, "scheduler.type_load"), 0, int64(60000), 64)
+	require.Contains(t, plan, "using tasks_ready on tasks", plan)
+	require.NotContains(t, plan, "Seq Scan on tasks", plan)
+}
+
 func TestRetentionDeletesOldTerminalTasksWithTheirHistory(t *testing.T) {
 	b := setupStores(t)
 	ctx := context.Background()

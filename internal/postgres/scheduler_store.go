@@ -36,14 +36,15 @@ var sqlSchedulerLock = statement("scheduler.lock", `SELECT pg_try_advisory_xact_
 // a fixed window (0: the capacity, at least $3).
 //
 // Both reads go through small indexes, of the tasks a queue holds
-// (tasks_ready) and of waiting tasks. Each is ordered as its index is: with
-// LIMIT alone the planner may take a scan of the table, betting that
-// matching rows come early; in a backlog burnt down in order they come
-// last.
+// (tasks_ready) and of waiting tasks. Each is ordered as its index is, and
+// as no other index is: with LIMIT alone the planner may take a scan of
+// the table, betting that matching rows come early (in a backlog burnt
+// down in order they come last), or the index of every PENDING task by
+// due time, walking a backlog that waits for admission.
 var sqlTypeLoad = statement("scheduler.type_load", `
 SELECT k.name, k.admit_directly, c.capacity, c.win,
 	(SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.type = k.name AND t.`+isPending+` AND t.admitted
-		AND t.next_run_at <= now() ORDER BY t.type, t.next_run_at LIMIT c.win + 1) r),
+		AND t.next_run_at <= now() ORDER BY t.type, t.next_run_at, t.id LIMIT c.win + 1) r),
 	(SELECT true FROM tasks t WHERE t.type = k.name AND t.`+isPending+` AND NOT t.admitted
 		ORDER BY t.type, t.org_id, t.concurrency_key LIMIT 1) IS NOT NULL
 FROM task_types k
