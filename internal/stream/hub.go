@@ -174,7 +174,6 @@ func (h *Hub) Run(ctx context.Context) error {
 			err = h.skipAhead(ctx)
 		} else {
 			h.skipped.Store(false)
-			h.jump = nil
 			blocked, err = h.step(ctx)
 		}
 		if asked != nil {

@@ -242,12 +242,20 @@ func TestHubIdleSkipsWakeUpsAndCatchesUpForASubscriber(t *testing.T) {
 	require.Equal(t, before, src.reads, "no subscriber: the wake-ups read nothing")
 	src.mu.Unlock()
 
-	s, cursor, err := h.Subscribe(context.Background(), auth.Scope{OrgID: orgA}, task.EventFilter{})
+	requireStreamStartsAfter(t, h, src, 5)
+}
+
+// requireStreamStartsAfter subscribes to org A and checks that the stream
+// starts after the event cursor, the newest: it gets the next event and
+// nothing before it.
+func requireStreamStartsAfter(t *testing.T, h *Hub, src *fakeSource, cursor int64) {
+	t.Helper()
+	s, at, err := h.Subscribe(context.Background(), auth.Scope{OrgID: orgA}, task.EventFilter{})
 	require.NoError(t, err)
-	require.Equal(t, int64(5), cursor, "the subscriber's stream starts now")
-	src.commit(ev(6, orgA, taskX))
+	require.Equal(t, cursor, at, "the subscriber's stream starts now")
+	src.commit(ev(cursor+1, orgA, taskX))
 	h.Wake()
-	require.Equal(t, []int64{6}, receive(t, s, 1))
+	require.Equal(t, []int64{cursor + 1}, receive(t, s, 1))
 	requireNothing(t, s, 10*time.Millisecond)
 }
 
@@ -274,13 +282,7 @@ func TestHubIdleMovesItsCursorWithoutReadingEvents(t *testing.T) {
 	require.Zero(t, src.reads, "no subscriber: no event was read")
 	src.mu.Unlock()
 
-	s, at, err := h.Subscribe(context.Background(), auth.Scope{OrgID: orgA}, task.EventFilter{})
-	require.NoError(t, err)
-	require.Equal(t, int64(5), at)
-	src.commit(ev(6, orgA, taskX))
-	h.Wake()
-	require.Equal(t, []int64{6}, receive(t, s, 1))
-	requireNothing(t, s, 10*time.Millisecond)
+	requireStreamStartsAfter(t, h, src, 5)
 }
 
 func TestHubDropsASubscriberThatFallsBehind(t *testing.T) {
