@@ -49,6 +49,7 @@ func forDuration(conc int, d time.Duration, fn func(worker, i int) error) (float
 // submitCeiling is the API's own submit transaction (task, event and outbox
 // row in one statement), called directly with pgx from conc goroutines.
 func submitCeiling(ctx context.Context, pool *pgxpool.Pool, conc int, d time.Duration) (float64, error) {
+	run := submitRuns.Add(1) // a pool may be measured more than once: every payload is new
 	store := postgres.NewAPIStore(pool, nil)
 	org, err := postgres.NewDirectory(pool).EnsureOrg(ctx, "bench")
 	if err != nil {
@@ -58,7 +59,7 @@ func submitCeiling(ctx context.Context, pool *pgxpool.Pool, conc int, d time.Dur
 	return forDuration(conc, d, func(w, i int) error {
 		sub, err := task.NewSubmission(task.SubmitInput{
 			Type:    "demo.noop",
-			Payload: json.RawMessage(fmt.Sprintf(`{"ceiling": %d, "i": %d}`, w, i)),
+			Payload: json.RawMessage(fmt.Sprintf(`{"ceiling": %d, "w": %d, "i": %d}`, run, w, i)),
 		}, task.Defaults{MaxAttempts: 3}, "")
 		if err != nil {
 			return err

@@ -280,7 +280,7 @@ func (s *system) submitNoops(n int) error {
 // (0: the defaults), complete n queued demo.noop tasks: the tasks are
 // submitted and published first, then the workers start, all at once. The
 // time runs from their start to the last completion.
-func (s *system) burnDown(ctx context.Context, n, procs, concurrency int) (burnResult, error) {
+func (s *system) burnDown(ctx context.Context, n, procs, concurrency int, vars ...string) (burnResult, error) {
 	if err := s.submitNoops(n); err != nil {
 		return burnResult{}, err
 	}
@@ -295,9 +295,10 @@ func (s *system) burnDown(ctx context.Context, n, procs, concurrency int) (burnR
 	if err != nil {
 		return burnResult{}, err
 	}
+	diag := startDiagnosis(ctx, s.pool, procs)
 	addrs := make([]string, procs)
 	for i := range procs {
-		if addrs[i], err = s.launchWorker(fmt.Sprintf("worker-%d", i), concurrency); err != nil {
+		if addrs[i], err = s.launchWorker(fmt.Sprintf("worker-%d", i), concurrency, vars...); err != nil {
 			return burnResult{}, err
 		}
 	}
@@ -311,6 +312,7 @@ func (s *system) burnDown(ctx context.Context, n, procs, concurrency int) (burnR
 	if err != nil {
 		return burnResult{}, fmt.Errorf("burn-down: %w", err)
 	}
+	diag.report(ctx, s.pool, n, elapsed, start, addrs)
 	after, err := pgCounters(ctx, s.pool)
 	if err != nil {
 		return burnResult{}, err
