@@ -474,13 +474,7 @@ func (s *system) sampleRSS(names ...string) func() map[string]int64 {
 // relayPublishP50 reads the relay's commit→publish histogram and returns
 // its median.
 func (s *system) relayPublishP50() (time.Duration, error) {
-	resp, err := http.Get("http://" + s.relay + "/metrics")
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(resp.Body)
+	families, err := metricFamilies(s.relay)
 	if err != nil {
 		return 0, err
 	}
@@ -489,6 +483,18 @@ func (s *system) relayPublishP50() (time.Duration, error) {
 		return 0, fmt.Errorf("relay metrics hold no commit-to-publish histogram")
 	}
 	return histogramQuantile(f.GetMetric()[0].GetHistogram(), 0.5), nil
+}
+
+// metricFamilies reads the Prometheus metrics a process serves at its
+// admin address.
+func metricFamilies(addr string) (map[string]*dto.MetricFamily, error) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	return parser.TextToMetricFamilies(resp.Body)
 }
 
 // histogramQuantile interpolates a quantile from cumulative buckets, as

@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -114,28 +112,23 @@ func cpuByProcess() cpuSnap {
 // batchMeans reads a worker's statements and mean batch size, by
 // statement, from its metrics.
 func batchMeans(addr string) string {
-	resp, err := http.Get("http://" + addr + "/metrics")
+	families, err := metricFamilies(addr)
 	if err != nil {
 		return err.Error()
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err.Error()
-	}
-	vals := map[string]float64{}
-	for _, line := range strings.Split(string(body), "\n") {
-		if f := strings.Fields(line); len(f) == 2 && strings.HasPrefix(f[0], "conveyor_worker_batch_size_") {
-			vals[f[0]], _ = strconv.ParseFloat(f[1], 64)
-		}
 	}
 	var out []string
-	for _, st := range []string{"claim", "apply"} {
-		sum := vals[`conveyor_worker_batch_size_sum{statement="`+st+`"}`]
-		count := vals[`conveyor_worker_batch_size_count{statement="`+st+`"}`]
-		if count > 0 {
-			out = append(out, fmt.Sprintf("%s %.0f × %.1f", st, count, sum/count))
+	for _, m := range families["conveyor_worker_batch_size"].GetMetric() {
+		h := m.GetHistogram()
+		if h.GetSampleCount() == 0 {
+			continue
 		}
+		var statement string
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "statement" {
+				statement = l.GetValue()
+			}
+		}
+		out = append(out, fmt.Sprintf("%s %d × %.1f", statement, h.GetSampleCount(), h.GetSampleSum()/float64(h.GetSampleCount())))
 	}
 	return strings.Join(out, ", ")
 }

@@ -412,12 +412,13 @@ func (b *bench) river(ctx context.Context) error {
 	// The burn-down at each MaxWorkers, each run on a fresh database with
 	// the same n jobs, -burn-tries times in turns; River's figure is the
 	// best of them.
-	var best burnResult
-	var bestWorkers int
-	var bestConns int32
-	atW := make([]burnResult, len(b.o.riverWorkers))
-	for try := range b.o.burnTries {
-		for _, i := range tryOrder(len(b.o.riverWorkers), try) {
+	type riverRun struct {
+		burnResult
+		conns int32
+	}
+	runs, err := sweep(b.o.burnTries, len(b.o.riverWorkers), func(r riverRun) float64 { return r.perSec },
+		func(i, try int) (riverRun, error) {
+			var r riverRun
 			w := b.o.riverWorkers[i]
 			err := b.scope(func() error {
 				_, pool, err := b.e.database(ctx, fmt.Sprintf("bench_river_burn_%d_%d", w, try), riverPoolConns)
@@ -427,31 +428,27 @@ func (b *bench) river(ctx context.Context) error {
 				if err := riverMigrate(ctx, pool); err != nil {
 					return err
 				}
-				r, conns, err := riverBurnDown(ctx, pool, b.o.burnN, w)
-				if err != nil {
-					return err
-				}
-				if r.perSec > atW[i].perSec {
-					atW[i] = r
-				}
-				if r.perSec > best.perSec {
-					best, bestWorkers, bestConns = r, w, conns
-				}
-				return nil
-			})
-			if err != nil {
+				r.burnResult, r.conns, err = riverBurnDown(ctx, pool, b.o.burnN, w)
 				return err
-			}
-		}
+			})
+			return r, err
+		})
+	if err != nil {
+		return err
 	}
+	var best riverRun
+	var bestWorkers int
 	for i, w := range b.o.riverWorkers {
-		b.add(result{Name: fmt.Sprintf("River: burn-down, MaxWorkers %d", w), Value: atW[i].perSec, Unit: "jobs/s"})
+		b.add(result{Name: fmt.Sprintf("River: burn-down, MaxWorkers %d", w), Value: runs[i].perSec, Unit: "jobs/s"})
+		if runs[i].perSec > best.perSec {
+			best, bestWorkers = runs[i], w
+		}
 	}
 	config := fmt.Sprintf("MaxWorkers %d", bestWorkers)
 	b.add(result{Name: "River: burn-down of no-op jobs", Value: best.perSec, Unit: "jobs/s", Config: config})
 	b.add(result{Name: "River: write transactions per job (burn-down)", Value: best.commits, Unit: "txs", Config: config})
 	b.add(result{Name: "River: WAL per job (burn-down)", Value: best.wal, Unit: "bytes", Config: config})
-	b.add(result{Name: fmt.Sprintf("River: connections opened (burn-down, pool of %d)", riverPoolConns), Value: float64(bestConns), Unit: "conns", Config: config})
+	b.add(result{Name: fmt.Sprintf("River: connections opened (burn-down, pool of %d)", riverPoolConns), Value: float64(best.conns), Unit: "conns", Config: config})
 	return nil
 }
 
@@ -644,23 +641,32 @@ func tryOrder(n, try int) []int {
 	return order
 }
 
-// conveyorSweep runs every configuration -burn-tries times, in turns (see
-// tryOrder), and returns the best run of each.
-func (b *bench) conveyorSweep(ctx context.Context, configs []burnConfig) ([]conveyorBurnResult, error) {
-	best := make([]conveyorBurnResult, len(configs))
-	for try := range b.o.burnTries {
-		for _, i := range tryOrder(len(configs), try) {
-			c := configs[i]
-			r, err := b.conveyorBurn(ctx, fmt.Sprintf("%s_%d", c.name, try), c.procs, c.concurrency, c.vars...)
+// sweep runs each of n configurations -burn-tries times, in turns (see
+// tryOrder), and returns the best run of each, by perSec; run gets the
+// configuration's index and the try.
+func sweep[R any](tries, n int, perSec func(R) float64, run func(i, try int) (R, error)) ([]R, error) {
+	best := make([]R, n)
+	for try := range tries {
+		for _, i := range tryOrder(n, try) {
+			r, err := run(i, try)
 			if err != nil {
 				return nil, err
 			}
-			if r.perSec > best[i].perSec {
+			if try == 0 || perSec(r) > perSec(best[i]) {
 				best[i] = r
 			}
 		}
 	}
 	return best, nil
+}
+
+// conveyorSweep sweeps Conveyor's burn-down configurations.
+func (b *bench) conveyorSweep(ctx context.Context, configs []burnConfig) ([]conveyorBurnResult, error) {
+	return sweep(b.o.burnTries, len(configs), func(r conveyorBurnResult) float64 { return r.perSec },
+		func(i, try int) (conveyorBurnResult, error) {
+			c := configs[i]
+			return b.conveyorBurn(ctx, fmt.Sprintf("%s_%d", c.name, try), c.procs, c.concurrency, c.vars...)
+		})
 }
 
 // conveyorBurn runs one burn-down on a system of its own: procs workers
