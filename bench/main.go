@@ -92,7 +92,7 @@ func main() {
 	flag.IntVar(&o.workers, "workers", 64, "handler concurrency of the fairness measurement's workers (WORKER_CONCURRENCY, shared by -fair-procs)")
 	riverWorkers := flag.String("river-workers", "100,500,2000", "River MaxWorkers values of the burn-down sweep, each on a fresh database; the best is River's figure")
 	conveyorWorkers := flag.String("conveyor-workers", "64,256,1024", "Conveyor WORKER_CONCURRENCY values of the tuned burn-down sweep (read-ahead at its default); the best is Conveyor's figure")
-	flag.IntVar(&o.messages, "messages", 100000, "messages for the publish, consume and relay measurements")
+	flag.IntVar(&o.messages, "messages", 100000, "messages for the publish and relay measurements (the consume ceiling drains the burn-down's backlog, -n)")
 	flag.IntVar(&o.rate, "rate", 200, "offered rate (tasks/s) of the latency measurement")
 	backlogs := flag.String("backlogs", "10000,1000000", "small and large backlogs of the memory measurement")
 	flag.DurationVar(&o.sampleFor, "sample", 20*time.Second, "how long relay and worker RSS is sampled per backlog")
@@ -350,9 +350,10 @@ func (b *bench) ceilings(ctx context.Context) error {
 }
 
 // consumeCeilings measures the bare consumer at each prefetch it has not
-// been measured at in this run: acking each message, as a worker acks each
-// task, and acking half a window at a time with multiple=true, the best a
-// consumer can do.
+// been measured at in this run, draining a backlog as large as the
+// burn-down's, the best of -burn-tries drains: acking each message, as a
+// worker acks each task, and acking half a window at a time with
+// multiple=true, the best a consumer can do.
 func (b *bench) consumeCeilings(ctx context.Context, prefetches ...int) error {
 	return b.scope(func() error {
 		var amqpURL string
@@ -372,11 +373,20 @@ func (b *bench) consumeCeilings(ctx context.Context, prefetches ...int) error {
 				if multiple {
 					every = multipleAckEvery(p)
 				}
-				v, err := consumeCeiling(ctx, amqpURL, b.o.messages, p, every)
-				if err != nil {
-					return err
+				// The burn-down's backlog, and its best of as many
+				// tries: a deeper queue costs the broker more per message
+				// (100,000 messages drained at a third of the rate of
+				// 20,000 here), and the same drain lands in a fast or a
+				// slow state from run to run, as the burn-downs do.
+				best := 0.0
+				for range b.o.burnTries {
+					v, err := consumeCeiling(ctx, amqpURL, b.o.burnN, p, every)
+					if err != nil {
+						return err
+					}
+					best = max(best, v)
 				}
-				b.add(result{Name: name, Value: v, Unit: "msgs/s"})
+				b.add(result{Name: name, Value: best, Unit: "msgs/s"})
 			}
 		}
 		return nil
