@@ -158,7 +158,7 @@ func TestTypeLoadCountsQueuedTasksThroughTheirIndex(t *testing.T) {
 		SELECT gen_random_uuid(), `+testdb.OrgSQL+`, 'demo.noop', now() - interval '1 hour' FROM generate_series(1, 20000)`)
 	b.exec(t, `ANALYZE tasks`)
 	b.exec(t, `UPDATE tasks SET status = 'COMPLETED', completed_at = now() WHERE id IN (SELECT id FROM tasks LIMIT 19000)`)
-	plan := b.explain(t, statementSQL(t, "scheduler.type_load"), 0, int64(60000), 64)
+	plan := b.explain(t, statementSQL(t, "scheduler.type_load"), 0, int64(60000), 64, []string{})
 	require.Contains(t, plan, "using tasks_ready on tasks", plan)
 	require.NotContains(t, plan, "Seq Scan on tasks", plan)
 }

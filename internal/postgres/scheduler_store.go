@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -32,8 +33,9 @@ var sqlSchedulerLock = statement("scheduler.lock", `SELECT pg_try_advisory_xact_
 // sqlTypeLoad reads each known type's mode, the concurrency of the live
 // workers that consume it, how many of its admitted tasks are due and not
 // yet claimed (counted only up to one past its window: beyond, the number
-// does not matter), and whether any of its tasks wait for admission. $1 is
-// a fixed window (0: the capacity, at least $3).
+// does not matter; NULL for the types of $4, counted recently, unless
+// tasks of theirs wait), and whether any of its tasks wait for admission.
+// $1 is a fixed window (0: the capacity, at least $3).
 //
 // Both reads go through small indexes, of the tasks a queue holds
 // (tasks_ready) and of waiting tasks. Each is ordered as its index is, and
@@ -43,15 +45,18 @@ var sqlSchedulerLock = statement("scheduler.lock", `SELECT pg_try_advisory_xact_
 // due time, walking a backlog that waits for admission.
 var sqlTypeLoad = statement("scheduler.type_load", `
 SELECT k.name, k.admit_directly, c.capacity, c.win,
-	(SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.type = k.name AND t.`+isPending+` AND t.admitted
-		AND t.next_run_at <= now() ORDER BY t.type, t.next_run_at, t.id LIMIT c.win + 1) r),
-	(SELECT true FROM tasks t WHERE t.type = k.name AND t.`+isPending+` AND NOT t.admitted
-		ORDER BY t.type, t.org_id, t.concurrency_key LIMIT 1) IS NOT NULL
+	CASE WHEN q.waiting OR k.name <> ALL ($4::text[]) THEN
+		(SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.type = k.name AND t.`+isPending+` AND t.admitted
+			AND t.next_run_at <= now() ORDER BY t.type, t.next_run_at, t.id LIMIT c.win + 1) r) END,
+	q.waiting
 FROM task_types k
 CROSS JOIN LATERAL (
 	SELECT w.capacity, CASE WHEN $1 > 0 THEN $1 ELSE greatest(w.capacity, $3) END AS win
 	FROM (SELECT coalesce(sum(concurrency), 0)::int AS capacity FROM workers
-		WHERE k.name = ANY (types) AND last_heartbeat_at > now() - $2 * interval '1 millisecond') w) c`)
+		WHERE k.name = ANY (types) AND last_heartbeat_at > now() - $2 * interval '1 millisecond') w) c
+CROSS JOIN LATERAL (
+	SELECT (SELECT true FROM tasks t WHERE t.type = k.name AND t.`+isPending+` AND NOT t.admitted
+		ORDER BY t.type, t.org_id, t.concurrency_key LIMIT 1) IS NOT NULL AS waiting) q`)
 
 // sqlNoJIT: the scheduler's statements are short, and their plans' costs
 // (a backlog of waiting tasks) would make PostgreSQL compile them each
@@ -152,6 +157,17 @@ type SchedulerStore struct {
 	onOutbox func()
 	// OnEvents, when set, is called after a commit that wrote task events.
 	OnEvents func()
+
+	mu sync.Mutex
+	// counted holds each type's last count of queued tasks, and when it
+	// was taken (AdmitConfig.RecountAfter).
+	counted map[string]count
+}
+
+// count is a type's count of queued tasks, as read at a time.
+type count struct {
+	ready int
+	at    time.Time
 }
 
 // NewSchedulerStore returns the scheduler's store; onOutbox is called after
@@ -200,7 +216,7 @@ func (s *SchedulerStore) Admit(ctx context.Context, cfg job.AdmitConfig) (job.Ad
 			return err
 		}
 		st = job.AdmitStats{}
-		loads, err := typeLoads(ctx, tx, cfg)
+		loads, err := s.typeLoads(ctx, tx, cfg)
 		if err != nil {
 			return err
 		}
@@ -239,20 +255,42 @@ func (s *SchedulerStore) Admit(ctx context.Context, cfg job.AdmitConfig) (job.Ad
 	return st, nil
 }
 
-func typeLoads(ctx context.Context, tx pgx.Tx, cfg job.AdmitConfig) (map[string]*typeLoad, error) {
-	rows, err := tx.Query(ctx, sqlTypeLoad, cfg.Window, cfg.DeadAfter.Milliseconds(), cfg.MinWindow)
+// typeLoads reads every type's load. A type counted within
+// cfg.RecountAfter, with no task waiting, keeps the count it had then.
+func (s *SchedulerStore) typeLoads(ctx context.Context, tx pgx.Tx, cfg job.AdmitConfig) (map[string]*typeLoad, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	fresh := []string{}
+	for name, c := range s.counted {
+		if now.Sub(c.at) < cfg.RecountAfter {
+			fresh = append(fresh, name)
+		}
+	}
+	rows, err := tx.Query(ctx, sqlTypeLoad, cfg.Window, cfg.DeadAfter.Milliseconds(), cfg.MinWindow, fresh)
 	if err != nil {
 		return nil, err
 	}
 	loads := map[string]*typeLoad{}
+	counted := map[string]count{}
 	var name string
 	var l typeLoad
-	_, err = pgx.ForEachRow(rows, []any{&name, &l.direct, &l.capacity, &l.window, &l.ready, &l.waiting}, func() error {
+	var ready *int
+	_, err = pgx.ForEachRow(rows, []any{&name, &l.direct, &l.capacity, &l.window, &ready, &l.waiting}, func() error {
 		c := l
+		if ready != nil {
+			c.ready, counted[name] = *ready, count{ready: *ready, at: now}
+		} else {
+			c.ready, counted[name] = s.counted[name].ready, s.counted[name]
+		}
 		loads[name] = &c
 		return nil
 	})
-	return loads, err
+	if err != nil {
+		return nil, err
+	}
+	s.counted = counted
+	return loads, nil
 }
 
 // admitWaiting admits waiting tasks and returns how many; it updates each

@@ -187,6 +187,47 @@ func TestAdmissionTakesTurnsBetweenOrgs(t *testing.T) {
 	require.Len(t, admitted(t, db, submitOf(t, db, small, "fair.t", "", 1)), 1)
 }
 
+// A type's queue is counted for its mode at most every RecountAfter while
+// none of its tasks waits: until then the last count stands. A type with
+// tasks waiting is counted on every pass, as its room decides how many go
+// in.
+func TestAdmissionRecountsAQueueAfterItsInterval(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, org := db.Key(t, "org", auth.Admin)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `INSERT INTO task_types (name) VALUES ('recount.t')`)
+	require.NoError(t, err)
+	cfg := admitAll
+	cfg.Window, cfg.RecountAfter = 10, time.Hour
+	s := postgres.NewSchedulerStore(db.Pool, nil)
+
+	st, err := s.Admit(ctx, cfg)
+	require.NoError(t, err)
+	require.Empty(t, st.Fair)
+	first := submitOf(t, db, org, "recount.t", "", 11)
+	require.Len(t, admitted(t, db, first), 11)
+	st, err = s.Admit(ctx, cfg)
+	require.NoError(t, err)
+	require.Empty(t, st.Fair, "counted an instant ago, with nothing waiting: the empty queue's count stands")
+
+	cfg.RecountAfter = 0
+	st, err = s.Admit(ctx, cfg)
+	require.NoError(t, err)
+	require.Equal(t, []string{"recount.t"}, st.Fair, "counted again: 11 queued, past the window")
+
+	// Counted just now (11 queued); two tasks wait, five finish: the
+	// pass counts again and finds room for both.
+	cfg.RecountAfter = time.Hour
+	waiting := submitOf(t, db, org, "recount.t", "", 2)
+	require.Empty(t, admitted(t, db, waiting))
+	finish(t, db, first[:5])
+	st, err = s.Admit(ctx, cfg)
+	require.NoError(t, err)
+	require.Equal(t, 2, st.Admitted)
+	require.Len(t, admitted(t, db, waiting), 2)
+}
+
 // A cron job makes one task per tick however many passes run at once, and
 // ticks missed for longer than the catch-up window follow the job's policy.
 func TestCronMakesEachTickOnce(t *testing.T) {
