@@ -97,9 +97,9 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 	scheduler := runner.NewScheduler(runner.SchedulerConfig{
 		Interval: cfg.SchedulerInterval, MinInterval: cfg.SchedulerMinInterval, CronEvery: 200 * time.Millisecond,
 		Cron: job.CronConfig{CatchUp: cfg.CronCatchUp, MaxJobs: 100, MaxTicks: 1000},
-		// Under load, passes come every minimum interval; a type's queue
-		// is counted for its mode no more often than an idle system's
-		// passes come.
+		// Under load, passes come every minimum interval; a type in fair
+		// mode with nothing waiting has its queue counted no more often
+		// than an idle system's passes come.
 		Admit: job.AdmitConfig{Window: cfg.AdmissionWindow, MinWindow: cfg.AdmissionMinWindow,
 			DeadAfter: cfg.WorkerDeadAfter, MaxGroups: 1000, MaxAdmit: 1000, RecountAfter: cfg.SchedulerInterval},
 	}, schedulerStore, maintainer.Leading, log, metrics)

@@ -16,12 +16,14 @@ type AdmitConfig struct {
 	MinWindow int
 	// DeadAfter: workers silent for longer do not count.
 	DeadAfter time.Duration
-	// RecountAfter spaces the counts of a type's queued tasks while none
-	// of its tasks waits for admission: the count then only decides
-	// whether the type goes into fair mode or out of it, which may happen
-	// this much later. A type with tasks waiting is counted on every pass,
-	// as its room in the queue decides how many are admitted. 0: every
-	// pass.
+	// RecountAfter spaces the counts of a type's queued tasks while it is
+	// in fair mode and none of its tasks waits for admission: the count
+	// then only decides when it admits directly again, which may happen
+	// this much later (a task submitted meanwhile waits, and is admitted by
+	// the next pass). A type that admits directly is counted on every pass,
+	// so that a flood turns fair mode on at once, and so is a type with
+	// tasks waiting, as its room in the queue decides how many go in. 0:
+	// every pass.
 	RecountAfter time.Duration
 	// MaxGroups and MaxAdmit bound one pass.
 	MaxGroups int

@@ -33,8 +33,9 @@ var sqlSchedulerLock = statement("scheduler.lock", `SELECT pg_try_advisory_xact_
 // sqlTypeLoad reads each known type's mode, the concurrency of the live
 // workers that consume it, how many of its admitted tasks are due and not
 // yet claimed (counted only up to one past its window: beyond, the number
-// does not matter; NULL for the types of $4, counted recently, unless
-// tasks of theirs wait), and whether any of its tasks wait for admission.
+// does not matter; NULL for the types of $4, counted recently, while in
+// fair mode with no task waiting), and whether any of its tasks wait for
+// admission.
 // $1 is a fixed window (0: the capacity, at least $3).
 //
 // Both reads go through small indexes, of the tasks a queue holds
@@ -45,7 +46,7 @@ var sqlSchedulerLock = statement("scheduler.lock", `SELECT pg_try_advisory_xact_
 // due time, walking a backlog that waits for admission.
 var sqlTypeLoad = statement("scheduler.type_load", `
 SELECT k.name, k.admit_directly, c.capacity, c.win,
-	CASE WHEN q.waiting OR k.name <> ALL ($4::text[]) THEN
+	CASE WHEN q.waiting OR k.admit_directly OR k.name <> ALL ($4::text[]) THEN
 		(SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.type = k.name AND t.`+isPending+` AND t.admitted
 			AND t.next_run_at <= now() ORDER BY t.type, t.next_run_at, t.id LIMIT c.win + 1) r) END,
 	q.waiting
@@ -255,8 +256,8 @@ func (s *SchedulerStore) Admit(ctx context.Context, cfg job.AdmitConfig) (job.Ad
 	return st, nil
 }
 
-// typeLoads reads every type's load. A type counted within
-// cfg.RecountAfter, with no task waiting, keeps the count it had then.
+// typeLoads reads every type's load. A type in fair mode with no task
+// waiting, counted within cfg.RecountAfter, keeps the count it had then.
 func (s *SchedulerStore) typeLoads(ctx context.Context, tx pgx.Tx, cfg job.AdmitConfig) (map[string]*typeLoad, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -187,10 +187,10 @@ func TestAdmissionTakesTurnsBetweenOrgs(t *testing.T) {
 	require.Len(t, admitted(t, db, submitOf(t, db, small, "fair.t", "", 1)), 1)
 }
 
-// A type's queue is counted for its mode at most every RecountAfter while
-// none of its tasks waits: until then the last count stands. A type with
-// tasks waiting is counted on every pass, as its room decides how many go
-// in.
+// A type in fair mode with nothing waiting is counted at most every
+// RecountAfter: until then its last count stands. A type that admits
+// directly is counted on every pass (a flood turns fair mode on at once),
+// and so is a type with tasks waiting, as its room decides how many go in.
 func TestAdmissionRecountsAQueueAfterItsInterval(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t)
@@ -201,29 +201,32 @@ func TestAdmissionRecountsAQueueAfterItsInterval(t *testing.T) {
 	cfg := admitAll
 	cfg.Window, cfg.RecountAfter = 10, time.Hour
 	s := postgres.NewSchedulerStore(db.Pool, nil)
+	admit := func() job.AdmitStats {
+		t.Helper()
+		st, err := s.Admit(ctx, cfg)
+		require.NoError(t, err)
+		return st
+	}
 
-	st, err := s.Admit(ctx, cfg)
-	require.NoError(t, err)
-	require.Empty(t, st.Fair)
+	require.Empty(t, admit().Fair)
 	first := submitOf(t, db, org, "recount.t", "", 11)
 	require.Len(t, admitted(t, db, first), 11)
-	st, err = s.Admit(ctx, cfg)
-	require.NoError(t, err)
-	require.Empty(t, st.Fair, "counted an instant ago, with nothing waiting: the empty queue's count stands")
+	require.Equal(t, []string{"recount.t"}, admit().Fair, "a type that admits directly is counted on every pass")
 
+	finish(t, db, first[:10])
+	require.Equal(t, []string{"recount.t"}, admit().Fair, "in fair mode with nothing waiting, the last count (11) stands")
 	cfg.RecountAfter = 0
-	st, err = s.Admit(ctx, cfg)
-	require.NoError(t, err)
-	require.Equal(t, []string{"recount.t"}, st.Fair, "counted again: 11 queued, past the window")
+	require.Empty(t, admit().Fair, "counted again: one queued, the type admits directly")
 
-	// Counted just now (11 queued); two tasks wait, five finish: the
-	// pass counts again and finds room for both.
+	// Back in fair mode with 12 queued, just counted; two tasks wait and
+	// five finish: the pass counts again and finds room for both.
 	cfg.RecountAfter = time.Hour
+	second := submitOf(t, db, org, "recount.t", "", 11)
+	require.Equal(t, []string{"recount.t"}, admit().Fair)
 	waiting := submitOf(t, db, org, "recount.t", "", 2)
 	require.Empty(t, admitted(t, db, waiting))
-	finish(t, db, first[:5])
-	st, err = s.Admit(ctx, cfg)
-	require.NoError(t, err)
+	finish(t, db, second[:5])
+	st := admit()
 	require.Equal(t, 2, st.Admitted)
 	require.Len(t, admitted(t, db, waiting), 2)
 }
