@@ -35,8 +35,7 @@ var sqlSchedulerLock = statement("scheduler.lock", `SELECT pg_try_advisory_xact_
 // yet claimed (counted only up to one past its window: beyond, the number
 // does not matter; NULL for the types of $4, counted recently, while in
 // fair mode with no task waiting), and whether any of its tasks wait for
-// admission.
-// $1 is a fixed window (0: the capacity, at least $3).
+// admission. $1 is a fixed window (0: the capacity, at least $3).
 //
 // Both reads go through small indexes, of the tasks a queue holds
 // (tasks_ready) and of waiting tasks. Each is ordered as its index is, and
