@@ -261,7 +261,7 @@ func (s *SchedulerStore) typeLoads(ctx context.Context, tx pgx.Tx, cfg job.Admit
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
-	fresh := []string{}
+	fresh := []string{} // not nil: a NULL array would spare every type
 	for name, c := range s.counted {
 		if now.Sub(c.at) < cfg.RecountAfter {
 			fresh = append(fresh, name)
