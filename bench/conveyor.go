@@ -116,8 +116,9 @@ func (s *system) start(name string, vars ...string) error {
 func (s *system) startRelay() error { return s.startRelays(1) }
 
 // startRelays starts n relays sharing the outbox: "relay", whose admin
-// address s.relay holds, then "relay-1" and on.
-func (s *system) startRelays(n int) error {
+// address s.relay holds, then "relay-1" and on; vars are added to each
+// relay's environment.
+func (s *system) startRelays(n int, vars ...string) error {
 	for i := range n {
 		name, addr := "relay", freeAddr()
 		if i > 0 {
@@ -125,7 +126,7 @@ func (s *system) startRelays(n int) error {
 		} else {
 			s.relay = addr
 		}
-		if err := s.start(name, "RELAY_ADMIN_ADDR="+addr); err != nil {
+		if err := s.start(name, append([]string{"RELAY_ADMIN_ADDR=" + addr}, vars...)...); err != nil {
 			return err
 		}
 		if err := waitHTTP("http://"+addr+"/readyz", 30*time.Second); err != nil {
@@ -379,9 +380,10 @@ func (s *system) latency(ctx context.Context, rate int, d time.Duration) (p50, p
 
 // relayThroughput starts relays relay processes, fills the outbox with n
 // rows and measures how fast the relays publish them together; it also
-// reports each relay's peak RSS, by process name.
-func (s *system) relayThroughput(ctx context.Context, n, relays int) (perSec float64, peakRSS map[string]int64, err error) {
-	if err := s.startRelays(relays); err != nil {
+// reports each relay's peak RSS, by process name. vars are added to each
+// relay's environment.
+func (s *system) relayThroughput(ctx context.Context, n, relays int, vars ...string) (perSec float64, peakRSS map[string]int64, err error) {
+	if err := s.startRelays(relays, vars...); err != nil {
 		return 0, nil, err
 	}
 	if err := s.fillOutbox(ctx, n, "bench.relay"); err != nil {

@@ -564,6 +564,18 @@ func (b *bench) relay(ctx context.Context) error {
 		}
 		b.vs("Conveyor: relay publish throughput", perSec, "msgs/s", "ceiling: publish, bare amqp091 (confirms, 500/batch)", 0.8)
 		b.add(result{Name: "Conveyor: relay peak RSS (publishing)", Value: mib(rss["relay"]), Unit: "MiB"})
+
+		// The same relay with one lane: what keeping batches in flight
+		// on several connections at once is worth.
+		one, err := b.e.system(ctx, "bench_relay_one_lane", b.o.pool)
+		if err != nil {
+			return err
+		}
+		perSec, _, err = one.relayThroughput(ctx, b.o.messages, 1, "RELAY_LANES=1")
+		if err != nil {
+			return err
+		}
+		b.vs("Conveyor: relay publish throughput, one lane", perSec, "msgs/s", "Conveyor: relay publish throughput", 0)
 		return nil
 	})
 }

@@ -32,6 +32,7 @@ func run(ctx context.Context, cfg config.Relay, stdout io.Writer) error {
 	name := fmt.Sprintf("conveyor-relay %s/%d", hostname, os.Getpid())
 	r := relay.New(relay.Config{
 		BatchSize:           cfg.BatchSize,
+		Lanes:               cfg.Lanes,
 		PollInterval:        cfg.PollInterval,
 		ConfirmTimeout:      cfg.ConfirmTimeout,
 		ReconnectBackoffMax: cfg.ReconnectBackoffMax,

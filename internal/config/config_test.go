@@ -57,10 +57,17 @@ func TestLoadWorkerNamesTheBadVariable(t *testing.T) {
 		{"AMQP_QUEUE_TYPE", "stream"},
 		{"AMQP_QUEUE_TYPE", "Quorum"},
 	}
+	requireLoadNamesTheBadVariable[config.Worker](t, tests)
+}
+
+// requireLoadNamesTheBadVariable loads a T with each bad setting and
+// requires the error to name its variable.
+func requireLoadNamesTheBadVariable[T interface{ Validate() error }](t *testing.T, tests []struct{ name, value string }) {
+	t.Helper()
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
 			t.Setenv(tt.name, tt.value)
-			_, err := config.Load[config.Worker]()
+			_, err := config.Load[T]()
 			require.ErrorContains(t, err, tt.name)
 		})
 	}
@@ -95,4 +102,17 @@ func TestLoadRelayNamesTheBadAMQPURL(t *testing.T) {
 	t.Setenv("AMQP_URL", "amqp://a:5672/,amqp://b:5672/")
 	_, err := config.Load[config.Relay]()
 	require.NoError(t, err)
+}
+
+func TestLoadRelayNamesTheBadVariable(t *testing.T) {
+	tests := []struct{ name, value string }{
+		{"RELAY_BATCH_SIZE", "0"},
+		{"RELAY_LANES", "0"},
+		{"RELAY_LANES", "17"},
+		{"RELAY_LANES", "two"},
+	}
+	requireLoadNamesTheBadVariable[config.Relay](t, tests)
+	cfg, err := config.Load[config.Relay]()
+	require.NoError(t, err)
+	require.Equal(t, 2, cfg.Lanes)
 }

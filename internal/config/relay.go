@@ -15,6 +15,10 @@ type Relay struct {
 	AdminAddr string `envconfig:"RELAY_ADMIN_ADDR" default:":8081"`
 	// BatchSize is the most rows one transaction locks and publishes.
 	BatchSize int `envconfig:"RELAY_BATCH_SIZE" default:"500"`
+	// Lanes is how many batches the relay keeps in flight at once, each on
+	// its own broker connection: while one lane waits for its confirms,
+	// the next locks and publishes the following batch.
+	Lanes int `envconfig:"RELAY_LANES" default:"2"`
 	// PollInterval is the fallback when no NOTIFY arrives.
 	PollInterval time.Duration `envconfig:"RELAY_POLL_INTERVAL" default:"1s"`
 	// ConfirmTimeout bounds the wait for a batch's publisher confirms.
@@ -40,6 +44,9 @@ func (c Relay) Validate() error {
 	}
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
 		return fmt.Errorf("RELAY_BATCH_SIZE: must be between 1 and 10000, got %d", c.BatchSize)
+	}
+	if c.Lanes < 1 || c.Lanes > 16 {
+		return fmt.Errorf("RELAY_LANES: must be between 1 and 16, got %d", c.Lanes)
 	}
 	for name, d := range map[string]time.Duration{
 		"RELAY_POLL_INTERVAL": c.PollInterval, "RELAY_CONFIRM_TIMEOUT": c.ConfirmTimeout,

@@ -43,7 +43,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "conveyor_relay_broker_blocked", Help: "1 while the broker blocks publishers (memory or disk alarm).",
 		}),
 		connected: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "conveyor_relay_broker_connected", Help: "1 while the relay holds a broker connection.",
+			Name: "conveyor_relay_broker_connected", Help: "Broker connections the relay holds: one per lane while all are up.",
 		}),
 		parked: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "conveyor_relay_parked_total", Help: "Messages no queue took (no worker for their type yet), parked in the outbox.",

@@ -1,13 +1,15 @@
 // Package relay publishes committed outbox rows to the broker: woken by
 // NOTIFY, backed by a poll, with publisher confirms, reconnecting to a lost
-// broker or database. Any number of relays may run at once. A message no
-// queue takes (its type has no worker yet) is parked in the outbox until
-// a worker for the type declares its queue.
+// broker or database. Any number of relays may run at once, and one relay
+// keeps several batches in flight (its lanes). A message no queue takes
+// (its type has no worker yet) is parked in the outbox until a worker for
+// the type declares its queue.
 package relay
 
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -62,6 +64,9 @@ type Config struct {
 	ConfirmTimeout      time.Duration
 	ReconnectBackoffMax time.Duration
 	StatsInterval       time.Duration
+	// Lanes is how many batches the relay keeps in flight at once, each
+	// on its own broker connection (at least one).
+	Lanes int
 }
 
 // Relay moves outbox rows to the broker.
@@ -73,8 +78,21 @@ type Relay struct {
 	propagator propagation.TextMapPropagator
 	metrics    *Metrics
 	broker     Broker
-	wake       chan struct{}
-	pub        atomic.Pointer[Publisher]
+	lanes      []lane
+	connected  atomic.Int32
+}
+
+// A lane relays one batch at a time on its own broker connection. A batch
+// is three steps one after another: lock the rows, publish them and wait
+// for the broker's confirms, delete the rows and commit. Lanes overlap
+// them: a lane that locked a full batch wakes the next lane before it
+// publishes, and that lane locks the following batch (the lock skips the
+// rows another lane holds) while the first waits for its confirms. A
+// NOTIFY wakes only the first connected lane, so a trickle of rows costs
+// one pass per wake-up, as with one lane.
+type lane struct {
+	wake chan struct{}
+	pub  atomic.Pointer[Publisher]
 }
 
 // Deps are a relay's collaborators.
@@ -89,80 +107,120 @@ type Deps struct {
 
 // New returns a relay.
 func New(cfg Config, deps Deps) *Relay {
-	return &Relay{
+	r := &Relay{
 		cfg: cfg, store: deps.Store, broker: deps.Broker, log: deps.Log, metrics: deps.Metrics,
 		propagator: deps.Propagator,
 		tracer:     deps.TracerProvider.Tracer("github.com/conveyorhq/conveyor/internal/relay"),
-		wake:       make(chan struct{}, 1),
+		lanes:      make([]lane, max(cfg.Lanes, 1)),
 	}
+	for i := range r.lanes {
+		r.lanes[i].wake = make(chan struct{}, 1)
+	}
+	return r
 }
 
-// Wake asks for a pass over the outbox now. It never blocks.
+// Wake asks for a pass over the outbox now: of the first lane that holds
+// a live broker connection (of the last when none does: it passes once it
+// has one). It never blocks.
 func (r *Relay) Wake() {
+	for i := range r.lanes {
+		if i == len(r.lanes)-1 || r.lanes[i].live() {
+			r.wakeLane(i)
+			return
+		}
+	}
+}
+
+func (r *Relay) wakeLane(i int) {
 	select {
-	case r.wake <- struct{}{}:
+	case r.lanes[i].wake <- struct{}{}:
 	default:
 	}
 }
 
-// Ready reports whether the relay can publish: broker connected and
-// database reachable. blocked says whether the broker is holding publishers
-// back with a resource alarm (the relay is healthy; rows wait).
-func (r *Relay) Ready(ctx context.Context) (ready, blocked bool, err error) {
-	p := r.pub.Load()
+// live reports whether the lane holds a broker connection that is open.
+func (l *lane) live() bool {
+	p := l.pub.Load()
 	if p == nil {
-		return false, false, nil
+		return false
 	}
-	pub := *p
 	select {
-	case <-pub.Done():
-		return false, false, nil
+	case <-(*p).Done():
+		return false
 	default:
+		return true
+	}
+}
+
+// Ready reports whether the relay can publish: every lane connected to the
+// broker and the database reachable. blocked says whether the broker is
+// holding publishers back with a resource alarm (the relay is healthy;
+// rows wait).
+func (r *Relay) Ready(ctx context.Context) (ready, blocked bool, err error) {
+	for i := range r.lanes {
+		if !r.lanes[i].live() {
+			return false, false, nil
+		}
+		blocked = blocked || (*r.lanes[i].pub.Load()).Blocked()
 	}
 	if err := r.store.Ping(ctx); err != nil {
-		return false, pub.Blocked(), err
+		return false, blocked, err
 	}
-	return true, pub.Blocked(), nil
+	return true, blocked, nil
 }
 
-// Run relays until ctx is done. A batch in flight when ctx ends is finished
-// (published and its rows deleted) before Run returns.
+// Run relays until ctx is done. The batches in flight when ctx ends are
+// finished (published and their rows deleted) before Run returns.
 func (r *Relay) Run(ctx context.Context) error {
 	go r.measure(ctx)
+	var wg sync.WaitGroup
+	for i := range r.lanes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.runLane(ctx, i)
+		}()
+	}
+	wg.Wait()
+	return nil
+}
+
+// runLane connects lane i to the broker, again whenever it loses the
+// connection, and relays on it until ctx is done.
+func (r *Relay) runLane(ctx context.Context, i int) {
 	b := wait.Backoff(100*time.Millisecond, r.cfg.ReconnectBackoffMax)
 	for ctx.Err() == nil {
 		pub, err := r.broker.Publisher(ctx, r.cfg.BatchSize)
 		if err != nil {
 			retry := b.NextBackOff()
-			r.log.WarnContext(ctx, "broker unreachable; retrying", "error", err, "retry_in", retry)
+			r.log.WarnContext(ctx, "broker unreachable; retrying", "lane", i, "error", err, "retry_in", retry)
 			wait.Sleep(ctx, retry)
 			continue
 		}
 		b.Reset()
-		r.pub.Store(&pub)
-		r.metrics.connected.Set(1)
-		r.log.InfoContext(ctx, "connected to broker")
-		r.serve(ctx, pub)
-		r.metrics.connected.Set(0)
+		r.lanes[i].pub.Store(&pub)
+		r.metrics.connected.Set(float64(r.connected.Add(1)))
+		r.log.InfoContext(ctx, "connected to broker", "lane", i)
+		r.serve(ctx, i, pub)
+		r.metrics.connected.Set(float64(r.connected.Add(-1)))
 		_ = pub.Close()
 	}
-	return nil
 }
 
-// serve relays on one broker connection until it closes or ctx ends.
-func (r *Relay) serve(ctx context.Context, pub Publisher) {
+// serve relays on lane i's broker connection until it closes or ctx ends.
+func (r *Relay) serve(ctx context.Context, i int, pub Publisher) {
 	ticker := time.NewTicker(r.cfg.PollInterval)
 	defer ticker.Stop()
-	r.Wake() // catch up on what was committed while disconnected
+	r.wakeLane(i) // catch up on what was committed while disconnected
 	dbBackoff := wait.Backoff(100*time.Millisecond, r.cfg.ReconnectBackoffMax)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-pub.Done():
-			r.log.WarnContext(ctx, "broker connection lost; reconnecting", "error", pub.Err())
+			r.log.WarnContext(ctx, "broker connection lost; reconnecting", "lane", i, "error", pub.Err())
 			return
-		case <-r.wake:
+		case <-r.lanes[i].wake:
 		case <-ticker.C:
 		}
 		for ctx.Err() == nil {
@@ -171,7 +229,7 @@ func (r *Relay) serve(ctx context.Context, pub Publisher) {
 			if blocked {
 				break // rows wait in the outbox until the alarm clears
 			}
-			n, err := r.relayBatch(ctx, pub)
+			n, err := r.relayBatch(ctx, i, pub)
 			if err != nil {
 				retry := dbBackoff.NextBackOff()
 				r.log.WarnContext(ctx, "relay batch failed; retrying", "error", err, "retry_in", retry)
@@ -186,12 +244,16 @@ func (r *Relay) serve(ctx context.Context, pub Publisher) {
 	}
 }
 
-// relayBatch publishes one batch. It is not cut short by ctx: a stopping
-// relay finishes the batch it started, within the confirm timeout.
-func (r *Relay) relayBatch(ctx context.Context, pub Publisher) (int, error) {
+// relayBatch publishes one batch on lane i. It is not cut short by ctx: a
+// stopping relay finishes the batch it started, within the confirm timeout.
+// A full batch wakes the next lane first: more rows are likely waiting.
+func (r *Relay) relayBatch(ctx context.Context, i int, pub Publisher) (int, error) {
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ConfirmTimeout+5*time.Second)
 	defer cancel()
 	n, err := r.store.Relay(bctx, r.cfg.BatchSize, func(ctx context.Context, msgs []outbox.Message) outbox.Outcome {
+		if len(msgs) == r.cfg.BatchSize && len(r.lanes) > 1 {
+			r.wakeLane((i + 1) % len(r.lanes))
+		}
 		return r.publish(ctx, pub, msgs)
 	})
 	if n > 0 {

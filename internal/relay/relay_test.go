@@ -62,6 +62,9 @@ type relayOpts struct {
 	batchSize    int
 	pollInterval time.Duration
 	listen       bool
+	lanes        int
+	// wrap, when set, wraps each lane's publisher.
+	wrap func(relay.Publisher) relay.Publisher
 }
 
 // startRelay runs a relay (and its NOTIFY listener) until the test ends.
@@ -75,7 +78,7 @@ func (b *testBundle) startRelay(t *testing.T, o relayOpts) {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	r := relay.New(relay.Config{
-		BatchSize: o.batchSize, PollInterval: o.pollInterval,
+		BatchSize: o.batchSize, PollInterval: o.pollInterval, Lanes: o.lanes,
 		ConfirmTimeout: 5 * time.Second, ReconnectBackoffMax: 200 * time.Millisecond, StatsInterval: time.Second,
 	}, relay.Deps{
 		Store: postgres.NewRelayStore(b.db.Pool, 50*time.Millisecond, time.Second),
@@ -83,6 +86,9 @@ func (b *testBundle) startRelay(t *testing.T, o relayOpts) {
 			p, err := rabbitmq.DialPublisher(b.amqpURL, n, t.Name())
 			if err != nil {
 				return nil, err
+			}
+			if o.wrap != nil {
+				return o.wrap(p), nil
 			}
 			return p, nil
 		}),
@@ -241,8 +247,8 @@ func TestRelaysAtOnceNeverPublishTwice(t *testing.T) {
 	const n = 3000
 	b.declare(t, "demo.noop")
 	b.fillOutbox(t, n, "demo.noop")
-	for range 3 {
-		b.startRelay(t, relayOpts{batchSize: 50})
+	for lanes := range 3 {
+		b.startRelay(t, relayOpts{batchSize: 50, lanes: lanes + 1})
 	}
 	testenv.WaitForDepth(t, b.amqpURL, rabbitmq.QueueName("demo.noop"), n, 60*time.Second)
 	b.waitOutboxEmpty(t)
@@ -252,6 +258,57 @@ func TestRelaysAtOnceNeverPublishTwice(t *testing.T) {
 		seen[m.ID] = true
 	}
 	require.Len(t, seen, n)
+}
+
+// A relay's lanes overlap their batches: while one lane waits for its
+// confirms, the next has locked and is publishing the following batch. Each
+// lane's first publish here waits until both lanes are publishing at once,
+// which one lane at a time never reaches.
+func TestLanesPublishBatchesAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const n = 400
+	b.declare(t, "demo.noop")
+	b.fillOutbox(t, n, "demo.noop")
+	var mu sync.Mutex
+	inFlight := 0
+	both := make(chan struct{})
+	b.startRelay(t, relayOpts{batchSize: 100, lanes: 2, wrap: func(p relay.Publisher) relay.Publisher {
+		return &meetingPublisher{Publisher: p, arrive: func() {
+			mu.Lock()
+			defer mu.Unlock()
+			if inFlight++; inFlight == 2 {
+				close(both)
+			}
+		}, both: both}
+	}})
+	select {
+	case <-both:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the lanes never had two batches in flight at once")
+	}
+	testenv.WaitForDepth(t, b.amqpURL, rabbitmq.QueueName("demo.noop"), n, 60*time.Second)
+	b.waitOutboxEmpty(t)
+}
+
+// meetingPublisher holds its first batch until both is closed.
+type meetingPublisher struct {
+	relay.Publisher
+	arrive func()
+	both   chan struct{}
+	met    bool
+}
+
+func (p *meetingPublisher) Publish(ctx context.Context, msgs []outbox.Message) outbox.Outcome {
+	if !p.met {
+		p.met = true
+		p.arrive()
+		select {
+		case <-p.both:
+		case <-ctx.Done():
+		}
+	}
+	return p.Publisher.Publish(ctx, msgs)
 }
 
 // A message for a type no worker has declared a queue for is returned by
