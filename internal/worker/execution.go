@@ -33,8 +33,10 @@ type execution struct {
 	log      taskLog
 	span     trace.Span
 	delivery outbox.Delivery
-	// release frees the worker's slot once the handler has returned.
+	// release frees the delivery's place in the worker's window once the
+	// handler has returned; slotted says the handler took a slot.
 	release func()
+	slotted bool
 	started time.Time
 	// claimVersion is the version the claim left: a cancel broadcast that
 	// names an earlier version was for an earlier run.
@@ -117,8 +119,6 @@ func (e *execution) Progress(_ context.Context, percent int, state string) error
 // outcome and settles the delivery.
 func (e *execution) run(ctx context.Context) {
 	e.w.metrics.started.WithLabelValues(e.task.Type).Inc()
-	e.w.metrics.running.Inc()
-	defer e.w.metrics.running.Dec()
 	if e.task.StartedAt != nil && e.task.StartedAt.After(e.task.NextRunAt) {
 		e.w.metrics.queueWait.WithLabelValues(e.task.Type).Observe(e.task.StartedAt.Sub(e.task.NextRunAt).Seconds())
 	}
@@ -130,13 +130,27 @@ func (e *execution) run(ctx context.Context) {
 	// The handler stops when ctx ends (shutdown grace over); the writes
 	// that follow, such as handing the task back, must not.
 	ctx = context.WithoutCancel(ctx)
-	done := make(chan outcome, 1)
-	go func() { done <- e.call() }()
+	done, started := make(chan outcome, 1), make(chan struct{})
+	go func() {
+		if !e.takeSlot() {
+			done <- outcome{err: context.Cause(e.hctx)}
+			return
+		}
+		close(started)
+		e.w.metrics.running.Inc()
+		out := e.call()
+		e.w.metrics.running.Dec()
+		done <- out
+	}()
 	defer e.ack()
 
 	heartbeat := time.NewTicker(e.w.cfg.Heartbeat)
 	defer heartbeat.Stop()
-	deadline := time.NewTimer(e.runTime())
+	// Until the handler starts, long bounds the wait for a slot; from then
+	// on, it marks the handler as running long. The run time starts with
+	// the handler.
+	deadline := time.NewTimer(time.Hour)
+	deadline.Stop()
 	defer deadline.Stop()
 	long := time.NewTimer(e.w.cfg.LongAfter)
 	defer long.Stop()
@@ -153,8 +167,12 @@ func (e *execution) run(ctx context.Context) {
 	var timerC <-chan time.Time
 	for {
 		select {
+		case <-started:
+			started = nil
+			long.Reset(e.w.cfg.LongAfter)
+			deadline.Reset(e.runTime())
 		case out := <-done:
-			e.release()
+			e.free()
 			if timer != nil {
 				timer.Stop()
 			}
@@ -185,6 +203,12 @@ func (e *execution) run(ctx context.Context) {
 			e.flushProgress(ctx)
 			lastWrite = time.Now()
 		case <-long.C:
+			if started != nil {
+				// Claimed ahead, and every slot stayed taken: another
+				// worker may start it sooner.
+				e.stop(errNoSlot)
+				continue
+			}
 			// From now on the broker sends this worker nothing it could
 			// not start at once (Worker.prefetch).
 			isLong = true
@@ -206,10 +230,41 @@ func (e *execution) run(ctx context.Context) {
 			e.finish(ctx, outcome{err: conveyor.ErrTimeout})
 			e.ack()
 			<-done // the slot stays taken while the handler still runs
-			e.release()
+			e.free()
 			return
 		}
 	}
+}
+
+// errNoSlot stops a task claimed ahead that found no free slot in time.
+var errNoSlot = errors.New("no free slot on this worker")
+
+// takeSlot waits for a slot to run the handler in. It gives up when the
+// handler's context ends first (a cancel, no slot in time) or the worker
+// stops taking work; a task that never started is handed back.
+func (e *execution) takeSlot() bool {
+	select {
+	case e.w.slots <- struct{}{}:
+	case <-e.hctx.Done():
+		return false
+	case <-e.w.stopping:
+		e.stop(conveyor.ErrShutdown)
+		return false
+	}
+	e.slotted = true
+	if e.hctx.Err() != nil {
+		return false
+	}
+	return true
+}
+
+// free frees the handler's slot and the delivery's place in the window,
+// once the handler has returned.
+func (e *execution) free() {
+	if e.slotted {
+		<-e.w.slots
+	}
+	e.release()
 }
 
 // runTime is how long the attempt may run: the task's own timeout, within
@@ -429,9 +484,13 @@ func (e *execution) finish(ctx context.Context, out outcome) {
 	case e.cancelled || errors.Is(cause, conveyor.ErrCancelled):
 		e.store(ctx, "cancelled", task.Change{Transition: task.HonourCancel})
 		e.w.metrics.cancelLatency.Observe(time.Since(e.cancelledAt).Seconds())
-	case errors.Is(cause, conveyor.ErrShutdown):
+	case errors.Is(cause, conveyor.ErrShutdown), errors.Is(cause, errNoSlot):
+		reason := "worker shutting down"
+		if errors.Is(cause, errNoSlot) {
+			reason = errNoSlot.Error()
+		}
 		e.store(ctx, "handed_back", task.Change{Transition: task.HandBack, Trace: e.w.inject(ctx),
-			Detail: map[string]any{"handed_back": "worker shutting down", "attempt": e.task.Attempt}})
+			Detail: map[string]any{"handed_back": reason, "attempt": e.task.Attempt}})
 	case e.timedOut:
 		e.fail(ctx, fmt.Errorf("%w after %s", conveyor.ErrTimeout, e.runTime()), false)
 	case errors.Is(out.err, conveyor.ErrAwaitChildren):

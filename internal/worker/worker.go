@@ -123,6 +123,11 @@ type Worker struct {
 	claims  *batcher[uuid.UUID, claimed]
 	changes *batcher[task.Change, task.Applied]
 
+	// A delivery holds a place in the window from its arrival until its
+	// handler returns, and a slot while its handler runs: the window
+	// (concurrency plus read-ahead) lets the deliveries read ahead be
+	// claimed with the rest, before a slot is free for them.
+	window   chan struct{}
 	slots    chan struct{}
 	inflight sync.WaitGroup
 	mu       sync.Mutex
@@ -160,12 +165,13 @@ func New(cfg Config, deps Deps, handlers []conveyor.Handler) (*Worker, error) {
 		cfg: cfg, store: deps.Store, broker: deps.Broker, handlers: map[string]conveyor.HandlerFunc{},
 		log: deps.Log, metrics: deps.Metrics, propagator: deps.Propagator,
 		tracer:   deps.TracerProvider.Tracer("github.com/conveyorhq/conveyor/internal/worker"),
+		window:   make(chan struct{}, cfg.Concurrency+cfg.ReadAhead),
 		slots:    make(chan struct{}, cfg.Concurrency),
 		running:  map[uuid.UUID]*execution{},
 		stopping: make(chan struct{}),
 		credit:   make(chan struct{}, 1),
 	}
-	w.claims = newBatcher(cfg.Concurrency, cfg.Lease, w.claimBatch)
+	w.claims = newBatcher(cfg.Concurrency+cfg.ReadAhead, cfg.Lease, w.claimBatch)
 	w.changes = newBatcher(cfg.Concurrency, cfg.Lease, w.applyBatch)
 	for _, h := range handlers {
 		if _, dup := w.handlers[h.Type]; dup {
@@ -227,10 +233,14 @@ func (w *Worker) Run(ctx context.Context) error {
 // How a worker keeps the broker from holding messages behind busy handlers:
 // a delivery is acknowledged only once its attempt's outcome is stored, so
 // the broker's prefetch counts the running tasks, and the prefetch is
-// concurrency plus a read-ahead that lets a freed slot find its next task at
-// once. While any handler runs longer than LongAfter the read-ahead is
-// withdrawn, and a delivery that arrives when every slot is taken goes back
-// to the queue for another worker: no message waits behind a long handler.
+// concurrency plus a read-ahead. The deliveries read ahead are claimed
+// with the others, in the same batches, and wait for a slot already
+// claimed: a freed slot finds its next task at once, and a busy worker's
+// claim batches are not capped by its slots. While any handler runs longer
+// than LongAfter the read-ahead is withdrawn, a delivery that arrives when
+// every slot is taken goes back to the queue for another worker, and a task
+// claimed ahead that finds no slot within LongAfter is handed back: no
+// task waits behind a long handler.
 // Tasks still running from an earlier connection (whose deliveries that
 // connection took back) are subtracted from the credit.
 func (w *Worker) prefetch() int {
@@ -255,11 +265,11 @@ func (w *Worker) pokeCredit() {
 func (w *Worker) consume(ctx, runCtx context.Context) Source {
 	b := wait.Backoff(100*time.Millisecond, w.cfg.ReconnectBackoffMax)
 	for ctx.Err() == nil {
-		// Connect only with a slot free: the tasks still running hold
-		// theirs, and their deliveries are not on the new connection.
+		// Connect only with room in the window: the tasks still running
+		// hold theirs, and their deliveries are not on the new connection.
 		select {
-		case w.slots <- struct{}{}:
-			<-w.slots
+		case w.window <- struct{}{}:
+			<-w.window
 		case <-ctx.Done():
 			return nil
 		}
@@ -290,17 +300,18 @@ func (w *Worker) consume(ctx, runCtx context.Context) Source {
 	return nil
 }
 
-// serve dispatches the deliveries of one source. A delivery is taken once a
-// slot is free; while a handler runs long and every slot is taken, a
-// delivery that arrives goes back to the queue (see prefetch). It returns
-// true when ctx ended (the source is still open) and false when the source
-// stopped.
+// serve dispatches the deliveries of one source. A delivery is taken once
+// the window has room for it; while a handler runs long and every slot is
+// taken, a delivery that arrives goes back to the queue (see prefetch). It
+// returns true when ctx ended (the source is still open) and false when the
+// source stopped.
 func (w *Worker) serve(ctx, runCtx context.Context, src Source) bool {
 	applied := w.prefetch()
 	for {
-		var bounce <-chan outbox.Delivery
+		take, bounce, freed := w.window, (<-chan outbox.Delivery)(nil), (chan struct{})(nil)
 		if w.long.Load() > 0 && len(w.slots) == cap(w.slots) {
-			bounce = src.Deliveries()
+			// Take nothing until a slot frees (the probe of freed).
+			take, bounce, freed = nil, src.Deliveries(), w.slots
 		}
 		select {
 		case <-ctx.Done():
@@ -315,26 +326,30 @@ func (w *Worker) serve(ctx, runCtx context.Context, src Source) bool {
 			_ = d.Requeue()
 			w.metrics.dropped.WithLabelValues("requeued_behind_long_tasks").Inc()
 			continue
-		case w.slots <- struct{}{}:
+		case freed <- struct{}{}:
+			<-freed
+			continue
+		case take <- struct{}{}:
 		}
 		select {
 		case <-ctx.Done():
-			<-w.slots
+			<-w.window
 			src.StopConsuming()
 			return true
 		case <-src.Done():
-			<-w.slots
+			<-w.window
 			return false
 		case <-w.credit:
-			<-w.slots
+			<-w.window
 			applied = w.setPrefetch(ctx, src, applied)
 		case d := <-src.Deliveries():
 			w.inflight.Add(1)
 			go func() {
-				// The slot is freed as soon as the handler returns: storing
-				// the outcome and settling the delivery go on beside the
-				// next task, within the broker's prefetch.
-				release := sync.OnceFunc(func() { <-w.slots })
+				// The delivery's place in the window is freed as soon as
+				// its handler returns: storing the outcome and settling
+				// the delivery go on beside the next task, within the
+				// broker's prefetch.
+				release := sync.OnceFunc(func() { <-w.window })
 				defer func() { release(); w.inflight.Done() }()
 				w.process(runCtx, d, release)
 			}()
@@ -426,8 +441,8 @@ func (w *Worker) runningCount() int {
 // process claims the task of a delivery and runs it. The delivery is
 // acknowledged when the attempt's outcome is stored, or at once when the
 // task is not claimable; it is given back when the claim could not be
-// made. release frees the delivery's slot; it is called once the handler
-// has returned.
+// made. release frees the delivery's place in the window; it is called
+// once the handler has returned.
 func (w *Worker) process(ctx context.Context, d outbox.Delivery, release func()) {
 	if d.Err != nil {
 		w.log.ErrorContext(ctx, "dropping unreadable message", "queue", d.Queue, "message_id", d.MessageID, "error", d.Err)

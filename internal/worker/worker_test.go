@@ -34,8 +34,10 @@ type testBundle struct {
 	src    *fakeSource
 	cancel context.CancelFunc
 	done   chan struct{}
-	// outcomes holds finish signals read while waiting for another task.
+	// outcomes holds finish signals read while waiting for another task,
+	// started the start signals.
 	outcomes map[uuid.UUID]string
+	started  map[uuid.UUID]bool
 }
 
 type testConfig struct {
@@ -58,7 +60,8 @@ func setup(t *testing.T, tc testConfig) *testBundle {
 	if tc.longAfter == 0 {
 		tc.longAfter = time.Hour
 	}
-	b := &testBundle{store: newFakeStore(), broker: newFakeBroker(), done: make(chan struct{}), outcomes: map[uuid.UUID]string{}}
+	b := &testBundle{store: newFakeStore(), broker: newFakeBroker(), done: make(chan struct{}), outcomes: map[uuid.UUID]string{},
+		started: map[uuid.UUID]bool{}}
 	w, err := New(Config{
 		Info:        registry.Worker{ID: "w1"},
 		Concurrency: tc.concurrency, Lease: 2 * time.Second, Heartbeat: 100 * time.Millisecond,
@@ -164,9 +167,9 @@ func TestWorkerCompletesATaskAndAcksAfterTheOutcome(t *testing.T) {
 	require.JSONEq(t, `{"ok":true}`, string(b.store.results[id]))
 }
 
-// The worker takes a delivery only when a slot is free: a message never
-// waits inside a busy worker (and times out there) while another worker
-// could run it.
+// Without read-ahead, the worker takes a delivery only when a slot is free:
+// a message never waits inside a busy worker (and times out there) while
+// another worker could run it.
 func TestWorkerTakesNoDeliveryWithoutAFreeSlot(t *testing.T) {
 	h := newBlocking()
 	b := setup(t, testConfig{concurrency: 1, handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
@@ -388,4 +391,115 @@ func TestWorkerCountsTasksOfAnEarlierConnection(t *testing.T) {
 	close(h.release)
 	require.Equal(t, "completed", b.finished(t, id))
 	require.Equal(t, 2, receive(t, b.w.signals.prefetch))
+}
+
+// claimed waits until the worker has claimed the task.
+func (b *testBundle) claimed(t *testing.T, id uuid.UUID) {
+	t.Helper()
+	for !b.started[id] {
+		b.started[receive(t, b.w.signals.started)] = true
+	}
+}
+
+// The deliveries read ahead are claimed as they arrive, before a slot is
+// free for them, and their handlers start as slots free: the window
+// (concurrency plus read-ahead) bounds what the worker holds.
+func TestWorkerClaimsWhatItReadsAhead(t *testing.T) {
+	h := newBlocking()
+	b := setup(t, testConfig{concurrency: 1, readAhead: 2, handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	first, second, third := b.store.add("t.block", 3), b.store.add("t.block", 3), b.store.add("t.block", 3)
+	b.deliver(t, first)
+	receive(t, h.entered)
+	acks := []*acker{b.deliver(t, second), b.deliver(t, third)}
+	b.claimed(t, second)
+	b.claimed(t, third)
+	require.Equal(t, task.StatusInProgress, b.store.get(second).Status)
+	require.Equal(t, task.StatusInProgress, b.store.get(third).Status)
+	require.Never(t, func() bool { return len(h.entered) > 0 }, 50*time.Millisecond, time.Millisecond,
+		"a handler started with no slot free")
+	d := outbox.Delivery{Body: outbox.Body{TaskID: b.store.add("t.block", 3), Type: "t.block"}, Acknowledger: newAcker()}
+	select {
+	case b.src.deliveries <- d:
+		t.Fatal("a delivery was taken beyond concurrency plus read-ahead")
+	case <-time.After(50 * time.Millisecond):
+	}
+	for _, a := range acks {
+		require.Empty(t, a.how(), "a delivery claimed ahead stays unsettled until its outcome is stored")
+	}
+
+	close(h.release)
+	for _, id := range []uuid.UUID{first, second, third} {
+		require.Equal(t, "completed", b.finished(t, id))
+	}
+	for _, a := range acks {
+		receive(t, a.done)
+		require.Equal(t, "ack", a.how())
+	}
+}
+
+// A task claimed ahead can be cancelled while it waits for a slot: its
+// handler never runs.
+func TestWorkerCancelsATaskClaimedAhead(t *testing.T) {
+	h := newBlocking()
+	b := setup(t, testConfig{concurrency: 1, readAhead: 1, handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	first, second := b.store.add("t.block", 3), b.store.add("t.block", 3)
+	b.deliver(t, first)
+	receive(t, h.entered)
+	b.deliver(t, second)
+	b.claimed(t, second)
+	b.src.cancels <- outbox.Cancel{TaskID: second, Version: b.store.requestCancel(second)}
+	require.Equal(t, "cancelled", b.finished(t, second))
+	require.Equal(t, task.StatusCancelled, b.store.get(second).Status)
+	require.Empty(t, h.entered, "the cancelled task's handler never ran")
+	close(h.release)
+	require.Equal(t, "completed", b.finished(t, first))
+}
+
+// A task claimed ahead that finds every slot still taken after LongAfter is
+// handed back, its attempt given back, for a worker that can start it.
+func TestWorkerHandsBackATaskClaimedAheadThatFindsNoSlot(t *testing.T) {
+	h := newBlocking()
+	b := setup(t, testConfig{concurrency: 1, readAhead: 1, longAfter: 100 * time.Millisecond,
+		handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	x, y := b.store.add("t.block", 3), b.store.add("t.block", 3)
+	// Both arrive before any handler can run long; one takes the slot.
+	ax, ay := b.deliver(t, x), b.deliver(t, y)
+	receive(t, h.entered)
+	f := receive(t, b.w.signals.finished)
+	require.Equal(t, "handed_back", f.outcome)
+	running, waiting, wa := x, y, ay
+	if f.taskID == x {
+		running, waiting, wa = y, x, ax
+	}
+	require.Equal(t, waiting, f.taskID)
+	receive(t, wa.done)
+	require.Equal(t, "ack", wa.how(), "the hand-back queued the task again; this delivery is settled")
+	got := b.store.get(waiting)
+	require.Equal(t, task.StatusPending, got.Status)
+	require.Equal(t, 0, got.Attempt, "the attempt is given back")
+	changes := b.store.transitions(waiting)
+	require.Equal(t, task.HandBack, changes[len(changes)-1])
+	require.Empty(t, h.entered, "the task handed back never ran here")
+	require.Equal(t, task.StatusInProgress, b.store.get(running).Status)
+	close(h.release)
+	require.Equal(t, "completed", b.finished(t, running))
+}
+
+// When the worker stops taking work, a task claimed ahead is handed back
+// at once; the running handler gets its grace period.
+func TestWorkerHandsBackWhatItClaimedAheadWhenStopping(t *testing.T) {
+	h := newBlocking()
+	b := setup(t, testConfig{concurrency: 1, readAhead: 1, handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	first, second := b.store.add("t.block", 3), b.store.add("t.block", 3)
+	b.deliver(t, first)
+	receive(t, h.entered)
+	b.deliver(t, second)
+	b.claimed(t, second)
+	b.cancel()
+	require.Equal(t, "handed_back", b.finished(t, second))
+	require.Equal(t, task.StatusPending, b.store.get(second).Status)
+	require.Equal(t, task.StatusInProgress, b.store.get(first).Status, "the running handler is still in its grace period")
+	close(h.release)
+	require.Equal(t, "completed", b.finished(t, first))
+	require.Empty(t, h.entered)
 }
