@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -37,6 +38,9 @@ type execution struct {
 	// handler has returned; slotted says the handler took a slot.
 	release func()
 	slotted bool
+	// start decides, once, between the handler starting and a task
+	// claimed ahead giving up its wait for a slot.
+	start   atomic.Int32
 	started time.Time
 	// claimVersion is the version the claim left: a cancel broadcast that
 	// names an earlier version was for an earlier run.
@@ -205,8 +209,11 @@ func (e *execution) run(ctx context.Context) {
 		case <-long.C:
 			if started != nil {
 				// Claimed ahead, and every slot stayed taken: another
-				// worker may start it sooner.
-				e.stop(errNoSlot)
+				// worker may start it sooner, unless the handler is
+				// starting right now (its start resets this timer).
+				if e.start.CompareAndSwap(startWaiting, startGivenUp) {
+					e.stop(errNoSlot)
+				}
 				continue
 			}
 			// From now on the broker sends this worker nothing it could
@@ -239,6 +246,13 @@ func (e *execution) run(ctx context.Context) {
 // errNoSlot stops a task claimed ahead that found no free slot in time.
 var errNoSlot = errors.New("no free slot on this worker")
 
+// The values of execution.start.
+const (
+	startWaiting int32 = iota
+	startBegun
+	startGivenUp
+)
+
 // takeSlot waits for a slot to run the handler in. It gives up when the
 // handler's context ends first (a cancel, no slot in time) or the worker
 // stops taking work; a task that never started is handed back.
@@ -252,10 +266,7 @@ func (e *execution) takeSlot() bool {
 		return false
 	}
 	e.slotted = true
-	if e.hctx.Err() != nil {
-		return false
-	}
-	return true
+	return e.hctx.Err() == nil && e.start.CompareAndSwap(startWaiting, startBegun)
 }
 
 // free frees the handler's slot and the delivery's place in the window,
