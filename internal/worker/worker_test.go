@@ -437,16 +437,25 @@ func TestWorkerClaimsWhatItReadsAhead(t *testing.T) {
 	}
 }
 
-// A task claimed ahead can be cancelled while it waits for a slot: its
-// handler never runs.
-func TestWorkerCancelsATaskClaimedAhead(t *testing.T) {
-	h := newBlocking()
-	b := setup(t, testConfig{concurrency: 1, readAhead: 1, handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
-	first, second := b.store.add("t.block", 3), b.store.add("t.block", 3)
+// claimedBehindARunningTask starts a worker of one slot and one delivery of
+// read-ahead, with first's handler running and second claimed ahead,
+// waiting for the slot.
+func claimedBehindARunningTask(t *testing.T) (b *testBundle, h *blocking, first, second uuid.UUID) {
+	t.Helper()
+	h = newBlocking()
+	b = setup(t, testConfig{concurrency: 1, readAhead: 1, handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	first, second = b.store.add("t.block", 3), b.store.add("t.block", 3)
 	b.deliver(t, first)
 	receive(t, h.entered)
 	b.deliver(t, second)
 	b.claimed(t, second)
+	return b, h, first, second
+}
+
+// A task claimed ahead can be cancelled while it waits for a slot: its
+// handler never runs.
+func TestWorkerCancelsATaskClaimedAhead(t *testing.T) {
+	b, h, first, second := claimedBehindARunningTask(t)
 	b.src.cancels <- outbox.Cancel{TaskID: second, Version: b.store.requestCancel(second)}
 	require.Equal(t, "cancelled", b.finished(t, second))
 	require.Equal(t, task.StatusCancelled, b.store.get(second).Status)
@@ -488,13 +497,7 @@ func TestWorkerHandsBackATaskClaimedAheadThatFindsNoSlot(t *testing.T) {
 // When the worker stops taking work, a task claimed ahead is handed back
 // at once; the running handler gets its grace period.
 func TestWorkerHandsBackWhatItClaimedAheadWhenStopping(t *testing.T) {
-	h := newBlocking()
-	b := setup(t, testConfig{concurrency: 1, readAhead: 1, handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
-	first, second := b.store.add("t.block", 3), b.store.add("t.block", 3)
-	b.deliver(t, first)
-	receive(t, h.entered)
-	b.deliver(t, second)
-	b.claimed(t, second)
+	b, h, first, second := claimedBehindARunningTask(t)
 	b.cancel()
 	require.Equal(t, "handed_back", b.finished(t, second))
 	require.Equal(t, task.StatusPending, b.store.get(second).Status)
