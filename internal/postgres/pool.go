@@ -85,10 +85,12 @@ func Open(ctx context.Context, cfg PoolConfig) (*pgxpool.Pool, error) {
 		pc.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(cfg.TracerProvider),
 			otelpgx.WithSpanNameFunc(spanName))
 	}
+	var warm func(context.Context, *pgx.Conn) error
 	if len(cfg.WarmUp) > 0 {
 		pc.MinConns = min(cfg.MinConns, pc.MaxConns)
-		pc.AfterConnect = warmUp(cfg.WarmUp)
+		warm = warmUp(cfg.WarmUp)
 	}
+	pc.AfterConnect = afterConnect(warm)
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("create pool: %w", err)

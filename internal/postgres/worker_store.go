@@ -99,7 +99,8 @@ func (s *WorkerStore) Claim(ctx context.Context, ids []uuid.UUID, workerID strin
 	if err != nil {
 		return nil, translate(err)
 	}
-	tasks, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (task.Task, error) { return scanTask(row) })
+	tasks, err := pgx.AppendRows(make([]task.Task, 0, len(ids)), rows,
+		func(row pgx.CollectableRow) (task.Task, error) { return scanTask(row) })
 	if len(tasks) > 0 {
 		call(s.OnEvents)
 	}

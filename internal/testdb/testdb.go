@@ -58,7 +58,7 @@ func New(t testing.TB) *DB {
 	}
 	db := &DB{URL: withDatabase(AdminURL(), name), Name: name}
 	t.Cleanup(func() { Drop(t, name) })
-	pool, err := pgxpool.New(ctx, db.URL)
+	pool, err := postgres.Open(ctx, postgres.PoolConfig{URL: db.URL})
 	if err != nil {
 		t.Fatalf("testdb: connect: %v", err)
 	}
