@@ -106,7 +106,17 @@ type APIStore struct {
 	// OnEvents, when set, is called after every commit that wrote task
 	// events (the stream hubs' wake-up). It must not block.
 	OnEvents func()
+	// submit writes one submission without a key and reports whether it
+	// made a new task.
+	submit func(context.Context, auth.Scope, task.Submission, *task.Principal, task.Carrier) (task.Task, bool, error)
 }
+
+// Single submissions are committed in groups of at most maxSubmitGroup, by
+// at most submitFlushers transactions at once.
+const (
+	submitFlushers = 2
+	maxSubmitGroup = 100
+)
 
 // NewAPIStore returns the API's store. onOutbox, when not nil, is called
 // after every commit that wrote an outbox row.
@@ -114,7 +124,16 @@ func NewAPIStore(pool *pgxpool.Pool, onOutbox func()) *APIStore {
 	if onOutbox == nil {
 		onOutbox = func() {}
 	}
-	return &APIStore{pool: pool, onOutbox: onOutbox}
+	return &APIStore{pool: pool, onOutbox: onOutbox, submit: newSubmitGroup(pool, submitFlushers, maxSubmitGroup).submit}
+}
+
+// CommitEachSubmission makes every single submission a transaction of its
+// own, as a client writing tasks directly would (the benchmark's ceiling).
+func (s *APIStore) CommitEachSubmission() {
+	s.submit = func(ctx context.Context, sc auth.Scope, sub task.Submission, by *task.Principal,
+		trace task.Carrier) (task.Task, bool, error) {
+		return submitAlone(ctx, s.pool, sc, sub, by, trace)
+	}
 }
 
 // Submit stores a task of the principal's org, its PENDING event and its
@@ -130,20 +149,17 @@ func (s *APIStore) Submit(ctx context.Context, p auth.Principal, sub task.Submis
 		}
 		return out[0], nil
 	}
-	// No key: one statement, the fast path.
+	// No key: one statement, the fast path, committed with the other
+	// single submissions of the moment.
 	for range 3 {
-		id, err := uuid.NewV7()
+		t, created, err := s.submit(ctx, p.Scope(), sub, p.Actor(), trace)
 		if err != nil {
-			return task.Submitted{}, fmt.Errorf("new task id: %w", err)
+			return task.Submitted{}, translate(err)
 		}
-		t, err := scanTask(scopedRow(ctx, s.pool, p.Scope(), sqlSubmit, submitArgs(id, sub, p.Actor(), trace)...))
-		if err == nil {
+		if created {
 			s.onOutbox()
 			call(s.OnEvents)
 			return task.Submitted{Task: t, Created: true}, nil
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return task.Submitted{}, translate(err)
 		}
 		existing, err := scanTask(scopedRow(ctx, s.pool, p.Scope(), sqlTaskByInputHash, sub.OrgID, sub.Type, sub.InputHash))
 		if err == nil {

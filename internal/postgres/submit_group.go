@@ -1,0 +1,201 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/conveyorhq/conveyor/internal/auth"
+	"github.com/conveyorhq/conveyor/internal/task"
+)
+
+// submitGroup commits single submissions made at about the same time
+// together. Each commit waits for PostgreSQL to flush the WAL to disk, and
+// under load the commits of one-task transactions queue up behind those
+// flushes: the submissions that arrive while earlier ones are being written
+// wait, and the next group takes them all, in one round trip and one
+// transaction. A lone submission goes at once, with no added wait.
+//
+// A group shares the caller's scope (the org and roles row-level security
+// checks), so it holds submissions of one scope only. Its rows are written
+// in (type, input hash) order, as SubmitBatch writes them, so that two
+// groups sharing inputs wait for each other instead of deadlocking. When
+// the group's transaction fails, each of its submissions runs again alone,
+// so that one bad submission fails alone with its own error.
+type submitGroup struct {
+	pool *pgxpool.Pool
+	// flushers bounds the groups in flight: fewer, larger groups mean
+	// fewer WAL flushes.
+	flushers int
+	// max bounds a group's size.
+	max int
+
+	mu      sync.Mutex
+	queue   []*submitCall
+	running int
+}
+
+// groupTimeout bounds a group's transaction, which no one caller's context
+// does: a caller that leaves must not cut the others' writes short.
+const groupTimeout = time.Minute
+
+type submitCall struct {
+	ctx   context.Context
+	scope auth.Scope
+	key   string
+	sub   task.Submission
+	by    *task.Principal
+	trace task.Carrier
+	done  chan struct{}
+
+	// The outcome, set before done is closed: the task written, or
+	// created false when the input is already a task's (dedupe).
+	task    task.Task
+	created bool
+	err     error
+}
+
+func newSubmitGroup(pool *pgxpool.Pool, flushers, max int) *submitGroup {
+	return &submitGroup{pool: pool, flushers: flushers, max: max}
+}
+
+// submit writes sub in scope sc and reports whether it made a new task (or
+// found its input already a task's, when sub dedupes). ctx bounds the wait
+// for a group; a caller that leaves before its group is taken writes
+// nothing.
+func (g *submitGroup) submit(ctx context.Context, sc auth.Scope, sub task.Submission, by *task.Principal,
+	trace task.Carrier) (task.Task, bool, error) {
+	c := &submitCall{ctx: ctx, scope: sc, key: groupKey(sc), sub: sub, by: by, trace: trace, done: make(chan struct{})}
+	g.mu.Lock()
+	g.queue = append(g.queue, c)
+	if g.running < g.flushers {
+		g.running++
+		go g.drain()
+	}
+	g.mu.Unlock()
+	select {
+	case <-c.done:
+		return c.task, c.created, c.err
+	case <-ctx.Done():
+		g.mu.Lock()
+		if i := slices.Index(g.queue, c); i >= 0 {
+			g.queue = slices.Delete(g.queue, i, i+1)
+		}
+		g.mu.Unlock()
+		return task.Task{}, false, context.Cause(ctx)
+	}
+}
+
+// drain writes groups until the queue is empty.
+func (g *submitGroup) drain() {
+	for {
+		g.mu.Lock()
+		if len(g.queue) == 0 {
+			g.running--
+			g.mu.Unlock()
+			return
+		}
+		key := g.queue[0].key
+		var calls []*submitCall
+		rest := g.queue[:0]
+		for _, c := range g.queue {
+			if c.key == key && len(calls) < g.max {
+				calls = append(calls, c)
+			} else {
+				rest = append(rest, c)
+			}
+		}
+		clear(g.queue[len(rest):])
+		g.queue = rest
+		g.mu.Unlock()
+		g.flush(calls)
+	}
+}
+
+func (g *submitGroup) flush(calls []*submitCall) {
+	defer func() {
+		for _, c := range calls {
+			close(c.done)
+		}
+	}()
+	if len(calls) == 1 {
+		g.alone(calls[0])
+		return
+	}
+	if err := g.together(calls); err != nil {
+		for _, c := range calls {
+			g.alone(c)
+		}
+	}
+}
+
+// together writes calls in one transaction: the scope, then one submit
+// statement a call, pipelined.
+func (g *submitGroup) together(calls []*submitCall) error {
+	slices.SortStableFunc(calls, func(a, b *submitCall) int {
+		if n := strings.Compare(a.sub.Type, b.sub.Type); n != 0 {
+			return n
+		}
+		return strings.Compare(a.sub.InputHash, b.sub.InputHash)
+	})
+	b := &pgx.Batch{}
+	b.Queue(sqlSetScope, scopeArgs(calls[0].scope)...)
+	for _, c := range calls {
+		id, err := uuid.NewV7()
+		if err != nil {
+			return fmt.Errorf("new task id: %w", err)
+		}
+		b.Queue(sqlSubmit, submitArgs(id, c.sub, c.by, c.trace)...)
+	}
+	// The statements' spans hang under the first caller's span.
+	ctx, cancel := context.WithTimeout(trace.ContextWithSpan(context.WithoutCancel(calls[0].ctx),
+		trace.SpanFromContext(calls[0].ctx)), groupTimeout)
+	defer cancel()
+	br := g.pool.SendBatch(ctx, b)
+	_, err := br.Exec()
+	for _, c := range calls {
+		if err != nil {
+			break
+		}
+		c.task, err = scanTask(br.QueryRow())
+		c.created = err == nil
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = nil
+		}
+	}
+	return errors.Join(err, br.Close())
+}
+
+// alone writes c in a transaction of its own, under its caller's context.
+func (g *submitGroup) alone(c *submitCall) {
+	c.task, c.created, c.err = submitAlone(c.ctx, g.pool, c.scope, c.sub, c.by, c.trace)
+}
+
+// submitAlone writes sub in a transaction of its own: the scope and the
+// statement, in one round trip.
+func submitAlone(ctx context.Context, pool *pgxpool.Pool, sc auth.Scope, sub task.Submission, by *task.Principal,
+	trace task.Carrier) (task.Task, bool, error) {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return task.Task{}, false, fmt.Errorf("new task id: %w", err)
+	}
+	t, err := scanTask(scopedRow(ctx, pool, sc, sqlSubmit, submitArgs(id, sub, by, trace)...))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return task.Task{}, false, nil
+	}
+	return t, err == nil, err
+}
+
+// groupKey tells scopes apart: the values sqlSetScope sets, quoted.
+func groupKey(sc auth.Scope) string {
+	return fmt.Sprintf("%q", scopeArgs(sc))
+}
