@@ -47,10 +47,16 @@ func forDuration(conc int, d time.Duration, fn func(worker, i int) error) (float
 }
 
 // submitCeiling is the API's own submit transaction (task, event and outbox
-// row in one statement), called directly with pgx from conc goroutines.
-func submitCeiling(ctx context.Context, pool *pgxpool.Pool, conc int, d time.Duration) (float64, error) {
+// row in one statement), called directly with pgx from conc goroutines,
+// each submission a transaction of its own. grouped, it is the API's own
+// submit path instead: the submissions of the moment committed together,
+// as the API commits them.
+func submitCeiling(ctx context.Context, pool *pgxpool.Pool, conc int, d time.Duration, grouped bool) (float64, error) {
 	run := submitRuns.Add(1) // a pool may be measured more than once: every payload is new
 	store := postgres.NewAPIStore(pool, nil)
+	if !grouped {
+		store.CommitEachSubmission()
+	}
 	org, err := postgres.NewDirectory(pool).EnsureOrg(ctx, "bench")
 	if err != nil {
 		return 0, err

@@ -70,6 +70,28 @@ func (d *diagnosis) report(ctx context.Context, pool *pgxpool.Pool, n int, elaps
 	fmt.Fprint(os.Stderr, b.String())
 }
 
+// meterCPU, with BENCH_DIAG set, starts counting the CPU of every process
+// group; the function it returns prints what each spent per operation of
+// the measurement since, ops being how many it made, and what
+// PostgreSQL's active backends were doing meanwhile.
+func meterCPU(ctx context.Context, pool *pgxpool.Pool) func(label string, ops float64) {
+	if os.Getenv("BENCH_DIAG") == "" {
+		return func(string, float64) {}
+	}
+	before, waits := cpuByProcess(), sampleWaits(ctx, pool)
+	return func(label string, ops float64) {
+		w := waits()
+		after := cpuByProcess()
+		var b strings.Builder
+		fmt.Fprintf(&b, "    %s: CPU per operation:", label)
+		for _, k := range diagProcesses {
+			fmt.Fprintf(&b, " %s %.0f µs", k, (after[k]-before[k])/ops*1e6)
+		}
+		fmt.Fprintln(os.Stderr, b.String())
+		fmt.Fprint(os.Stderr, w)
+	}
+}
+
 // cpuSnap is the CPU time (seconds) of the processes by command name, and
 // under name+".cs" their context switches (a process's, not its threads').
 type cpuSnap map[string]float64
