@@ -12,7 +12,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/conveyorhq/conveyor/internal/auth"
 	"github.com/conveyorhq/conveyor/internal/task"
@@ -156,9 +155,9 @@ func (g *submitGroup) together(calls []*submitCall) error {
 		}
 		b.Queue(sqlSubmit, submitArgs(id, c.sub, c.by, c.trace)...)
 	}
-	// The statements' spans hang under the first caller's span.
-	ctx, cancel := context.WithTimeout(trace.ContextWithSpan(context.WithoutCancel(calls[0].ctx),
-		trace.SpanFromContext(calls[0].ctx)), groupTimeout)
+	// The statements' spans hang under the first caller's span, which the
+	// context keeps; the group does not end when that caller leaves.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(calls[0].ctx), groupTimeout)
 	defer cancel()
 	br := g.pool.SendBatch(ctx, b)
 	_, err := br.Exec()

@@ -52,6 +52,14 @@ func noops(t *testing.T, n int) []task.Submission {
 	return subs
 }
 
+// adminStore is a fresh database, its org's admin, and the API's store.
+func adminStore(t *testing.T) (*testdb.DB, auth.Principal, *postgres.APIStore) {
+	t.Helper()
+	db := testdb.New(t)
+	_, p := db.Admin(t)
+	return db, p, postgres.NewAPIStore(db.Pool, nil)
+}
+
 func repeat[T any](v T, n int) []T {
 	out := make([]T, n)
 	for i := range out {
@@ -64,9 +72,7 @@ func repeat[T any](v T, n int) []T {
 // its task, its first event and its message.
 func TestConcurrentSubmitsCommitTogether(t *testing.T) {
 	t.Parallel()
-	db := testdb.New(t)
-	_, p := db.Admin(t)
-	store := postgres.NewAPIStore(db.Pool, nil)
+	db, p, store := adminStore(t)
 	const n = 64
 	subs := noops(t, n)
 	out, errs := submitAtOnce(t, store, repeat(p, n), subs)
@@ -93,9 +99,7 @@ func TestConcurrentSubmitsCommitTogether(t *testing.T) {
 // caller gets.
 func TestConcurrentDuplicateSubmitsMakeOneTask(t *testing.T) {
 	t.Parallel()
-	db := testdb.New(t)
-	_, p := db.Admin(t)
-	store := postgres.NewAPIStore(db.Pool, nil)
+	db, p, store := adminStore(t)
 	const n = 24
 	out, errs := submitAtOnce(t, store, repeat(p, n), repeat(noop(t, `{"same": true}`), n))
 	created := 0
@@ -117,9 +121,7 @@ func TestConcurrentDuplicateSubmitsMakeOneTask(t *testing.T) {
 // are written.
 func TestGroupedSubmitFailsAlone(t *testing.T) {
 	t.Parallel()
-	db := testdb.New(t)
-	_, p := db.Admin(t)
-	store := postgres.NewAPIStore(db.Pool, nil)
+	db, p, store := adminStore(t)
 	const n = 32
 	subs := noops(t, n)
 	// Past the API's validation, as a bug might let one through: the
@@ -143,10 +145,8 @@ func TestGroupedSubmitFailsAlone(t *testing.T) {
 // group holds one caller's scope.
 func TestConcurrentSubmitsOfTwoOrgs(t *testing.T) {
 	t.Parallel()
-	db := testdb.New(t)
-	_, a := db.Admin(t)
+	db, a, store := adminStore(t)
 	_, b := db.Key(t, "other", auth.Admin)
-	store := postgres.NewAPIStore(db.Pool, nil)
 	const n = 40
 	ps, subs := make([]auth.Principal, n), noops(t, n)
 	for i := range ps {
