@@ -78,9 +78,10 @@ func (p *pipeline) env(extra ...string) []string {
 		"XDG_CONFIG_HOME="+p.home), extra...)
 }
 
-// run runs the binary to its end (within a minute).
-func (p *pipeline) run(t *testing.T, args ...string) result {
-	t.Helper()
+// exec runs the binary to its end (within a minute) and logs nothing:
+// the checks that poll call it, so that a failing test's log ends with the
+// failure, not with hundreds of polls.
+func (p *pipeline) exec(args ...string) (result, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, p.bin, args...)
@@ -90,12 +91,29 @@ func (p *pipeline) run(t *testing.T, args ...string) result {
 	err := cmd.Run()
 	r := result{stdout: stdout.String(), stderr: stderr.String()}
 	if exit, ok := errors.AsType[*exec.ExitError](err); ok {
-		r.code = exit.ExitCode()
-	} else {
-		require.NoError(t, err, "conveyor %v", args)
+		r.code, err = exit.ExitCode(), nil
 	}
-	t.Logf("conveyor %s → %d\n%s%s", strings.Join(args, " "), r.code, r.stdout, r.stderr)
+	return r, err
+}
+
+// run runs the binary to its end and logs what it printed.
+func (p *pipeline) run(t *testing.T, args ...string) result {
+	t.Helper()
+	r, err := p.exec(args...)
+	require.NoError(t, err, "conveyor %v", args)
+	t.Logf("conveyor %s → %d\n%s%s", strings.Join(args, " "), r.code, head(r.stdout, 30), r.stderr)
 	return r
+}
+
+// head is the first n lines of s, and how many more there were: a failing
+// test's log is read in CI's excerpt, which a JSON document of hundreds of
+// lines would fill before the failure.
+func head(s string, n int) string {
+	lines := strings.SplitAfter(s, "\n")
+	if len(lines) <= n+1 {
+		return s
+	}
+	return strings.Join(lines[:n], "") + fmt.Sprintf("… %d more lines\n", strings.Count(s, "\n")-n)
 }
 
 // ok runs the binary and wants exit 0.
@@ -104,6 +122,19 @@ func (p *pipeline) ok(t *testing.T, args ...string) string {
 	r := p.run(t, args...)
 	require.Equal(t, 0, r.code, "conveyor %v: %s", args, r.stderr)
 	return r.stdout
+}
+
+// poll runs the binary for a check that polls: unlogged, and a failed run
+// is the check's error, to be tried again, not the test's end.
+func (p *pipeline) poll(args ...string) (string, error) {
+	r, err := p.exec(args...)
+	switch {
+	case err != nil:
+		return "", err
+	case r.code != 0:
+		return "", fmt.Errorf("conveyor %v → %d: %s", args, r.code, r.stderr)
+	}
+	return r.stdout, nil
 }
 
 type taskDoc struct {
@@ -125,15 +156,30 @@ func (p *pipeline) task(t *testing.T, id string) taskDoc {
 	return d
 }
 
+// pollTask reads a task for a check that polls (see poll).
+func (p *pipeline) pollTask(id string) (taskDoc, error) {
+	var d taskDoc
+	out, err := p.poll("get", id, "-o", "json")
+	if err == nil {
+		err = json.Unmarshal([]byte(out), &d)
+	}
+	return d, err
+}
+
 func (p *pipeline) waitStatus(t *testing.T, id, status string) taskDoc {
 	t.Helper()
 	var d taskDoc
 	testenv.Eventually(t, 30*time.Second, func() error {
-		if d = p.task(t, id); d.Status != status {
+		var err error
+		switch d, err = p.pollTask(id); {
+		case err != nil:
+			return err
+		case d.Status != status:
 			return fmt.Errorf("task %s is %s (%d%%, %s), want %s", id, d.Status, d.Progress, d.State, status)
 		}
 		return nil
 	})
+	t.Logf("task %s is %s", id, status)
 	return d
 }
 
@@ -175,7 +221,10 @@ func TestCommandsAgainstThePipeline(t *testing.T) {
 	// A long task, cancelled while it runs, then retried.
 	long := p.submit(t, "demo.sleep", "-p", `{"steps":100,"step_ms":100}`, "--priority", "9", "--max-attempts", "2")
 	testenv.Eventually(t, 30*time.Second, func() error {
-		if d := p.task(t, long); d.Progress == 0 {
+		switch d, err := p.pollTask(long); {
+		case err != nil:
+			return err
+		case d.Progress == 0:
 			return fmt.Errorf("task %s not started: %s", long, d.Status)
 		}
 		return nil
@@ -234,7 +283,10 @@ func TestCommandsAgainstThePipeline(t *testing.T) {
 
 	// The API writes when a key was last used once a second: wait for it.
 	testenv.Eventually(t, 10*time.Second, func() error {
-		out = p.ok(t, "keys", "ls")
+		var err error
+		if out, err = p.poll("keys", "ls"); err != nil {
+			return err
+		}
 		if !regexp.MustCompile(`(?m)^` + keyID + `\s+billing\s+writer\s+cvk_[a-z2-7]{16}\s+\S+\s+\S+\s+active$`).MatchString(out) {
 			return fmt.Errorf("the key, used, not listed as such:\n%s", out)
 		}
@@ -245,7 +297,11 @@ func TestCommandsAgainstThePipeline(t *testing.T) {
 	require.Regexp(t, `^revoked key `+keyID+` \(billing, cvk_[a-z2-7]{16}\)\n$`, p.ok(t, "keys", "revoke", keyID))
 	require.Regexp(t, `(?m)^`+keyID+`\s+billing\s+.*revoked \S+$`, p.ok(t, "keys", "ls"))
 	testenv.Eventually(t, 10*time.Second, func() error {
-		if r := p.run(t, "whoami", "--token", secret); r.code != 1 || !strings.Contains(r.stderr, "(HTTP 401)") {
+		r, err := p.exec("whoami", "--token", secret)
+		if err != nil {
+			return err
+		}
+		if r.code != 1 || !strings.Contains(r.stderr, "(HTTP 401)") {
 			return fmt.Errorf("the revoked key still works: %d %s", r.code, r.stderr)
 		}
 		return nil
@@ -378,7 +434,10 @@ func TestOverviewAndBulkActionsAgainstThePipeline(t *testing.T) {
 	require.Equal(t, "cli.bulk", o.Types[0].Type)
 	require.Equal(t, 3, o.Types[0].Pending)
 	testenv.Eventually(t, 30*time.Second, func() error {
-		out := p.ok(t, "overview")
+		out, err := p.poll("overview")
+		if err != nil {
+			return err
+		}
 		for _, re := range []string{
 			`(?m)^tasks:\s+PENDING 4  IN_PROGRESS 0  COMPLETED 0  FAILED 0  CANCELLED 0$`,
 			`(?m)^last hour: 0 completed, 0 failed, 0.00 completed per minute$`,
