@@ -96,6 +96,14 @@ func (e *env) vhost(name string) (string, error) {
 			return "", fmt.Errorf("rabbitmqctl %v: %w\n%s", args, err, out)
 		}
 	}
+	// BENCH_QUEUE_POLICY, a policy's JSON definition, applies to every
+	// queue of the vhost: for measuring the broker's own settings (a lazy
+	// queue mode, a queue version) against the same code.
+	if pol := os.Getenv("BENCH_QUEUE_POLICY"); pol != "" {
+		if out, err := exec.Command("rabbitmqctl", "-q", "set_policy", "-p", name, "bench", ".*", pol, "--apply-to", "queues").CombinedOutput(); err != nil {
+			return "", fmt.Errorf("set_policy: %w\n%s", err, out)
+		}
+	}
 	e.cleanups = append(e.cleanups, func() { _ = exec.Command("rabbitmqctl", "-q", "delete_vhost", name).Run() })
 	u, err := url.Parse(e.amqpURL)
 	if err != nil {
