@@ -100,23 +100,11 @@ func cpuByProcess() cpuSnap {
 	s := cpuSnap{}
 	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
 	for _, f := range stats {
-		b, err := os.ReadFile(f)
-		if err != nil {
+		comm, cpu, ok := readStat(f)
+		if !ok {
 			continue
 		}
-		line := string(b)
-		l, r := strings.IndexByte(line, '('), strings.LastIndexByte(line, ')')
-		if l < 0 || r < 0 || r+2 > len(line) {
-			continue
-		}
-		comm := line[l+1 : r]
-		fields := strings.Fields(line[r+2:])
-		if len(fields) < 13 {
-			continue
-		}
-		utime, _ := strconv.ParseFloat(fields[11], 64)
-		stime, _ := strconv.ParseFloat(fields[12], 64)
-		s[comm] += (utime + stime) / 100 // clock ticks
+		s[comm] += cpu
 		status, err := os.ReadFile(filepath.Join(filepath.Dir(f), "status"))
 		if err != nil {
 			continue
@@ -129,6 +117,28 @@ func cpuByProcess() cpuSnap {
 		}
 	}
 	return s
+}
+
+// readStat reads a process's /proc stat file: its command name and the CPU
+// time (user and system, in seconds, counted in clock ticks of 10 ms) it
+// has used.
+func readStat(path string) (comm string, cpu float64, ok bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", 0, false
+	}
+	line := string(b)
+	l, r := strings.IndexByte(line, '('), strings.LastIndexByte(line, ')')
+	if l < 0 || r < 0 || r+2 > len(line) {
+		return "", 0, false
+	}
+	fields := strings.Fields(line[r+2:])
+	if len(fields) < 13 {
+		return "", 0, false
+	}
+	utime, _ := strconv.ParseFloat(fields[11], 64)
+	stime, _ := strconv.ParseFloat(fields[12], 64)
+	return line[l+1 : r], (utime + stime) / 100, true
 }
 
 // batchMeans reads a worker's statements and mean batch size, by

@@ -87,7 +87,7 @@ func main() {
 	flag.IntVar(&o.conc, "concurrency", 32, "concurrent clients for the submit measurements")
 	flag.IntVar(&o.pool, "pool", 16, "database connections of the API and of the direct-pgx ceiling")
 	flag.DurationVar(&o.dur, "duration", 10*time.Second, "length of each timed measurement")
-	flag.IntVar(&o.burnN, "n", 20000, "tasks (and River jobs) in each burn-down")
+	flag.IntVar(&o.burnN, "n", 20000, "tasks (and River jobs) in each burn-down, and tasks claimed and completed in the statements step")
 	flag.IntVar(&o.burnTries, "burn-tries", 2, "runs of each burn-down configuration (River's and Conveyor's alike), each on a fresh database; the best is its figure")
 	flag.IntVar(&o.workers, "workers", 64, "handler concurrency of the fairness measurement's workers (WORKER_CONCURRENCY, shared by -fair-procs)")
 	riverWorkers := flag.String("river-workers", "100,500,2000", "River MaxWorkers values of the burn-down sweep, each on a fresh database; the best is River's figure")
@@ -232,6 +232,7 @@ var steps = []struct {
 	{"river", "River: inserts and burn-down", (*bench).river},
 	{"submits", "Conveyor: HTTP submits", (*bench).submits},
 	{"relay", "Conveyor: relay throughput", (*bench).relay},
+	{"statements", "Conveyor: the worker's claim and completion, PostgreSQL CPU per task", (*bench).statements},
 	{"burndown", "Conveyor: burn-down, default and tuned", (*bench).burnDown},
 	{"scaleout", "Conveyor: scale-out, worker and relay processes", (*bench).scaleOut},
 	{"latency", "Conveyor: submit-to-start latency at a fixed rate", (*bench).latency},
