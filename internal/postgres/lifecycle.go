@@ -224,7 +224,9 @@ func applyBatch(ctx context.Context, q querier, changes []task.Change) ([]task.A
 	return out, queued, nil
 }
 
-func applySorted(ctx context.Context, q querier, changes []task.Change) ([]task.Applied, bool, error) {
+// applyArgs is sqlApply's parameters for changes, one array a column, and
+// where each task's change stands among them.
+func applyArgs(changes []task.Change) ([]any, map[uuid.UUID]int, error) {
 	n := len(changes)
 	var (
 		ids         = make([]uuid.UUID, n)
@@ -243,10 +245,10 @@ func applySorted(ctx context.Context, q querier, changes []task.Change) ([]task.
 	seen := make(map[uuid.UUID]int, n)
 	for i, c := range changes {
 		if _, err := c.Rule(); err != nil {
-			return nil, false, err
+			return nil, nil, err
 		}
 		if _, dup := seen[c.TaskID]; dup {
-			return nil, false, errDuplicateChange
+			return nil, nil, errDuplicateChange
 		}
 		seen[c.TaskID] = i
 		ids[i], versions[i], transitions[i] = c.TaskID, c.Version, string(c.Transition)
@@ -260,7 +262,7 @@ func applySorted(ctx context.Context, q querier, changes []task.Change) ([]task.
 		if c.Detail != nil {
 			b, err := json.Marshal(c.Detail)
 			if err != nil {
-				return nil, false, fmt.Errorf("task %s: event detail: %w", c.TaskID, err)
+				return nil, nil, fmt.Errorf("task %s: event detail: %w", c.TaskID, err)
 			}
 			s := string(b)
 			details[i] = &s
@@ -276,8 +278,17 @@ func applySorted(ctx context.Context, q querier, changes []task.Change) ([]task.
 			principals[i] = &s
 		}
 	}
-	rows, err := q.Query(ctx, sqlApply, ids, versions, transitions, progress, states, errTexts, results,
-		delays, leases, details, headers, principals)
+	return []any{ids, versions, transitions, progress, states, errTexts, results,
+		delays, leases, details, headers, principals}, seen, nil
+}
+
+func applySorted(ctx context.Context, q querier, changes []task.Change) ([]task.Applied, bool, error) {
+	args, seen, err := applyArgs(changes)
+	if err != nil {
+		return nil, false, err
+	}
+	n := len(changes)
+	rows, err := q.Query(ctx, sqlApply, args...)
 	if err != nil {
 		return nil, false, err
 	}
