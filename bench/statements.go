@@ -89,11 +89,11 @@ func claimAndComplete(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID) 
 		return 0, 0, err
 	}
 	store := postgres.NewWorkerStore(pool, nil)
+	t0, err := processCPU(pid)
+	if err != nil {
+		return 0, 0, err
+	}
 	for i := 0; i < len(ids); i += statementsBatch {
-		t0, err := processCPU(pid)
-		if err != nil {
-			return 0, 0, err
-		}
 		tasks, err := store.Claim(ctx, ids[i:min(i+statementsBatch, len(ids))], "bench", time.Minute)
 		if err != nil {
 			return 0, 0, err
@@ -120,6 +120,7 @@ func claimAndComplete(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID) 
 			return 0, 0, err
 		}
 		claim, complete = claim+t1-t0, complete+t2-t1
+		t0 = t2
 	}
 	var done int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE status = 'COMPLETED'`).Scan(&done); err != nil {
