@@ -236,8 +236,9 @@ func (s *system) httpSubmit(conc int, d time.Duration, taskType string) (perSec 
 // httpBatch posts batches of size from conc clients for d and returns tasks
 // per second.
 func (s *system) httpBatch(conc, size int, d time.Duration) (float64, error) {
+	run := submitRuns.Add(1)
 	batches, err := forDuration(conc, d, func(w, i int) error {
-		code, err := s.post("/v1/tasks/batch", batchBody(size, fmt.Sprintf("b%d-%d", w, i)))
+		code, err := s.post("/v1/tasks/batch", batchBody(size, fmt.Sprintf("b%d-%d-%d", run, w, i)))
 		if err != nil {
 			return err
 		}
@@ -249,6 +250,8 @@ func (s *system) httpBatch(conc, size int, d time.Duration) (float64, error) {
 	return batches * float64(size), err
 }
 
+// batchBody is a batch of size demo.noop tasks as a client submits them,
+// deduplicated by input as by default: tag must make the payloads new.
 func batchBody(size int, tag string) []byte {
 	var b strings.Builder
 	b.WriteString(`{"tasks": [`)
@@ -256,7 +259,7 @@ func batchBody(size int, tag string) []byte {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		fmt.Fprintf(&b, `{"type": "demo.noop", "dedupe": false, "payload": {"tag": %q, "i": %d}}`, tag, i)
+		fmt.Fprintf(&b, `{"type": "demo.noop", "payload": {"tag": %q, "i": %d}}`, tag, i)
 	}
 	b.WriteString(`]}`)
 	return []byte(b.String())
@@ -264,9 +267,10 @@ func batchBody(size int, tag string) []byte {
 
 // submitNoops submits n demo.noop tasks through the batch endpoint.
 func (s *system) submitNoops(n int) error {
+	run := submitRuns.Add(1)
 	for done := 0; done < n; done += 1000 {
 		size := min(1000, n-done)
-		code, err := s.post("/v1/tasks/batch", batchBody(size, fmt.Sprintf("burn-%d", done)))
+		code, err := s.post("/v1/tasks/batch", batchBody(size, fmt.Sprintf("burn-%d-%d", run, done)))
 		if err != nil {
 			return err
 		}

@@ -242,6 +242,7 @@ func (f *fairSystem) phase(ctx context.Context, backlog, rate int, d time.Durati
 
 // backlogA submits n tasks as org A in batches of 1000 from conc clients.
 func (f *fairSystem) backlogA(n, conc int) error {
+	run := submitRuns.Add(1)
 	next := make(chan int)
 	go func() {
 		defer close(next)
@@ -256,7 +257,7 @@ func (f *fairSystem) backlogA(n, conc int) error {
 		go func() {
 			defer wg.Done()
 			for done := range next {
-				code, err := f.postAs(f.tokenA, "/v1/tasks/batch", batchBody(min(1000, n-done), fmt.Sprintf("a-%d", done)), nil)
+				code, err := f.postAs(f.tokenA, "/v1/tasks/batch", batchBody(min(1000, n-done), fmt.Sprintf("a-%d-%d", run, done)), nil)
 				if err == nil && code != http.StatusOK {
 					err = fmt.Errorf("batch as org A: status %d", code)
 				}

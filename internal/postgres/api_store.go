@@ -20,11 +20,17 @@ import (
 // The API's statements: submissions, reads, and the client's transitions.
 
 // sqlSubmit inserts a task with its first event and its outbox message. One
-// statement is one transaction; a task with the same input hash makes the
-// insert do nothing and return no row.
+// statement is one transaction; a task with the same input hash (when $9,
+// the hash, is set) makes the insert do nothing and return no row: the
+// hash's row goes into task_input_hashes first, and the task only with it.
 var sqlSubmit = statement("tasks.submit", `
 WITH gate AS (
 	SELECT conveyor_must_wait($2, $3, $22, $19) AS wait
+), hash AS (
+	INSERT INTO task_input_hashes (org_id, type, input_hash, task_id)
+	SELECT $2, $3, $9, $1 WHERE $9::char(64) IS NOT NULL
+	ON CONFLICT DO NOTHING
+	RETURNING task_id
 ), ins AS (
 	INSERT INTO tasks (id, org_id, type, status, state, priority, payload, metadata, input_hash,
 		idempotency_key, max_attempts, traceparent, visibility, next_run_at, concurrency_key, timeout_ms,
@@ -33,6 +39,7 @@ WITH gate AS (
 		$12::jsonb->>'traceparent', $15, coalesce($17::timestamptz, now() + $18::bigint * interval '1 millisecond'),
 		$19, nullif($20::bigint, 0), nullif($21::bigint, 0), $22, $23, NOT gate.wait, $24, nullif($25, '')
 	FROM gate
+	WHERE $9 IS NULL OR EXISTS (SELECT FROM hash)
 	ON CONFLICT DO NOTHING
 	RETURNING `+taskColumns+`
 ), event AS (
@@ -46,7 +53,8 @@ WITH gate AS (
 SELECT * FROM ins`)
 
 var sqlTaskByInputHash = statement("tasks.by_input_hash", `SELECT `+taskColumns+` FROM tasks
-	WHERE org_id = $1 AND type = $2 AND input_hash = $3`)
+	WHERE id = (SELECT task_id FROM task_input_hashes WHERE org_id = $1 AND type = $2 AND input_hash = $3)
+	AND org_id = $1`)
 
 // sqlKeysLookup finds the idempotency keys a batch names, with the task each
 // names; same_payload serves keys recorded before request hashes were.

@@ -182,6 +182,40 @@ func TestRetentionDeletesOldTerminalTasksWithTheirHistory(t *testing.T) {
 	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM tasks`))
 }
 
+// A task's input hash deduplicates submissions for as long as the task is
+// kept, and retention frees it: the same input then makes a new task.
+func TestRetentionFreesTheInputHash(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	submit := func() task.Submitted {
+		t.Helper()
+		sub, err := task.NewSubmission(task.SubmitInput{Type: "demo.noop", Payload: json.RawMessage(`{"n": 1}`)},
+			task.Defaults{MaxAttempts: 3}, "")
+		require.NoError(t, err)
+		out, err := b.api.Submit(ctx, b.admin, sub, nil)
+		require.NoError(t, err)
+		return out
+	}
+	first := submit()
+	require.True(t, first.Created)
+	again := submit()
+	require.False(t, again.Created, "the same input while its task is kept")
+	require.Equal(t, first.Task.ID, again.Task.ID)
+
+	l := b.claim(t, first.Task.ID, "w")
+	b.apply(t, task.Change{TaskID: first.Task.ID, Version: l.Version, Transition: task.Complete, Result: json.RawMessage(`{}`)})
+	b.exec(t, `UPDATE tasks SET completed_at = now() - interval '8 days' WHERE id = $1`, first.Task.ID)
+	n, err := b.maint.DeleteExpired(ctx, 7*24*time.Hour, 100)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM task_input_hashes`))
+
+	after := submit()
+	require.True(t, after.Created, "the same input after retention")
+	require.NotEqual(t, first.Task.ID, after.Task.ID)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM task_input_hashes WHERE task_id = $1`, after.Task.ID))
+}
+
 func TestLeadershipIsHeldByOneAtATime(t *testing.T) {
 	b := setupStores(t)
 	ctx := context.Background()
