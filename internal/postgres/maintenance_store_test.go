@@ -216,6 +216,42 @@ func TestRetentionFreesTheInputHash(t *testing.T) {
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM task_input_hashes WHERE task_id = $1`, after.Task.ID))
 }
 
+// Every task is listed, however it was written (here one plain INSERT of
+// two, as a workflow's node is written), and retention unlists it.
+func TestEveryTaskIsListedUntilRetention(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	var ids []uuid.UUID
+	rows, err := b.db.Pool.Query(ctx, `INSERT INTO tasks (id, org_id, type)
+		SELECT conveyor_uuidv7(), `+testdb.OrgSQL+`, t FROM unnest('{demo.noop,demo.sleep}'::text[]) t RETURNING id`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id uuid.UUID
+		require.NoError(t, rows.Scan(&id))
+		ids = append(ids, id)
+	}
+	require.NoError(t, rows.Err())
+	listed := func(f task.Filter) []uuid.UUID {
+		t.Helper()
+		got, err := b.api.List(ctx, b.admin, task.ListFilter{Filter: f, Limit: 10})
+		require.NoError(t, err)
+		out := []uuid.UUID{}
+		for _, g := range got {
+			out = append(out, g.ID)
+		}
+		return out
+	}
+	require.ElementsMatch(t, ids, listed(task.Filter{}))
+	require.Len(t, listed(task.Filter{Type: "demo.sleep"}), 1)
+
+	b.exec(t, `UPDATE tasks SET status = 'CANCELLED', completed_at = now() - interval '8 days'`)
+	n, err := b.maint.DeleteExpired(ctx, 7*24*time.Hour, 100)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	require.Empty(t, listed(task.Filter{}))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM task_listing`))
+}
+
 func TestLeadershipIsHeldByOneAtATime(t *testing.T) {
 	b := setupStores(t)
 	ctx := context.Background()
