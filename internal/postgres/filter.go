@@ -14,7 +14,7 @@ import (
 // action) are written per call, with a condition for each filter the
 // client set and none for the others: the planner then sees the query's
 // real shape (a search by id is a primary key lookup, a listing with no
-// filter walks the org's id index) instead of a generic plan full of
+// filter walks the org's task_listing rows) instead of a generic plan full of
 // "$n = '' OR …" that fits no shape well. statement registers each in its
 // widest form, so the schema test still prepares every condition.
 
