@@ -81,10 +81,11 @@ var widestFilter = task.Filter{Status: task.StatusPending, Type: "t", CreatedAft
 // summaries. It walks the org's task_listing rows (of f's type, if set)
 // newest first, and reads each task by primary key, until a page is full;
 // the tasks' indexes hold no key of the org's tasks in id order
-// (migration 012).
+// (migration 011).
 func listSQL(org uuid.UUID, f task.ListFilter) (string, []any) {
 	listed := &where{}
-	listed.and("org_id = " + listed.arg(org))
+	orgArg := listed.arg(org)
+	listed.and("org_id = " + orgArg)
 	if f.Type != "" {
 		listed.and("type = " + listed.arg(f.Type))
 	}
@@ -95,7 +96,7 @@ func listSQL(org uuid.UUID, f task.ListFilter) (string, []any) {
 	// tasks_org_status; the type is not (the planner would count its
 	// selectivity twice, and sort a rare type's every task).
 	w := &where{args: listed.args}
-	w.and("org_id = $1")
+	w.and("org_id = " + orgArg)
 	taskConds(w, f.Filter)
 	limit := w.arg(f.Limit)
 	return named(nameList, `SELECT `+summaryColumns+` FROM tasks
