@@ -39,7 +39,7 @@ func (b *bench) statements(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		pool, err := postgres.Open(ctx, postgres.PoolConfig{URL: url, MaxConns: 1, GenericPlans: true})
+		pool, err := postgres.Open(ctx, postgres.PoolConfig{URL: url, MaxConns: 1, Plans: postgres.PlansGeneric})
 		if err != nil {
 			return err
 		}

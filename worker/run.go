@@ -31,9 +31,12 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 	rt, err := service.Start(ctx, cfg.Common, stdout, service.Options{
 		Name: "conveyor-worker", LogAttrs: []any{"worker_id", cfg.ID},
 		// Writes are short, but every running task makes them.
-		MaxConns:     int32(min(cfg.Concurrency/2+4, 64)),
-		GenericPlans: true,
-		WarmUp:       postgres.WorkerHotStatements,
+		MaxConns: int32(min(cfg.Concurrency/2+4, 64)),
+		Plans:    postgres.PlansGeneric,
+		WarmUp:   postgres.WorkerHotStatements,
+		// Maintenance and scheduling search the tasks by status, and are
+		// planned for the tables as they are at each pass.
+		BackgroundPool: true,
 		// A worker may start before any api: it brings the schema up too
 		// (the runner is safe to run from many processes).
 		Migrate: true,
@@ -86,13 +89,13 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 	}
 	inspector := rabbitmq.NewInspector(cfg.AMQPURL, name+" maintenance")
 	defer func() { _ = inspector.Close() }()
-	maintenance := postgres.NewMaintenanceStore(rt.Pool, outboxPoke)
+	maintenance := postgres.NewMaintenanceStore(rt.BackgroundPool, outboxPoke)
 	maintenance.OnEvents = eventsPoke
 	maintainer := runner.NewMaintainer(runner.MaintenanceConfig{
 		WorkerID: cfg.ID, Interval: cfg.MaintenanceInterval, LeaderTTL: cfg.LeaderTTL,
 		RepublishAfter: cfg.RepublishAfter, Retention: cfg.Retention, DeadAfter: cfg.WorkerDeadAfter,
 	}, maintenance, runner.QueuesFunc(inspector.QueueReady), log, metrics)
-	schedulerStore := postgres.NewSchedulerStore(rt.Pool, outboxPoke)
+	schedulerStore := postgres.NewSchedulerStore(rt.BackgroundPool, outboxPoke)
 	schedulerStore.OnEvents = eventsPoke
 	scheduler := runner.NewScheduler(runner.SchedulerConfig{
 		Interval: cfg.SchedulerInterval, MinInterval: cfg.SchedulerMinInterval, CronEvery: 200 * time.Millisecond,

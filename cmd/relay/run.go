@@ -20,7 +20,7 @@ import (
 // batch and returns.
 func run(ctx context.Context, cfg config.Relay, stdout io.Writer) error {
 	rt, err := service.Start(ctx, cfg.Common, stdout, service.Options{
-		Name: "conveyor-relay", GenericPlans: true, WarmUp: postgres.RelayHotStatements,
+		Name: "conveyor-relay", Plans: postgres.PlansGeneric, WarmUp: postgres.RelayHotStatements,
 	})
 	if err != nil {
 		return err

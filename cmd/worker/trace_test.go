@@ -77,7 +77,7 @@ func TestOneTracePerTaskAcrossProcesses(t *testing.T) {
 		}
 	}
 	require.NotZero(t, dbUnderConsumer["tasks.claim"], "the claim's database span, named after its statement, hangs under the consumer span: %s", describe(spans))
-	require.NotZero(t, dbUnderConsumer["tasks.apply"], "so do the outcome's: %s", describe(spans))
+	require.NotZero(t, dbUnderConsumer["tasks.apply.complete"], "so do the outcome's: %s", describe(spans))
 
 	// A retried task: its second attempt is a new trace linked to the first.
 	retried := b.submit(t, "demo.sleep", map[string]any{"steps": 1, "step_ms": 1, "fail_times": 1}, 3)

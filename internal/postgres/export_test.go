@@ -1,4 +1,4 @@
 package postgres
 
-// ApplyArgs lets the tests run the lifecycle statement by hand.
+// ApplyArgs lets the tests run the lifecycle statements by hand.
 var ApplyArgs = applyArgs

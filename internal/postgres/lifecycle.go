@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
+	"text/template"
 	"time"
 
 	"github.com/google/uuid"
@@ -66,95 +68,173 @@ func enqueue(src string) string {
 	FROM ` + src + ` m WHERE m.message IS NOT NULL`
 }
 
-// ruleTable writes task.Lifecycle out as the rows of a SQL VALUES list, one
-// per transition a change can apply, so that sqlApply reads the rules from
-// the one place that defines them.
-func ruleTable() string {
-	effect := map[task.Effect]string{task.Keep: "keep", task.Set: "set", task.Clear: "clear",
-		task.Fill: "fill", task.GiveBack: "give-back", task.Stamp: "stamp"}
-	text := func(s string) string {
-		if s == "" {
-			return "NULL"
+// The statements that apply changes. Each applies a batch in one statement:
+// a change lands only while its task is still at the version the caller
+// saw (and in one of the rule's From statuses, and with a cancel pending
+// when the rule needs one), bumps the version, and writes the result, the
+// event and the outbox message the rule asks for; the statement returns
+// the changes that landed with their new versions.
+//
+// Both are applyTemplate, filled from task.Lifecycle, the one place that
+// defines the rules:
+//
+//   - applyStatements, one per transition ("tasks.apply.complete", …), has
+//     its rule written in as constants. PostgreSQL folds a CASE on a
+//     constant when it plans the statement, so each plan holds its own
+//     rule's effects and nothing else. A batch whose changes share one
+//     transition, as most do, runs it.
+//   - sqlApplyMixed ("tasks.apply") carries the whole table as a VALUES
+//     list that each change joins by its transition, and applies a batch
+//     that mixes transitions, still in one statement: in id order, so that
+//     two batches that share tasks queue up instead of deadlocking.
+var (
+	applyStatements = func() map[task.Transition]string {
+		m := make(map[task.Transition]string, len(task.Transitions()))
+		for _, tr := range task.Transitions() {
+			m[tr] = statement("tasks.apply."+string(tr), fill(applyTemplate, ruleConstants(task.Lifecycle[tr])))
 		}
-		return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+		return m
+	}()
+	sqlApplyMixed = statement("tasks.apply", fill(applyTemplate, ruleColumns()))
+)
+
+// fill executes t with values.
+func fill(t *template.Template, values map[string]string) string {
+	var b strings.Builder
+	if err := t.Execute(&b, values); err != nil {
+		panic(fmt.Sprintf("%s: %v", t.Name(), err))
 	}
+	return b.String()
+}
+
+// sqlText is s as a SQL text literal, or NULL when empty.
+func sqlText(s string) string {
+	if s == "" {
+		return "NULL::text"
+	}
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'::text"
+}
+
+// fromStatuses is a rule's From as a SQL array literal.
+func fromStatuses(r task.Rule) string {
+	from := make([]string, len(r.From))
+	for i, s := range r.From {
+		from[i] = string(s)
+	}
+	return "'{" + strings.Join(from, ",") + "}'::text[]"
+}
+
+// effectNames name the effects in the apply statements.
+var effectNames = map[task.Effect]string{task.Keep: "keep", task.Set: "set", task.Clear: "clear",
+	task.Fill: "fill", task.GiveBack: "give-back", task.Stamp: "stamp"}
+
+// mustWait asks the scheduler whether the task of the change c must wait:
+// a task sent back to its queue does when its job or type is limited or
+// paused, or its type in fair mode.
+const mustWait = `(SELECT conveyor_must_wait(w.org_id, w.type, w.job_id, w.concurrency_key) FROM tasks w WHERE w.id = c.task_id)`
+
+// ruleConstants is a rule as the constants applyTemplate takes. A task put
+// on hold waits for its children; one sent back to its queue may wait for
+// the scheduler; no other waits.
+func ruleConstants(r task.Rule) map[string]string {
+	wait := "false"
+	switch {
+	case r.Hold:
+		wait = "true"
+	case r.Message == outbox.KindRun:
+		wait = mustWait
+	}
+	materialized := ""
+	if wait == mustWait {
+		// The scheduler is asked once per change, before the tasks are
+		// joined.
+		materialized = "MATERIALIZED "
+	}
+	b := strconv.FormatBool
+	return map[string]string{
+		"rules": "", "join": "", "wait": wait, "materialized": materialized,
+		"from": fromStatuses(r), "to": sqlText(string(r.To)), "state": sqlText(r.State),
+		"actor": sqlText(string(r.Actor)), "message": sqlText(string(r.Message)),
+		"attempt": sqlText(effectNames[r.Attempt]), "progress": sqlText(effectNames[r.Progress]),
+		"error": sqlText(effectNames[r.Error]), "cancel": sqlText(effectNames[r.Cancel]),
+		"event": b(r.Event), "delay": b(r.Delay), "lease": b(r.Lease), "needsCancel": b(r.NeedsCancel),
+		"newTrace": b(r.NewTrace), "result": b(r.Result), "beat": b(r.Beat),
+	}
+}
+
+// ruleColumns is what applyTemplate takes to read every change's rule from
+// the table of all of them, joined by transition.
+func ruleColumns() map[string]string {
 	var rows []string
 	for _, tr := range task.Transitions() {
 		r := task.Lifecycle[tr]
-		from := make([]string, len(r.From))
-		for i, s := range r.From {
-			from[i] = string(s)
-		}
-		rows = append(rows, fmt.Sprintf("(%s, %s::text[], %s, %s, %s, %t, %s, %s, %s, %s, %s, %t, %t, %t, %t, %t, %t, %t)",
-			text(string(tr)), text("{"+strings.Join(from, ",")+"}"), text(string(r.To)), text(r.State),
-			text(string(r.Actor)), r.Event, text(string(r.Message)), text(effect[r.Attempt]),
-			text(effect[r.Progress]), text(effect[r.Error]), text(effect[r.Cancel]), r.Delay, r.Lease,
-			r.NeedsCancel, r.NewTrace, r.Result, r.Beat, r.Hold))
+		rows = append(rows, fmt.Sprintf("(%s, %s, %s, %s, %s, %t, %s, %s, %s, %s, %s, %t, %t, %t, %t, %t, %t, %t)",
+			sqlText(string(tr)), fromStatuses(r), sqlText(string(r.To)), sqlText(r.State), sqlText(string(r.Actor)),
+			r.Event, sqlText(string(r.Message)), sqlText(effectNames[r.Attempt]), sqlText(effectNames[r.Progress]),
+			sqlText(effectNames[r.Error]), sqlText(effectNames[r.Cancel]), r.Delay, r.Lease, r.NeedsCancel,
+			r.NewTrace, r.Result, r.Beat, r.Hold))
 	}
-	return strings.Join(rows, ",\n\t\t")
-}
-
-// sqlApply applies a batch of changes in one statement: each row is joined
-// to its transition's rule, lands only while its task is still at the
-// version the caller saw (and in one of the rule's From statuses, and with a
-// cancel pending when the rule needs one), bumps the version, and writes the
-// result, the event and the outbox message the rule asks for. It returns
-// the changes that landed with their new versions.
-var sqlApply = statement("tasks.apply", `
-WITH rule (transition, from_statuses, to_status, state, actor, event, message, attempt_effect,
+	return map[string]string{
+		"rules": `rule (transition, from_statuses, to_status, state, actor, event, message, attempt_effect,
 		progress_effect, error_effect, cancel_effect, delay, lease, needs_cancel, new_trace, stores_result, beat, hold) AS (
 	VALUES
-		`+ruleTable()+`
-), ruled AS (
-	SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::int[], $5::text[], $6::text[], $7::text[],
+		` + strings.Join(rows, ",\n\t\t") + `
+), `,
+		"join": " JOIN rule USING (transition)",
+		"wait": "CASE WHEN hold THEN true WHEN message = '" + string(outbox.KindRun) + "' THEN " + mustWait + " ELSE false END",
+		// Each change meets its rule once, here: inlined, a generic plan
+		// joined the rules last and scanned all of them again for every
+		// task, a third of the statement's time.
+		"materialized": "MATERIALIZED ",
+		"from":         "c.from_statuses", "to": "c.to_status", "state": "c.state", "actor": "c.actor",
+		"event": "c.event", "message": "c.message", "attempt": "c.attempt_effect", "progress": "c.progress_effect",
+		"error": "c.error_effect", "cancel": "c.cancel_effect", "delay": "c.delay", "lease": "c.lease",
+		"needsCancel": "c.needs_cancel", "newTrace": "c.new_trace", "result": "c.stores_result", "beat": "c.beat",
+	}
+}
+
+// applyTemplate is the statement that applies changes, its rule in
+// {{.name}}: constants for one transition, or columns of the rule each
+// change joined ({{.rules}} and {{.join}}).
+var applyTemplate = template.Must(template.New("tasks.apply").Option("missingkey=error").Parse(`
+WITH {{.rules}}change AS {{.materialized}}(
+	SELECT *, {{.wait}} AS wait
+	FROM unnest($1::uuid[], $2::int[], $3::text[], $4::int[], $5::text[], $6::text[], $7::text[],
 		$8::bigint[], $9::bigint[], $10::text[], $11::text[], $12::text[])
 		AS c(task_id, version, transition, progress_in, state_in, error_in, result_in, delay_ms, lease_ms,
-			detail, headers, principal)
-	JOIN rule USING (transition)
-), change AS MATERIALIZED (
-	-- Each change meets its rule once, here, before the tasks are joined:
-	-- inlined, a generic plan joined the rules last and scanned all of
-	-- them again for every task, a third of the statement's time.
-	--
-	-- A task sent back to its queue waits for the scheduler instead when
-	-- its job or type is limited or paused, or its type in fair mode; a
-	-- task put on hold waits for its children.
-	SELECT c.*, CASE WHEN c.hold THEN true WHEN c.message = '`+string(outbox.KindRun)+`' THEN (
-			SELECT conveyor_must_wait(w.org_id, w.type, w.job_id, w.concurrency_key) FROM tasks w WHERE w.id = c.task_id)
-		ELSE false END AS wait
-	FROM ruled c
+			detail, headers, principal){{.join}}
 ), upd AS (
 	UPDATE tasks t SET
-		status = c.to_status,
-		state = CASE WHEN c.wait AND c.state = '`+task.StateQueued+`' THEN '`+task.StateWaiting+`'
-			ELSE coalesce(c.state, nullif(c.state_in, ''), t.state) END,
-		admitted = CASE WHEN c.message = '`+string(outbox.KindRun)+`' THEN NOT c.wait ELSE t.admitted END,
-		heartbeat_at = CASE WHEN c.beat THEN now() WHEN c.to_status <> `+lit(task.StatusInProgress)+` THEN NULL
+		status = {{.to}},
+		state = CASE WHEN c.wait AND {{.state}} = '` + task.StateQueued + `' THEN '` + task.StateWaiting + `'
+			ELSE coalesce({{.state}}, nullif(c.state_in, ''), t.state) END,
+		admitted = CASE WHEN {{.message}} = '` + string(outbox.KindRun) + `' THEN NOT c.wait ELSE t.admitted END,
+		heartbeat_at = CASE WHEN {{.beat}} THEN now() WHEN {{.to}} <> ` + lit(task.StatusInProgress) + ` THEN NULL
 			ELSE t.heartbeat_at END,
-		progress = CASE c.progress_effect WHEN 'set' THEN greatest(t.progress, c.progress_in)
+		progress = CASE {{.progress}} WHEN 'set' THEN greatest(t.progress, c.progress_in)
 			WHEN 'fill' THEN 100 WHEN 'clear' THEN 0 ELSE t.progress END,
-		attempt = CASE c.attempt_effect WHEN 'clear' THEN 0 WHEN 'give-back' THEN t.attempt - 1 ELSE t.attempt END,
-		error = CASE c.error_effect WHEN 'set' THEN c.error_in WHEN 'clear' THEN NULL ELSE t.error END,
-		cancel_requested_at = CASE c.cancel_effect WHEN 'stamp' THEN now() WHEN 'clear' THEN NULL
+		attempt = CASE {{.attempt}} WHEN 'clear' THEN 0 WHEN 'give-back' THEN t.attempt - 1 ELSE t.attempt END,
+		error = CASE {{.error}} WHEN 'set' THEN c.error_in WHEN 'clear' THEN NULL ELSE t.error END,
+		cancel_requested_at = CASE {{.cancel}} WHEN 'stamp' THEN now() WHEN 'clear' THEN NULL
 			ELSE t.cancel_requested_at END,
-		next_run_at = CASE WHEN c.delay THEN now() + c.delay_ms * interval '1 millisecond' ELSE t.next_run_at END,
-		lease_expires_at = CASE WHEN c.to_status <> `+lit(task.StatusInProgress)+` THEN NULL
-			WHEN c.lease THEN now() + c.lease_ms * interval '1 millisecond' ELSE t.lease_expires_at END,
-		worker_id = CASE WHEN c.to_status = `+lit(task.StatusPending)+` THEN NULL ELSE t.worker_id END,
-		started_at = CASE WHEN c.attempt_effect = 'clear' THEN NULL ELSE t.started_at END,
-		completed_at = CASE WHEN c.to_status IN (`+litList(task.TerminalStatuses())+`) THEN now() END,
-		traceparent = CASE WHEN c.new_trace AND c.headers::jsonb ? 'traceparent'
+		next_run_at = CASE WHEN {{.delay}} THEN now() + c.delay_ms * interval '1 millisecond' ELSE t.next_run_at END,
+		lease_expires_at = CASE WHEN {{.to}} <> ` + lit(task.StatusInProgress) + ` THEN NULL
+			WHEN {{.lease}} THEN now() + c.lease_ms * interval '1 millisecond' ELSE t.lease_expires_at END,
+		worker_id = CASE WHEN {{.to}} = ` + lit(task.StatusPending) + ` THEN NULL ELSE t.worker_id END,
+		started_at = CASE WHEN {{.attempt}} = 'clear' THEN NULL ELSE t.started_at END,
+		completed_at = CASE WHEN {{.to}} IN (` + litList(task.TerminalStatuses()) + `) THEN now() END,
+		traceparent = CASE WHEN {{.newTrace}} AND c.headers::jsonb ? 'traceparent'
 			THEN c.headers::jsonb->>'traceparent' ELSE t.traceparent END,
 		updated_at = now(),
 		version = t.version + 1
 	FROM change c
-	WHERE t.id = c.task_id AND t.version = c.version AND t.status = ANY (c.from_statuses)
-		AND (NOT c.needs_cancel OR t.cancel_requested_at IS NOT NULL)
+	WHERE t.id = c.task_id AND t.version = c.version AND t.status = ANY ({{.from}})
+		AND (NOT {{.needsCancel}} OR t.cancel_requested_at IS NOT NULL)
 	RETURNING t.id, t.org_id, t.type, t.status, t.state, t.progress, t.priority, t.attempt, t.version, t.next_run_at,
-		t.traceparent, c.actor, c.event, c.detail::jsonb AS detail, CASE WHEN c.wait THEN NULL ELSE c.message END AS message,
-		c.headers::jsonb AS headers,
-		c.stores_result, c.result_in, c.principal::jsonb AS principal,
-		CASE c.error_effect WHEN 'set' THEN c.error_in END AS error
+		t.traceparent, {{.actor}} AS actor, {{.event}} AS event, c.detail::jsonb AS detail,
+		CASE WHEN c.wait THEN NULL ELSE {{.message}} END AS message, c.headers::jsonb AS headers,
+		{{.result}} AS stores_result, c.result_in, c.principal::jsonb AS principal,
+		CASE {{.error}} WHEN 'set' THEN c.error_in END AS error
 ), result AS (
 	INSERT INTO task_results (task_id, org_id, payload)
 	SELECT id, org_id, result_in::jsonb FROM upd WHERE stores_result
@@ -163,15 +243,15 @@ WITH rule (transition, from_statuses, to_status, state, actor, event, message, a
 	INSERT INTO task_events (task_id, org_id, status, state, progress, actor, detail, principal, error)
 	SELECT id, org_id, status, state, progress, actor, detail, principal, error FROM upd WHERE event
 ), message AS (
-	`+enqueue("upd")+`
+	` + enqueue("upd") + `
 )
-SELECT id, version, message IS NOT NULL FROM upd`)
+SELECT id, version, message IS NOT NULL FROM upd`))
 
 // errDuplicateChange: one batch named a task twice, which a single UPDATE
 // cannot apply in order.
 var errDuplicateChange = errors.New("apply: a batch holds two changes of one task")
 
-// apply runs sqlApply for changes on q and returns one Applied per change,
+// apply applies changes on q and returns one Applied per change,
 // in order, and whether any outbox message was written. A batch that
 // PostgreSQL refuses for its data (a value it cannot store) is applied
 // change by change, so one bad change fails alone with its own error, in
@@ -224,9 +304,9 @@ func applyBatch(ctx context.Context, q querier, changes []task.Change) ([]task.A
 	return out, queued, nil
 }
 
-// applyArgs is sqlApply's parameters for changes, one array a column, and
-// where each task's change stands among them.
-func applyArgs(changes []task.Change) ([]any, map[uuid.UUID]int, error) {
+// applyArgs is the parameters of the apply statements for changes, one
+// array a column.
+func applyArgs(changes []task.Change) ([]any, error) {
 	n := len(changes)
 	var (
 		ids         = make([]uuid.UUID, n)
@@ -242,15 +322,7 @@ func applyArgs(changes []task.Change) ([]any, map[uuid.UUID]int, error) {
 		headers     = make([]*string, n)
 		principals  = make([]*string, n)
 	)
-	seen := make(map[uuid.UUID]int, n)
 	for i, c := range changes {
-		if _, err := c.Rule(); err != nil {
-			return nil, nil, err
-		}
-		if _, dup := seen[c.TaskID]; dup {
-			return nil, nil, errDuplicateChange
-		}
-		seen[c.TaskID] = i
 		ids[i], versions[i], transitions[i] = c.TaskID, c.Version, string(c.Transition)
 		progress[i], states[i] = c.Progress, c.State
 		errTexts[i] = &changes[i].Error
@@ -262,7 +334,7 @@ func applyArgs(changes []task.Change) ([]any, map[uuid.UUID]int, error) {
 		if c.Detail != nil {
 			b, err := json.Marshal(c.Detail)
 			if err != nil {
-				return nil, nil, fmt.Errorf("task %s: event detail: %w", c.TaskID, err)
+				return nil, fmt.Errorf("task %s: event detail: %w", c.TaskID, err)
 			}
 			s := string(b)
 			details[i] = &s
@@ -279,20 +351,38 @@ func applyArgs(changes []task.Change) ([]any, map[uuid.UUID]int, error) {
 		}
 	}
 	return []any{ids, versions, transitions, progress, states, errTexts, results,
-		delays, leases, details, headers, principals}, seen, nil
+		delays, leases, details, headers, principals}, nil
 }
 
+// applySorted applies changes, in id order, in one statement: the one of
+// their transition when they share one, else the one that mixes them.
 func applySorted(ctx context.Context, q querier, changes []task.Change) ([]task.Applied, bool, error) {
-	args, seen, err := applyArgs(changes)
+	if len(changes) == 0 {
+		return nil, false, nil
+	}
+	at := make(map[uuid.UUID]int, len(changes))
+	sql := applyStatements[changes[0].Transition]
+	for i, c := range changes {
+		if _, err := c.Rule(); err != nil {
+			return nil, false, err
+		}
+		if _, dup := at[c.TaskID]; dup {
+			return nil, false, errDuplicateChange
+		}
+		at[c.TaskID] = i
+		if c.Transition != changes[0].Transition {
+			sql = sqlApplyMixed
+		}
+	}
+	args, err := applyArgs(changes)
 	if err != nil {
 		return nil, false, err
 	}
-	n := len(changes)
-	rows, err := q.Query(ctx, sqlApply, args...)
+	rows, err := q.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, false, err
 	}
-	out := make([]task.Applied, n)
+	out := make([]task.Applied, len(changes))
 	for i := range out {
 		out[i].Fenced = true
 	}
@@ -301,7 +391,7 @@ func applySorted(ctx context.Context, q querier, changes []task.Change) ([]task.
 	var version int
 	var message bool
 	_, err = pgx.ForEachRow(rows, []any{&id, &version, &message}, func() error {
-		out[seen[id]] = task.Applied{Version: version}
+		out[at[id]] = task.Applied{Version: version}
 		queued = queued || message
 		return nil
 	})

@@ -12,8 +12,8 @@ import (
 )
 
 // The maintenance leader's statements. Its changes of tasks go through
-// sqlApply like everyone's; these only find the tasks to change, elect the
-// leader, and clean up.
+// the lifecycle's statements like everyone's; these only find the tasks to
+// change, elect the leader, and clean up.
 
 // sqlElect takes or keeps a leadership: a free or expired row is taken, the
 // holder extends its own.

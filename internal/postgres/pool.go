@@ -26,7 +26,33 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/conveyorhq/conveyor/internal/task"
 )
+
+// Plans is how the server plans a pool's prepared statements.
+type Plans uint8
+
+const (
+	// PlansAuto is PostgreSQL's default: five plans for the values of
+	// their calls, then one for any values if it costs no more. The plan
+	// kept was made for the tables as they were then.
+	PlansAuto Plans = iota
+	// PlansGeneric plans each statement once per connection: for
+	// statements keyed by ids (the worker's claims and outcomes, the
+	// relay's), whose best plan does not change with the tables' size and
+	// which cost more to plan than to run.
+	PlansGeneric
+	// PlansCustom plans each statement at every call, for its values and
+	// the tables' size at that moment: for background statements that
+	// search tables by status (maintenance, scheduling), whose best plan
+	// changes as a backlog comes and goes. A plan made while tasks was
+	// small scans the whole table later, on every pass.
+	PlansCustom
+)
+
+// planCacheModes are the plan_cache_mode settings of the Plans.
+var planCacheModes = map[Plans]string{PlansGeneric: "force_generic_plan", PlansCustom: "force_custom_plan"}
 
 // PoolConfig sizes and tunes a connection pool.
 type PoolConfig struct {
@@ -34,11 +60,8 @@ type PoolConfig struct {
 	MaxConns int32
 	// StatementTimeout, when set, bounds every statement on the server.
 	StatementTimeout time.Duration
-	// GenericPlans has the server plan each prepared statement once per
-	// connection instead of five times first: for pools whose statements
-	// are all keyed by ids (the worker's, the relay's), where the one
-	// transition statement costs more to plan than to run.
-	GenericPlans bool
+	// Plans says how the server plans the pool's prepared statements.
+	Plans Plans
 	// WarmUp names statements (WorkerHotStatements, RelayHotStatements)
 	// to plan on every new connection before it serves, and MinConns
 	// connections are opened at once: the first tasks after a start do
@@ -72,8 +95,8 @@ func Open(ctx context.Context, cfg PoolConfig) (*pgxpool.Pool, error) {
 	pc.ConnConfig.BuildContextWatcherHandler = func(conn *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.CancelRequestContextWatcherHandler{Conn: conn, DeadlineDelay: 5 * time.Second}
 	}
-	if cfg.GenericPlans {
-		pc.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
+	if mode, ok := planCacheModes[cfg.Plans]; ok {
+		pc.ConnConfig.RuntimeParams["plan_cache_mode"] = mode
 	}
 	if cfg.Role != "" {
 		pc.ConnConfig.RuntimeParams["role"] = cfg.Role
@@ -107,20 +130,38 @@ func Open(ctx context.Context, cfg PoolConfig) (*pgxpool.Pool, error) {
 
 // warmUps are the hot statements of the worker and the relay, each with an
 // input that makes it change nothing (empty arrays, a zero limit).
-var warmUps = map[string][]any{
-	"tasks.claim": {[]uuid.UUID{}, "", 0, "", "", ""},
-	"tasks.apply": {[]uuid.UUID{}, []int{}, []string{}, []int{}, []string{}, []string{}, []string{},
-		[]int64{}, []int64{}, []string{}, []string{}, []string{}},
-	"outbox.claim":          {0},
-	"outbox.delete":         {[]int64{}},
-	"tasks.stamp_published": {[]uuid.UUID{}},
-}
+var warmUps = func() map[string][]any {
+	apply := []any{[]uuid.UUID{}, []int{}, []string{}, []int{}, []string{}, []string{}, []string{},
+		[]int64{}, []int64{}, []string{}, []string{}, []string{}}
+	m := map[string][]any{
+		"tasks.claim":           {[]uuid.UUID{}, "", 0, "", "", ""},
+		"tasks.apply":           apply,
+		"outbox.claim":          {0},
+		"outbox.delete":         {[]int64{}},
+		"tasks.stamp_published": {[]uuid.UUID{}},
+	}
+	for _, tr := range workerOutcomes {
+		m["tasks.apply."+string(tr)] = apply
+	}
+	return m
+}()
+
+// workerOutcomes are the transitions a worker applies as its handlers run
+// and return; a batch of one of them runs its own statement, a batch that
+// mixes them tasks.apply.
+var workerOutcomes = []task.Transition{task.Progress, task.Renew, task.Complete, task.Fail, task.RetryLater}
 
 // WorkerHotStatements and RelayHotStatements name what PoolConfig.WarmUp
 // plans for each.
 var (
-	WorkerHotStatements = []string{"tasks.claim", "tasks.apply"}
-	RelayHotStatements  = []string{"outbox.claim", "outbox.delete", "tasks.stamp_published"}
+	WorkerHotStatements = func() []string {
+		names := []string{"tasks.claim", "tasks.apply"}
+		for _, tr := range workerOutcomes {
+			names = append(names, "tasks.apply."+string(tr))
+		}
+		return names
+	}()
+	RelayHotStatements = []string{"outbox.claim", "outbox.delete", "tasks.stamp_published"}
 )
 
 // warmUp runs the named statements once on a new connection, with an input

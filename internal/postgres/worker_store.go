@@ -14,7 +14,7 @@ import (
 )
 
 // A worker's statements: the claim, the transitions of the tasks it holds
-// (sqlApply), and its registry rows.
+// (lifecycle.go), and its registry rows.
 
 // sqlClaim takes tasks for a worker: lock the rows that are claimable
 // (PENDING and due, or IN_PROGRESS under an expired lease with attempts

@@ -107,20 +107,26 @@ SELECT count(*) > 0 FROM run`)
 
 // sqlStoppedRunTasks reads the tasks still in flight whose run stopped or
 // whose parent task ended without completing, and a pending cancel's
-// absence: what a cancel of theirs would do.
+// absence: what a cancel of theirs would do. The search starts from the
+// tasks in flight that have a run or a parent (two small partial indexes)
+// and reads each one's run or parent by key: the stopped runs and the
+// finished tasks only grow, and a plan that scanned them (as a join may,
+// on stale statistics, while a backlog burns down) read thousands of rows
+// at every pass.
 var sqlStoppedRunTasks = statement("tasks.orphans", `
 SELECT t.id, t.status, t.version, t.cancel_requested_at IS NOT NULL FROM tasks t
 WHERE t.status IN (`+inFlight+`) AND NOT (t.status = `+lit(task.StatusInProgress)+` AND t.cancel_requested_at IS NOT NULL)
 	AND t.id IN (
 		SELECT id FROM tasks WHERE $1::uuid IS NOT NULL AND run_id = $1 AND status IN (`+inFlight+`)
 		UNION ALL
-		SELECT c.id FROM tasks c JOIN workflow_runs r ON r.id = c.run_id
+		SELECT c.id FROM tasks c
 		WHERE $1::uuid IS NULL AND c.run_id IS NOT NULL AND c.status IN (`+inFlight+`)
-			AND r.status IN ('`+job.RunFailed+`', '`+job.RunCancelled+`')
+			AND (SELECT r.status FROM workflow_runs r WHERE r.id = c.run_id) IN ('`+job.RunFailed+`', '`+job.RunCancelled+`')
 		UNION ALL
-		SELECT c.id FROM tasks c JOIN tasks p ON p.id = c.parent_id
+		SELECT c.id FROM tasks c
 		WHERE $1::uuid IS NULL AND c.parent_id IS NOT NULL AND c.status IN (`+inFlight+`)
-			AND p.status IN (`+litList([]task.Status{task.StatusFailed, task.StatusCancelled})+`))
+			AND (SELECT p.status FROM tasks p WHERE p.id = c.parent_id)
+				IN (`+litList([]task.Status{task.StatusFailed, task.StatusCancelled})+`))
 ORDER BY t.id LIMIT $2`)
 
 // inFlight lists the statuses of a task not yet finished.

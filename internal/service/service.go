@@ -32,9 +32,9 @@ type Options struct {
 	MaxConns int32
 	// StatementTimeout bounds every statement on the server; 0: none.
 	StatementTimeout time.Duration
-	// GenericPlans plans each statement once per connection (see
-	// postgres.PoolConfig).
-	GenericPlans bool
+	// Plans says how the server plans the main pool's statements (see
+	// postgres.Plans).
+	Plans postgres.Plans
 	// WarmUp names the hot statements to plan on every new connection,
 	// a few of which are opened at once (see postgres.PoolConfig).
 	WarmUp []string
@@ -44,6 +44,9 @@ type Options struct {
 	// leaves the main pool small: for the API, whose own-user work (key
 	// lookups, wake-ups) is light.
 	TenantPool bool
+	// BackgroundPool opens Runtime.BackgroundPool, a small pool whose
+	// statements are planned at every call (postgres.PlansCustom).
+	BackgroundPool bool
 	// LogAttrs are added to every log record.
 	LogAttrs []any
 }
@@ -60,6 +63,9 @@ type Runtime struct {
 	// TenantPool's connections are postgres.TenantRole: only a caller's
 	// scope shows them any org's rows.
 	TenantPool *pgxpool.Pool
+	// BackgroundPool is for maintenance and scheduling, kept apart from
+	// the hot statements' generic plans.
+	BackgroundPool *pgxpool.Pool
 
 	shutdownTracing func(context.Context) error
 }
@@ -102,7 +108,7 @@ func Start(ctx context.Context, cfg config.Common, stdout io.Writer, o Options) 
 
 func (r *Runtime) connect(ctx context.Context, cfg config.Common, o Options, maxConns int32) error {
 	pc := postgres.PoolConfig{
-		URL: cfg.DatabaseURL, MaxConns: maxConns, StatementTimeout: o.StatementTimeout, GenericPlans: o.GenericPlans,
+		URL: cfg.DatabaseURL, MaxConns: maxConns, StatementTimeout: o.StatementTimeout, Plans: o.Plans,
 		WarmUp: o.WarmUp, MinConns: 2, TracerProvider: r.TracerProvider,
 	}
 	main := pc
@@ -128,14 +134,32 @@ func (r *Runtime) connect(ctx context.Context, cfg config.Common, o Options, max
 		}
 		r.TenantPool = tenant
 	}
+	if o.BackgroundPool {
+		background, err := postgres.Open(ctx, postgres.PoolConfig{URL: cfg.DatabaseURL, MaxConns: backgroundConns,
+			StatementTimeout: o.StatementTimeout, Plans: postgres.PlansCustom, TracerProvider: r.TracerProvider})
+		if err != nil {
+			if r.TenantPool != nil {
+				r.TenantPool.Close()
+			}
+			pool.Close()
+			return err
+		}
+		r.BackgroundPool = background
+	}
 	r.Pool = pool
 	return nil
 }
 
+// backgroundConns sizes a BackgroundPool: maintenance and scheduling run
+// one pass at a time each.
+const backgroundConns = 4
+
 // Close closes the pool and flushes the traces.
 func (r *Runtime) Close(ctx context.Context) {
-	if r.TenantPool != nil {
-		r.TenantPool.Close()
+	for _, p := range []*pgxpool.Pool{r.TenantPool, r.BackgroundPool} {
+		if p != nil {
+			p.Close()
+		}
 	}
 	r.Pool.Close()
 	_ = r.shutdownTracing(context.WithoutCancel(ctx))

@@ -201,8 +201,8 @@ var Lifecycle = map[Transition]Rule{
 		Attempt: Clear, Progress: Clear, Error: Clear, Cancel: Clear, Delay: true, Message: queueRun, NewTrace: true},
 }
 
-// Transitions lists the transitions a store applies with its one fenced
-// statement (all but Submit and Claim), in a stable order.
+// Transitions lists the transitions a store applies with its fenced
+// statements (all but Submit and Claim), in a stable order.
 func Transitions() []Transition {
 	return []Transition{Progress, Renew, Complete, Fail, RetryLater, HonourCancel, HandBack, Await,
 		ExpireRequeue, ExpireFail, ExpireCancel, Republish, CancelPending, RequestCancel, Retry}
