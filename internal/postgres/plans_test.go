@@ -29,14 +29,12 @@ func TestBackgroundStatementsArePlannedForTheTableOfTheMoment(t *testing.T) {
 		tx, err := conn.Begin(ctx)
 		require.NoError(t, err)
 		defer func() { _ = tx.Rollback(ctx) }()
+		before := xactCount(t, tx, "seq_tup_read", "tasks")
 		rows, err := tx.Query(ctx, sweep, nil, 500)
 		require.NoError(t, err)
 		rows.Close()
 		require.NoError(t, rows.Err())
-		var n int64
-		require.NoError(t, tx.QueryRow(ctx,
-			`SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_xact_user_tables WHERE relname = 'tasks'`).Scan(&n))
-		return n
+		return xactCount(t, tx, "seq_tup_read", "tasks") - before
 	}
 	conns := map[postgres.Plans]*pgx.Conn{}
 	for _, plans := range []postgres.Plans{postgres.PlansGeneric, postgres.PlansCustom} {
@@ -79,4 +77,63 @@ func TestTheSweepForOrphansReadsRunsAndParentsByKey(t *testing.T) {
 	require.Contains(t, plan, "using tasks_pkey on tasks p", plan)
 	require.NotContains(t, plan, "Seq Scan", plan)
 	require.NotContains(t, plan, "Hash Join", plan)
+}
+
+// The relay's claim is planned for the outbox as it is at each batch. The
+// relay plans its statements when it connects, when the outbox is mostly
+// empty; a claim planned then scanned and sorted a whole backlog for each
+// batch of it.
+func TestTheRelayClaimIsPlannedForTheOutboxOfTheMoment(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `ANALYZE outbox`)
+	require.NoError(t, err)
+	pool, err := postgres.Open(ctx, postgres.PoolConfig{URL: db.URL, MaxConns: 1, Plans: postgres.PlansGeneric,
+		WarmUp: postgres.RelayHotStatements, MinConns: 1})
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	// scans claims a batch on the relay's connection, the way claim
+	// does, and returns how many scans of the whole outbox that took.
+	scans := func(claim func(pgx.Tx) error) int64 {
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		before := xactCount(t, tx, "seq_scan", "outbox")
+		require.NoError(t, claim(tx))
+		return xactCount(t, tx, "seq_scan", "outbox") - before
+	}
+	relayClaim := func(tx pgx.Tx) error {
+		_, err := postgres.ClaimOutbox(ctx, tx, 500)
+		return err
+	}
+	kept := func(tx pgx.Tx) error { // the claim as a statement planned once
+		rows, err := tx.Query(ctx, statementSQL(t, "outbox.claim"), 500)
+		if err == nil {
+			rows.Close()
+			err = rows.Err()
+		}
+		return err
+	}
+	for range 6 {
+		scans(relayClaim)
+		scans(kept)
+	}
+
+	_, err = db.Pool.Exec(ctx, `INSERT INTO outbox (kind, org_id, task_id, task_type, attempt, task_version)
+		SELECT 'task.run', `+testdb.OrgSQL+`, gen_random_uuid(), 'demo.noop', 0, 1 FROM generate_series(1, 20000)`)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, scans(kept), "planned on the empty outbox, a claim scans it all (else this test shows nothing)")
+	require.Zero(t, scans(relayClaim), "the relay's claim takes its batch along the outbox_available index")
+}
+
+// xactCount reads a counter of table's from the statistics this backend
+// has not reported yet: within one transaction, they only grow.
+func xactCount(t *testing.T, tx pgx.Tx, counter, table string) int64 {
+	t.Helper()
+	var n int64
+	require.NoError(t, tx.QueryRow(context.Background(), `SELECT coalesce(sum(`+counter+`), 0)
+		FROM pg_stat_xact_user_tables WHERE relname = $1`, table).Scan(&n))
+	return n
 }

@@ -136,7 +136,6 @@ var warmUps = func() map[string][]any {
 	m := map[string][]any{
 		"tasks.claim":           {[]uuid.UUID{}, "", 0, "", "", ""},
 		"tasks.apply":           apply,
-		"outbox.claim":          {0},
 		"outbox.delete":         {[]int64{}},
 		"tasks.stamp_published": {[]uuid.UUID{}},
 	}
@@ -161,7 +160,7 @@ var (
 		}
 		return names
 	}()
-	RelayHotStatements = []string{"outbox.claim", "outbox.delete", "tasks.stamp_published"}
+	RelayHotStatements = []string{"outbox.delete", "tasks.stamp_published"}
 )
 
 // warmUp runs the named statements once on a new connection, with an input

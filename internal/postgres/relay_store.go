@@ -73,6 +73,19 @@ func scanOutboxStats(row pgx.Row) (outbox.Stats, error) {
 	return st, nil
 }
 
+// claimOutbox locks up to limit due rows on tx. The claim is planned at
+// each call, for the outbox as it is: the outbox is empty most of the
+// time, and a plan kept from then (a scan of the whole table and a sort)
+// made every batch of an outage's backlog read and sort all of it. The
+// relay's other statements are keyed by ids, and keep their plans.
+func claimOutbox(ctx context.Context, tx pgx.Tx, limit int) ([]outbox.Message, error) {
+	rows, err := tx.Query(ctx, sqlClaimOutbox, pgx.QueryExecModeExec, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, scanMessage)
+}
+
 // RelayStore runs the relay's statements.
 type RelayStore struct {
 	pool *pgxpool.Pool
@@ -97,11 +110,7 @@ func (s *RelayStore) Relay(ctx context.Context, limit int, publish func(context.
 	var n int
 	var ran []uuid.UUID
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, sqlClaimOutbox, limit)
-		if err != nil {
-			return err
-		}
-		msgs, err := pgx.CollectRows(rows, scanMessage)
+		msgs, err := claimOutbox(ctx, tx, limit)
 		if err != nil {
 			return err
 		}
