@@ -18,10 +18,10 @@ import (
 	"github.com/conveyorhq/conveyor/internal/testdb"
 )
 
-// The statement for a batch that mixes transitions meets each change's rule
-// once, before it joins the tasks. Under a generic plan, as the worker, the relay and the
-// maintenance run their statements, PostgreSQL otherwise joined the rules
-// last and built every rule again for each task: a third of the
+// The statement for a batch that mixes transitions meets each change's
+// rule once, before it joins the tasks. Under a generic plan, as the
+// worker and the relay run their statements, PostgreSQL otherwise joined
+// the rules last and built every rule again for each task: a third of the
 // statement's time.
 func TestApplyMeetsEachRuleOnce(t *testing.T) {
 	b := setupStores(t)

@@ -29,12 +29,14 @@ func TestBackgroundStatementsArePlannedForTheTableOfTheMoment(t *testing.T) {
 		tx, err := conn.Begin(ctx)
 		require.NoError(t, err)
 		defer func() { _ = tx.Rollback(ctx) }()
-		before := xactCount(t, tx, "seq_tup_read", "tasks")
-		rows, err := tx.Query(ctx, sweep, nil, 500)
-		require.NoError(t, err)
-		rows.Close()
-		require.NoError(t, rows.Err())
-		return xactCount(t, tx, "seq_tup_read", "tasks") - before
+		return grew(t, tx, "seq_tup_read", "tasks", func() error {
+			rows, err := tx.Query(ctx, sweep, nil, 500)
+			if err == nil {
+				rows.Close()
+				err = rows.Err()
+			}
+			return err
+		})
 	}
 	conns := map[postgres.Plans]*pgx.Conn{}
 	for _, plans := range []postgres.Plans{postgres.PlansGeneric, postgres.PlansCustom} {
@@ -100,9 +102,7 @@ func TestTheRelayClaimIsPlannedForTheOutboxOfTheMoment(t *testing.T) {
 		tx, err := pool.Begin(ctx)
 		require.NoError(t, err)
 		defer func() { _ = tx.Rollback(ctx) }()
-		before := xactCount(t, tx, "seq_scan", "outbox")
-		require.NoError(t, claim(tx))
-		return xactCount(t, tx, "seq_scan", "outbox") - before
+		return grew(t, tx, "seq_scan", "outbox", func() error { return claim(tx) })
 	}
 	relayClaim := func(tx pgx.Tx) error {
 		_, err := postgres.ClaimOutbox(ctx, tx, 500)
@@ -128,12 +128,18 @@ func TestTheRelayClaimIsPlannedForTheOutboxOfTheMoment(t *testing.T) {
 	require.Zero(t, scans(relayClaim), "the relay's claim takes its batch along the outbox_available index")
 }
 
-// xactCount reads a counter of table's from the statistics this backend
-// has not reported yet: within one transaction, they only grow.
-func xactCount(t *testing.T, tx pgx.Tx, counter, table string) int64 {
+// grew runs run in tx and returns how much a counter of table's grew
+// meanwhile, read from the statistics the backend has not reported yet
+// (within one transaction, they only grow).
+func grew(t *testing.T, tx pgx.Tx, counter, table string, run func() error) int64 {
 	t.Helper()
-	var n int64
-	require.NoError(t, tx.QueryRow(context.Background(), `SELECT coalesce(sum(`+counter+`), 0)
-		FROM pg_stat_xact_user_tables WHERE relname = $1`, table).Scan(&n))
-	return n
+	read := func() int64 {
+		var n int64
+		require.NoError(t, tx.QueryRow(context.Background(), `SELECT coalesce(sum(`+counter+`), 0)
+			FROM pg_stat_xact_user_tables WHERE relname = $1`, table).Scan(&n))
+		return n
+	}
+	before := read()
+	require.NoError(t, run())
+	return read() - before
 }

@@ -129,7 +129,7 @@ func (r *Runtime) connect(ctx context.Context, cfg config.Common, o Options, max
 		pc.Role = postgres.TenantRole
 		tenant, err := postgres.Open(ctx, pc)
 		if err != nil {
-			pool.Close()
+			closePools(pool)
 			return err
 		}
 		r.TenantPool = tenant
@@ -138,10 +138,7 @@ func (r *Runtime) connect(ctx context.Context, cfg config.Common, o Options, max
 		background, err := postgres.Open(ctx, postgres.PoolConfig{URL: cfg.DatabaseURL, MaxConns: backgroundConns,
 			StatementTimeout: o.StatementTimeout, Plans: postgres.PlansCustom, TracerProvider: r.TracerProvider})
 		if err != nil {
-			if r.TenantPool != nil {
-				r.TenantPool.Close()
-			}
-			pool.Close()
+			closePools(r.TenantPool, pool)
 			return err
 		}
 		r.BackgroundPool = background
@@ -156,13 +153,17 @@ const backgroundConns = 4
 
 // Close closes the pool and flushes the traces.
 func (r *Runtime) Close(ctx context.Context) {
-	for _, p := range []*pgxpool.Pool{r.TenantPool, r.BackgroundPool} {
+	closePools(r.TenantPool, r.BackgroundPool, r.Pool)
+	_ = r.shutdownTracing(context.WithoutCancel(ctx))
+}
+
+// closePools closes the pools that were opened (nil ones were not).
+func closePools(pools ...*pgxpool.Pool) {
+	for _, p := range pools {
 		if p != nil {
 			p.Close()
 		}
 	}
-	r.Pool.Close()
-	_ = r.shutdownTracing(context.WithoutCancel(ctx))
 }
 
 // gcPercent is the services' GOGC unless the environment sets one. They
