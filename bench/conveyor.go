@@ -322,6 +322,7 @@ func (s *system) burnDown(ctx context.Context, n, procs, concurrency int, vars .
 			return burnResult{}, err
 		}
 	}
+	profileWorkers(addrs)
 	elapsed, err := awaitBurnDown(ctx, s.pool, n, start, `SELECT count(*) FROM tasks WHERE org_id = `+benchOrg+` AND status = 'COMPLETED'`,
 		`SELECT max(completed_at) FROM tasks`)
 	if err != nil {

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,11 +24,51 @@ import (
 // time, and what PostgreSQL's active backends were doing, sampled every
 // 10 ms. With BENCH_PERF set to a list of process counts (e.g. "1,4"),
 // `perf record -a -g` runs during the burn-downs of that many workers and
-// writes perf.<n>.data in the working directory.
+// writes perf.<n>.data in the working directory. With BENCH_PPROF set to
+// a number of seconds, each worker's Go CPU profile over the first seconds
+// of its burn-down is written to worker-<n>.<i>.pprof (n workers, the i-th).
 type diagnosis struct {
 	cpu      cpuSnap
 	stopPerf func()
 	waits    func() string
+}
+
+// profileWorkers fetches, with BENCH_PPROF set, each worker's CPU profile
+// for that many seconds from its admin address, in the background.
+func profileWorkers(addrs []string) {
+	secs, err := strconv.Atoi(os.Getenv("BENCH_PPROF"))
+	if err != nil || secs <= 0 {
+		return
+	}
+	for i, addr := range addrs {
+		go func() {
+			url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, secs)
+			name := fmt.Sprintf("worker-%d.%d.pprof", len(addrs), i)
+			if err := download(url, name); err != nil {
+				fmt.Fprintln(os.Stderr, "pprof:", err)
+			}
+		}()
+	}
+}
+
+func download(url, name string) error {
+	resp, err := http.Get(url) //nolint:gosec,noctx // the bench's own worker, on loopback
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	f, err := os.Create(name)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 var diagProcesses = []string{"postgres", "beam.smp", "worker", "api", "relay", "bench"}

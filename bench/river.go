@@ -109,11 +109,13 @@ func riverBurnDown(ctx context.Context, pool *pgxpool.Pool, n, workers int) (bur
 	if err != nil {
 		return burnResult{}, 0, err
 	}
+	cpu := meterCPU(ctx, pool)
 	if err := client.Start(ctx); err != nil {
 		return burnResult{}, 0, err
 	}
 	elapsed, err := awaitBurnDown(ctx, pool, n, start, `SELECT count(*) FROM river_job WHERE state = 'completed'`,
 		`SELECT max(finalized_at) FROM river_job`)
+	cpu(fmt.Sprintf("River burn-down, %.0f jobs/s (River runs in bench)", float64(n)/elapsed.Seconds()), float64(n))
 	conns := pool.Stat().TotalConns()
 	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

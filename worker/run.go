@@ -49,8 +49,10 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 
 	metrics := runner.NewMetrics(rt.Registry)
 	// New outbox rows wake the relays; progress and every other change
-	// wake the API's live streams and the scheduler.
-	notifier := postgres.NewNotifier(rt.Pool, 2*time.Millisecond, log, postgres.OutboxChannel, postgres.EventsChannel)
+	// wake the API's live streams and the scheduler. Every NOTIFY wakes
+	// every listening backend of the database, so a busy worker sends one
+	// per interval, not one per batch.
+	notifier := postgres.NewNotifier(rt.Pool, cfg.NotifyInterval, log, postgres.OutboxChannel, postgres.EventsChannel)
 	outboxPoke, eventsPoke := notifier.Poker(postgres.OutboxChannel), notifier.Poker(postgres.EventsChannel)
 	store := postgres.NewWorkerStore(rt.Pool, outboxPoke)
 	name := "conveyor-worker " + cfg.ID

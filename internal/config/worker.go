@@ -52,6 +52,11 @@ type Worker struct {
 	// MaxRunTime bounds one attempt: past it the handler's context is
 	// cancelled and the attempt fails as timed out.
 	MaxRunTime time.Duration `envconfig:"TASK_MAX_RUN_TIME" default:"1h"`
+	// NotifyInterval is the least time between two of the worker's wake-up
+	// NOTIFY statements (the live streams, the scheduler, the relays). The
+	// first write after a quiet spell wakes them at once; under load, the
+	// writes of an interval share one statement.
+	NotifyInterval time.Duration `envconfig:"WORKER_NOTIFY_INTERVAL" default:"20ms"`
 	// ReadAhead is how many deliveries beyond its free slots a worker lets
 	// the broker send it ahead, while no handler runs long: a freed slot
 	// then finds its next task at once. -1 means as many as
@@ -98,6 +103,7 @@ func (c Worker) Validate() error {
 		"WORKER_DEAD_AFTER": c.WorkerDeadAfter, "WORKER_RECONNECT_BACKOFF_MAX": c.ReconnectBackoffMax,
 		"TASK_MAX_RUN_TIME": c.MaxRunTime, "SCHEDULER_INTERVAL": c.SchedulerInterval,
 		"SCHEDULER_MIN_INTERVAL": c.SchedulerMinInterval, "CRON_CATCH_UP": c.CronCatchUp,
+		"WORKER_NOTIFY_INTERVAL": c.NotifyInterval,
 	} {
 		if err := positive(name, d); err != nil {
 			return err

@@ -67,3 +67,56 @@ func TestNotifierWakesTheChannelsPoked(t *testing.T) {
 	go func() { _ = n2.Run(ctx) }()
 	require.Equal(t, map[string]int{postgres.OutboxChannel: 1, postgres.EventsChannel: 1}, received())
 }
+
+// Under a stream of pokes, a notifier sends the first at once and then one
+// statement an interval, whatever the number of pokes between.
+func TestNotifierSendsOneStatementAnInterval(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, db.URL)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{postgres.EventsChannel}.Sanitize())
+	require.NoError(t, err)
+
+	const interval = 300 * time.Millisecond
+	n := postgres.NewNotifier(db.Pool, interval, slog.New(slog.NewTextHandler(io.Discard, nil)), postgres.EventsChannel)
+	poke := n.Poker(postgres.EventsChannel)
+	go func() { _ = n.Run(ctx) }()
+
+	start := time.Now()
+	stop := make(chan struct{})
+	go func() {
+		for {
+			poke()
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
+	_, err = conn.WaitForNotification(ctx)
+	require.NoError(t, err)
+	first := time.Since(start)
+	time.Sleep(3*interval - first)
+	close(stop)
+	// Pokes over three intervals: the first send, one at the end of each
+	// interval, and the last pokes' own.
+	sends := 1
+	for {
+		wctx, wcancel := context.WithTimeout(ctx, 2*interval)
+		_, err := conn.WaitForNotification(wctx)
+		wcancel()
+		if err != nil {
+			require.NoError(t, ctx.Err())
+			break
+		}
+		sends++
+	}
+	require.Less(t, first, interval, "the first poke after a quiet spell is sent at once")
+	require.GreaterOrEqual(t, sends, 3)
+	require.LessOrEqual(t, sends, 5, "about 3,000 pokes over three intervals")
+}

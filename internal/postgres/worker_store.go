@@ -42,13 +42,42 @@ WITH locked AS (
 		version = version + 1, worker_id = $2, lease_expires_at = now() + $3 * interval '1 millisecond',
 		started_at = now(), updated_at = now(), heartbeat_at = now()
 	FROM locked WHERE id = locked.locked_id
-	RETURNING `+taskColumns+`
+	RETURNING `+claimColumns+`
 ), event AS (
 	INSERT INTO task_events (task_id, org_id, status, state, progress, actor, detail)
-	SELECT id, org_id, status, state, progress, $6, jsonb_build_object('worker_id', $2::text, 'attempt', attempt)
+	SELECT id, org_id, status, $5, 0, $6, jsonb_build_object('worker_id', $2::text, 'attempt', attempt)
 	FROM upd
 )
 SELECT * FROM upd`)
+
+// claimColumns are the columns of a claimed task that a worker reads: what
+// its handler is given, what bounds its run, and what its children inherit.
+// A claim returns only these (every column of a batch is formatted by
+// PostgreSQL and read by the worker).
+const claimColumns = `id, org_id, visibility, type, status, priority, payload, metadata, attempt,
+	max_attempts, version, worker_id, lease_expires_at, next_run_at, started_at,
+	coalesce(timeout_ms, 0) AS timeout_ms, coalesce(heartbeat_timeout_ms, 0) AS heartbeat_timeout_ms,
+	run_id, coalesce(node, '') AS node, inputs, parent_id`
+
+// scanClaimed reads the claimColumns of a row.
+func scanClaimed(row pgx.CollectableRow) (task.Task, error) {
+	var t task.Task
+	var status string
+	var payload, metadata, inputs []byte
+	var timeout, heartbeatTimeout int64
+	if err := row.Scan(&t.ID, &t.OrgID, &t.Visibility, &t.Type, &status, &t.Priority, &payload, &metadata,
+		&t.Attempt, &t.MaxAttempts, &t.Version, &t.WorkerID, &t.LeaseExpiresAt, &t.NextRunAt, &t.StartedAt,
+		&timeout, &heartbeatTimeout, &t.RunID, &t.Node, &inputs, &t.ParentID); err != nil {
+		return task.Task{}, err
+	}
+	t.Status = task.Status(status)
+	t.Timeout, t.HeartbeatTimeout = time.Duration(timeout)*time.Millisecond, time.Duration(heartbeatTimeout)*time.Millisecond
+	t.Payload, t.Metadata = payload, metadata
+	if inputs != nil {
+		t.Inputs = inputs
+	}
+	return t, nil
+}
 
 var sqlInspect = statement("tasks.inspect", `
 SELECT status, version, coalesce(worker_id, ''), attempt, cancel_requested_at IS NOT NULL
@@ -99,8 +128,7 @@ func (s *WorkerStore) Claim(ctx context.Context, ids []uuid.UUID, workerID strin
 	if err != nil {
 		return nil, translate(err)
 	}
-	tasks, err := pgx.AppendRows(make([]task.Task, 0, len(ids)), rows,
-		func(row pgx.CollectableRow) (task.Task, error) { return scanTask(row) })
+	tasks, err := pgx.AppendRows(make([]task.Task, 0, len(ids)), rows, scanClaimed)
 	if len(tasks) > 0 {
 		call(s.OnEvents)
 	}
