@@ -175,7 +175,17 @@ func TestListReturnsSummaries(t *testing.T) {
 func TestRequestTimeout(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(c *config.API) { c.RequestTimeout = 500 * time.Millisecond })
-	id := b.post(t, "/v1/tasks", `{"type":"t.lock"}`).json(t)["id"].(string)
+	// Under a loaded test run, the submit itself may run out of its half
+	// second (and write nothing): it is asked again.
+	var created response
+	for range 20 {
+		if created = b.post(t, "/v1/tasks", `{"type":"t.lock"}`); created.status != http.StatusServiceUnavailable {
+			break
+		}
+	}
+	// 200: a submit that timed out after its commit, found again by its input.
+	require.Contains(t, []int{http.StatusCreated, http.StatusOK}, created.status, string(created.body))
+	id := created.json(t)["id"].(string)
 	ctx := context.Background()
 	tx, err := b.db.Pool.Begin(ctx)
 	require.NoError(t, err)
