@@ -32,24 +32,31 @@ const taskColumns = `id, org_id, visibility, type, status, state, progress, prio
 // scanTask reads the taskColumns of a row, then any extra destinations.
 func scanTask(row pgx.Row, extra ...any) (task.Task, error) {
 	var t task.Task
-	var status string
-	var payload, metadata, inputs []byte
-	var timeout, heartbeatTimeout int64
-	dest := []any{&t.ID, &t.OrgID, &t.Visibility, &t.Type, &status, &t.State, &t.Progress, &t.Priority,
-		&payload, &metadata, &t.InputHash, &t.IdempotencyKey, &t.Error, &t.Attempt, &t.MaxAttempts,
+	var v scanned
+	dest := []any{&t.ID, &t.OrgID, &t.Visibility, &t.Type, &v.status, &t.State, &t.Progress, &t.Priority,
+		&v.payload, &v.metadata, &t.InputHash, &t.IdempotencyKey, &t.Error, &t.Attempt, &t.MaxAttempts,
 		&t.Version, &t.WorkerID, &t.LeaseExpiresAt, &t.NextRunAt, &t.CancelRequestedAt, &t.Traceparent,
 		&t.PublishedAt, &t.CreatedAt, &t.UpdatedAt, &t.StartedAt, &t.CompletedAt, &t.JobID, &t.ScheduledAt,
-		&t.ConcurrencyKey, &t.Admitted, &timeout, &heartbeatTimeout, &t.RunID, &t.Node, &inputs, &t.ParentID, &t.ChildKey}
+		&t.ConcurrencyKey, &t.Admitted, &v.timeout, &v.heartbeatTimeout, &t.RunID, &t.Node, &v.inputs, &t.ParentID, &t.ChildKey}
 	if err := row.Scan(append(dest, extra...)...); err != nil {
 		return task.Task{}, err
 	}
-	t.Status = task.Status(status)
-	t.Timeout, t.HeartbeatTimeout = time.Duration(timeout)*time.Millisecond, time.Duration(heartbeatTimeout)*time.Millisecond
-	t.Payload, t.Metadata = json.RawMessage(payload), json.RawMessage(metadata)
-	if inputs != nil {
-		t.Inputs = json.RawMessage(inputs)
-	}
+	v.fill(&t)
 	return t, nil
+}
+
+// scanned holds the columns of a task that are read in another form than
+// the task keeps them.
+type scanned struct {
+	status                    string
+	payload, metadata, inputs []byte
+	timeout, heartbeatTimeout int64
+}
+
+func (v scanned) fill(t *task.Task) {
+	t.Status = task.Status(v.status)
+	t.Timeout, t.HeartbeatTimeout = time.Duration(v.timeout)*time.Millisecond, time.Duration(v.heartbeatTimeout)*time.Millisecond
+	t.Payload, t.Metadata, t.Inputs = v.payload, v.metadata, v.inputs
 }
 
 // enqueue is the one fragment that writes outbox messages: a message for

@@ -23,13 +23,7 @@ func TestNotifierWakesTheChannelsPoked(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	conn, err := pgx.Connect(ctx, db.URL)
-	require.NoError(t, err)
-	defer conn.Close(context.Background())
-	for _, ch := range []string{postgres.OutboxChannel, postgres.EventsChannel} {
-		_, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize())
-		require.NoError(t, err)
-	}
+	conn := listen(t, ctx, db.URL, postgres.OutboxChannel, postgres.EventsChannel)
 	// received waits for notifications until none comes for a while.
 	received := func() map[string]int {
 		got := map[string]int{}
@@ -75,11 +69,7 @@ func TestNotifierSendsOneStatementAnInterval(t *testing.T) {
 	db := testdb.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, db.URL)
-	require.NoError(t, err)
-	defer conn.Close(context.Background())
-	_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{postgres.EventsChannel}.Sanitize())
-	require.NoError(t, err)
+	conn := listen(t, ctx, db.URL, postgres.EventsChannel)
 
 	const interval = 300 * time.Millisecond
 	n := postgres.NewNotifier(db.Pool, interval, slog.New(slog.NewTextHandler(io.Discard, nil)), postgres.EventsChannel)
@@ -98,7 +88,7 @@ func TestNotifierSendsOneStatementAnInterval(t *testing.T) {
 			}
 		}
 	}()
-	_, err = conn.WaitForNotification(ctx)
+	_, err := conn.WaitForNotification(ctx)
 	require.NoError(t, err)
 	first := time.Since(start)
 	time.Sleep(3*interval - first)
@@ -119,4 +109,18 @@ func TestNotifierSendsOneStatementAnInterval(t *testing.T) {
 	require.Less(t, first, interval, "the first poke after a quiet spell is sent at once")
 	require.GreaterOrEqual(t, sends, 3)
 	require.LessOrEqual(t, sends, 5, "about 3,000 pokes over three intervals")
+}
+
+// listen opens a connection to url that listens on channels, closed when
+// the test ends.
+func listen(t *testing.T, ctx context.Context, url string, channels ...string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	for _, ch := range channels {
+		_, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize())
+		require.NoError(t, err)
+	}
+	return conn
 }

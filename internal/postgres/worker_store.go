@@ -62,20 +62,13 @@ const claimColumns = `id, org_id, visibility, type, status, priority, payload, m
 // scanClaimed reads the claimColumns of a row.
 func scanClaimed(row pgx.CollectableRow) (task.Task, error) {
 	var t task.Task
-	var status string
-	var payload, metadata, inputs []byte
-	var timeout, heartbeatTimeout int64
-	if err := row.Scan(&t.ID, &t.OrgID, &t.Visibility, &t.Type, &status, &t.Priority, &payload, &metadata,
+	var v scanned
+	if err := row.Scan(&t.ID, &t.OrgID, &t.Visibility, &t.Type, &v.status, &t.Priority, &v.payload, &v.metadata,
 		&t.Attempt, &t.MaxAttempts, &t.Version, &t.WorkerID, &t.LeaseExpiresAt, &t.NextRunAt, &t.StartedAt,
-		&timeout, &heartbeatTimeout, &t.RunID, &t.Node, &inputs, &t.ParentID); err != nil {
+		&v.timeout, &v.heartbeatTimeout, &t.RunID, &t.Node, &v.inputs, &t.ParentID); err != nil {
 		return task.Task{}, err
 	}
-	t.Status = task.Status(status)
-	t.Timeout, t.HeartbeatTimeout = time.Duration(timeout)*time.Millisecond, time.Duration(heartbeatTimeout)*time.Millisecond
-	t.Payload, t.Metadata = payload, metadata
-	if inputs != nil {
-		t.Inputs = inputs
-	}
+	v.fill(&t)
 	return t, nil
 }
 
