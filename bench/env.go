@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -257,4 +258,20 @@ func awaitBurnDown(ctx context.Context, pool *pgxpool.Pool, n int, start time.Ti
 		return 0, err
 	}
 	return last.Sub(start), nil
+}
+
+// brokerBinVheap is the default binary virtual heap size of the broker's
+// Erlang processes, in words ("?" when rabbitmqctl cannot tell): it
+// decides which of the broker's two regimes a burn-down's queue drains
+// in, so a figure means little without it (see docs/performance.md,
+// "Thirteenth round").
+func brokerBinVheap() string {
+	out, err := exec.Command("rabbitmqctl", "-q", "eval", "erlang:system_info(min_bin_vheap_size).").Output()
+	if err != nil {
+		return "?"
+	}
+	if m := regexp.MustCompile(`\d+`).FindString(string(out)); m != "" {
+		return m
+	}
+	return "?"
 }

@@ -33,6 +33,7 @@ type options struct {
 	pool        int
 	dur         time.Duration
 	burnN       int
+	stmtBatch   int
 	workers     int
 	messages    int
 	rate        int
@@ -88,6 +89,7 @@ func main() {
 	flag.IntVar(&o.pool, "pool", 16, "database connections of the API and of the direct-pgx ceiling")
 	flag.DurationVar(&o.dur, "duration", 10*time.Second, "length of each timed measurement")
 	flag.IntVar(&o.burnN, "n", 20000, "tasks (and River jobs) in each burn-down, and tasks claimed and completed in the statements step")
+	flag.IntVar(&o.stmtBatch, "statements-batch", 100, "tasks per claim and per completion in the statements step (about what a busy worker's batches hold)")
 	flag.IntVar(&o.burnTries, "burn-tries", 2, "runs of each burn-down configuration (River's and Conveyor's alike), each on a fresh database; the best is its figure")
 	flag.IntVar(&o.workers, "workers", 64, "handler concurrency of the fairness measurement's workers (WORKER_CONCURRENCY, shared by -fair-procs)")
 	riverWorkers := flag.String("river-workers", "100,500,2000", "River MaxWorkers values of the burn-down sweep, each on a fresh database; the best is River's figure")
@@ -133,6 +135,10 @@ func main() {
 	}
 	if o.fairRate < 1 || o.fairSeconds < 1 || o.fairBacklog < 1 || o.fairRef < 1 || o.fairProcs < 1 {
 		fmt.Fprintln(os.Stderr, "bench: -fair-backlog, -fair-ref-backlog, -fair-rate, -fair-seconds and -fair-procs must be positive")
+		os.Exit(2)
+	}
+	if o.stmtBatch < 1 {
+		fmt.Fprintln(os.Stderr, "bench: -statements-batch must be positive")
 		os.Exit(2)
 	}
 	for _, l := range []struct {
@@ -935,6 +941,7 @@ func machine(ctx context.Context, e *env) map[string]string {
 		m["rabbitmq"] = fmt.Sprint(c.Properties["version"])
 		_ = c.Close()
 	}
+	m["rabbitmq_min_bin_vheap_words"] = brokerBinVheap()
 	return m
 }
 
@@ -952,6 +959,7 @@ func printTable(w io.Writer, rep report) {
 		fmt.Fprintf(tw, "%s\t%.1f\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Value, r.Unit, ratio, r.Baseline, met, r.Config)
 	}
 	_ = tw.Flush()
-	fmt.Fprintf(w, "\n%s, %s CPUs (%s), %s, PostgreSQL %s, RabbitMQ %s; took %s\n", rep.Machine["go"], rep.Machine["cpus"],
-		rep.Machine["cpu"], rep.Machine["memory"], rep.Machine["postgresql"], rep.Machine["rabbitmq"], rep.Duration)
+	fmt.Fprintf(w, "\n%s, %s CPUs (%s), %s, PostgreSQL %s, RabbitMQ %s (min_bin_vheap_size %s words); took %s\n", rep.Machine["go"], rep.Machine["cpus"],
+		rep.Machine["cpu"], rep.Machine["memory"], rep.Machine["postgresql"], rep.Machine["rabbitmq"],
+		rep.Machine["rabbitmq_min_bin_vheap_words"], rep.Duration)
 }

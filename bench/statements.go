@@ -15,10 +15,6 @@ import (
 	"github.com/conveyorhq/conveyor/internal/task"
 )
 
-// statementsBatch is the batch size of the statements step: about what a
-// busy worker's claims and completions hold.
-const statementsBatch = 100
-
 // statements measures what the worker's own statements cost PostgreSQL per
 // task, apart from the broker, the worker's goroutines and concurrency: the
 // claim and the completion (with a result) of n pending tasks, batch after
@@ -44,12 +40,12 @@ func (b *bench) statements(ctx context.Context) error {
 			return err
 		}
 		defer pool.Close()
-		claim, complete, err := claimAndComplete(ctx, pool, ids)
+		claim, complete, err := claimAndComplete(ctx, pool, ids, b.o.stmtBatch)
 		if err != nil {
 			return err
 		}
 		n := float64(len(ids))
-		b.add(result{Name: fmt.Sprintf("Conveyor: claim + completion, PostgreSQL CPU per task (sequential, batches of %d)", statementsBatch),
+		b.add(result{Name: fmt.Sprintf("Conveyor: claim + completion, PostgreSQL CPU per task (sequential, batches of %d)", b.o.stmtBatch),
 			Value: (claim + complete) / n * 1e6, Unit: "µs"})
 		b.add(result{Name: "Conveyor: claim, PostgreSQL CPU per task", Value: claim / n * 1e6, Unit: "µs"})
 		b.add(result{Name: "Conveyor: completion, PostgreSQL CPU per task", Value: complete / n * 1e6, Unit: "µs"})
@@ -83,7 +79,7 @@ func pendingNoops(ctx context.Context, pool *pgxpool.Pool, n int) ([]uuid.UUID, 
 
 // claimAndComplete claims and completes ids in batches and returns the
 // CPU (seconds) the connection's backend spent in each kind of statement.
-func claimAndComplete(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID) (claim, complete float64, err error) {
+func claimAndComplete(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID, batch int) (claim, complete float64, err error) {
 	var pid int
 	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
 		return 0, 0, err
@@ -93,8 +89,8 @@ func claimAndComplete(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID) 
 	if err != nil {
 		return 0, 0, err
 	}
-	for i := 0; i < len(ids); i += statementsBatch {
-		tasks, err := store.Claim(ctx, ids[i:min(i+statementsBatch, len(ids))], "bench", time.Minute)
+	for i := 0; i < len(ids); i += batch {
+		tasks, err := store.Claim(ctx, ids[i:min(i+batch, len(ids))], "bench", time.Minute)
 		if err != nil {
 			return 0, 0, err
 		}
