@@ -93,7 +93,7 @@ func main() {
 	flag.IntVar(&o.burnTries, "burn-tries", 2, "runs of each burn-down configuration (River's and Conveyor's alike), each on a fresh database; the best is its figure")
 	flag.IntVar(&o.workers, "workers", 64, "handler concurrency of the fairness measurement's workers (WORKER_CONCURRENCY, shared by -fair-procs)")
 	riverWorkers := flag.String("river-workers", "100,500,2000", "River MaxWorkers values of the burn-down sweep, each on a fresh database; the best is River's figure")
-	conveyorWorkers := flag.String("conveyor-workers", "64,256,1024", "Conveyor WORKER_CONCURRENCY values of the tuned burn-down sweep (read-ahead at its default); the best is Conveyor's figure")
+	conveyorWorkers := flag.String("conveyor-workers", "64,256,1024,4096", "Conveyor WORKER_CONCURRENCY values of the tuned burn-down sweep (read-ahead at its default); the best is Conveyor's figure")
 	flag.IntVar(&o.messages, "messages", 100000, "messages for the publish and relay measurements (the consume ceiling drains the burn-down's backlog, -n)")
 	flag.IntVar(&o.rate, "rate", 200, "offered rate (tasks/s) of the latency measurement")
 	backlogs := flag.String("backlogs", "10000,1000000", "small and large backlogs of the memory measurement")
@@ -338,9 +338,11 @@ func (b *bench) ceilings(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		cpu := meterCPU(ctx, pool)
 		if v, err = publishCeiling(amqpURL, b.o.messages, 500); err != nil {
 			return err
 		}
+		cpu(fmt.Sprintf("bare publisher, %.0f msgs/s", v), float64(b.o.messages))
 		b.add(result{Name: "ceiling: publish, bare amqp091 (confirms, 500/batch)", Value: v, Unit: "msgs/s"})
 		return nil
 	})
@@ -569,6 +571,27 @@ func (b *bench) submits(ctx context.Context) error {
 			return err
 		}
 		b.vs("Conveyor: submit over HTTP, batches of 500", v, "tasks/s", "ceiling: submit tx, direct pgx", 0)
+		// The batches again in turns with the ceiling, ceiling-batch-
+		// batch-ceiling, for the same reason as the single submits.
+		var batches, ceiling float64
+		for i, turn := range []bool{false, true, true, false} {
+			cpu := meterCPU(ctx, s.pool)
+			if turn {
+				v, err = s.httpBatch(4, 500, b.o.dur/2)
+				cpu("batch submits over HTTP", v*(b.o.dur/2).Seconds())
+				batches += v / 2
+			} else {
+				v, err = submitCeiling(ctx, pool, b.o.conc, b.o.dur/2, false)
+				cpu(fmt.Sprintf("submit ceiling, direct pgx (turn %d)", i+1), v*(b.o.dur/2).Seconds())
+				ceiling += v / 2
+			}
+			if err != nil {
+				return err
+			}
+		}
+		b.add(result{Name: "ceiling: submit tx, direct pgx, in turns with batches", Value: ceiling, Unit: "tasks/s"})
+		b.vs("Conveyor: submit over HTTP, batches of 500, in turns with the ceiling", batches, "tasks/s",
+			"ceiling: submit tx, direct pgx, in turns with batches", 2)
 		b.add(result{Name: "Conveyor: api RSS after submits", Value: mib(s.procs["api"].rss()), Unit: "MiB"})
 		return nil
 	})

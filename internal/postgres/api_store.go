@@ -19,39 +19,6 @@ import (
 
 // The API's statements: submissions, reads, and the client's transitions.
 
-// sqlSubmit inserts a task with its first event and its outbox message. One
-// statement is one transaction; a task with the same input hash (when $9,
-// the hash, is set) makes the insert do nothing and return no row: the
-// hash's row goes into task_input_hashes first, and the task only with it.
-var sqlSubmit = statement("tasks.submit", `
-WITH gate AS (
-	SELECT conveyor_must_wait($2, $3, $22, $19) AS wait
-), hash AS (
-	INSERT INTO task_input_hashes (org_id, type, input_hash, task_id)
-	SELECT $2, $3, $9, $1 WHERE $9::char(64) IS NOT NULL
-	ON CONFLICT DO NOTHING
-	RETURNING task_id
-), ins AS (
-	INSERT INTO tasks (id, org_id, type, status, state, priority, payload, metadata, input_hash,
-		idempotency_key, max_attempts, traceparent, visibility, next_run_at, concurrency_key, timeout_ms,
-		heartbeat_timeout_ms, job_id, scheduled_at, admitted, parent_id, child_key)
-	SELECT $1, $2, $3, $4, CASE WHEN gate.wait THEN '`+task.StateWaiting+`' ELSE $5 END, $6, $7, $8, $9, $10, $11,
-		$12::jsonb->>'traceparent', $15, coalesce($17::timestamptz, now() + $18::bigint * interval '1 millisecond'),
-		$19, nullif($20::bigint, 0), nullif($21::bigint, 0), $22, $23, NOT gate.wait, $24, nullif($25, '')
-	FROM gate
-	WHERE $9 IS NULL OR EXISTS (SELECT FROM hash)
-	ON CONFLICT DO NOTHING
-	RETURNING `+taskColumns+`
-), event AS (
-	INSERT INTO task_events (task_id, org_id, status, state, progress, actor, principal)
-	SELECT id, org_id, status, state, progress, $13, $16 FROM ins
-), queued AS (
-	SELECT ins.*, CASE WHEN ins.admitted THEN $14::text END AS message, $12::jsonb AS headers FROM ins
-), message AS (
-	`+enqueue("queued")+`
-)
-SELECT * FROM ins`)
-
 var sqlTaskByInputHash = statement("tasks.by_input_hash", `SELECT `+taskColumns+` FROM tasks
 	WHERE id = (SELECT task_id FROM task_input_hashes WHERE org_id = $1 AND type = $2 AND input_hash = $3)
 	AND org_id = $1`)
@@ -306,31 +273,33 @@ func submitAll(ctx context.Context, tx pgx.Tx, by *task.Principal, subs []task.S
 		}
 		return x.InputHash < y.InputHash
 	})
-	batch := &pgx.Batch{}
+	var rows submitRows
+	ids := make([]uuid.UUID, len(subs))
 	for _, i := range order {
-		id, err := uuid.NewV7()
+		id, err := rows.addNew(subs[i], by, trace)
 		if err != nil {
-			return nil, false, fmt.Errorf("new task id: %w", err)
+			return nil, false, err
 		}
-		batch.Queue(sqlSubmit, submitArgs(id, subs[i], by, trace)...)
+		ids[i] = id
 	}
-	created := false
-	var dups []int
-	results := tx.SendBatch(ctx, batch)
-	for _, i := range order {
-		t, err := scanTask(results.QueryRow())
-		switch {
-		case err == nil:
-			out[i], done[i], created = task.Submitted{Task: t, Created: true}, true, true
-		case errors.Is(err, pgx.ErrNoRows):
-			dups = append(dups, i)
-		default:
-			_ = results.Close()
+	var made map[uuid.UUID]task.Task
+	if len(order) > 0 {
+		r, err := tx.Query(ctx, sqlSubmit, rows.args()...)
+		if err != nil {
+			return nil, false, err
+		}
+		if made, err = collectSubmitted(r); err != nil {
 			return nil, false, err
 		}
 	}
-	if err := results.Close(); err != nil {
-		return nil, false, err
+	created := false
+	var dups []int
+	for _, i := range order {
+		if t, ok := made[ids[i]]; ok {
+			out[i], done[i], created = task.Submitted{Task: t, Created: true}, true, true
+		} else {
+			dups = append(dups, i)
+		}
 	}
 	for _, i := range dups {
 		sub := subs[i]
@@ -399,30 +368,6 @@ func keyMismatch(sub task.Submission, existing uuid.UUID) error {
 		msg = fmt.Sprintf("key already used by task %s with a different request", existing)
 	}
 	return &task.Error{Code: task.ErrCodeIdempotencyMismatch, Field: "Idempotency-Key", Message: msg}
-}
-
-func submitArgs(id uuid.UUID, sub task.Submission, by *task.Principal, trace task.Carrier) []any {
-	var hash, key *string
-	if sub.Dedupe {
-		hash = &sub.InputHash
-	}
-	if sub.IdempotencyKey != "" {
-		key = &sub.IdempotencyKey
-	}
-	r := task.Lifecycle[task.Submit]
-	actor := r.Actor
-	if by == nil {
-		// No one asked for it through the API: the scheduler made it.
-		actor = task.ActorSystem
-	}
-	visibility := sub.Visibility
-	if visibility == nil {
-		visibility = []string{}
-	}
-	return []any{id, sub.OrgID, sub.Type, string(r.To), r.State, sub.Priority, sub.Payload, sub.Metadata,
-		hash, key, sub.MaxAttempts, headersArg(trace), string(actor), string(r.Message), visibility, by,
-		sub.RunAt, sub.Delay.Milliseconds(), sub.ConcurrencyKey, sub.Timeout.Milliseconds(),
-		sub.HeartbeatTimeout.Milliseconds(), sub.JobID, sub.ScheduledAt, sub.ParentID, sub.ChildKey}
 }
 
 // Get returns the task with its result once it has one: a task of the

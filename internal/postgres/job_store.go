@@ -367,11 +367,11 @@ func (s *JobStore) Trigger(ctx context.Context, p auth.Principal, name string, p
 		return task.Task{}, err
 	}
 	sub.OrgID, sub.JobID = p.OrgID, &j.ID
-	id, err := uuid.NewV7()
-	if err != nil {
+	var rows submitRows
+	if _, err := rows.addNew(sub, p.Actor(), trace); err != nil {
 		return task.Task{}, err
 	}
-	t, err := scanTask(scopedRow(ctx, s.pool, p.Scope(), sqlSubmit, submitArgs(id, sub, p.Actor(), trace)...))
+	t, err := scanTask(scopedRow(ctx, s.pool, p.Scope(), sqlSubmit, rows.args()...))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return task.Task{}, errors.New("trigger: the task was not written")
 	}

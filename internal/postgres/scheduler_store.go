@@ -538,6 +538,12 @@ func (s *SchedulerStore) Cron(ctx context.Context, cfg job.CronConfig, now time.
 		}); err != nil {
 			return err
 		}
+		var ticks submitRows
+		type advance struct {
+			id   uuid.UUID
+			next time.Time
+		}
+		var advances []advance
 		batch := &pgx.Batch{}
 		for _, d := range jobs {
 			st.Jobs++
@@ -549,10 +555,6 @@ func (s *SchedulerStore) Cron(ctx context.Context, cfg job.CronConfig, now time.
 			run, skipped, next := dueTicks(sched, d.next, now, d.missed, cfg)
 			st.Skipped += skipped
 			for _, t := range run {
-				id, err := uuid.NewV7()
-				if err != nil {
-					return err
-				}
 				at := t
 				jobID := d.id
 				sub := task.Submission{OrgID: d.org, Type: d.typ, Payload: json.RawMessage(d.payload),
@@ -560,9 +562,18 @@ func (s *SchedulerStore) Cron(ctx context.Context, cfg job.CronConfig, now time.
 					Timeout:          time.Duration(d.timeoutS) * time.Second,
 					HeartbeatTimeout: time.Duration(d.heartbeatTimeout) * time.Second,
 					JobID:            &jobID, ScheduledAt: &at}
-				batch.Queue(sqlSubmit, submitArgs(id, sub, nil, nil)...)
+				if _, err := ticks.addNew(sub, nil, nil); err != nil {
+					return err
+				}
 			}
-			batch.Queue(sqlJobAdvance, d.id, next)
+			advances = append(advances, advance{d.id, next})
+		}
+		// The ticks' tasks in one statement, then the jobs' cursors.
+		if len(ticks.ids) > 0 {
+			batch.Queue(sqlSubmit, ticks.args()...)
+		}
+		for _, a := range advances {
+			batch.Queue(sqlJobAdvance, a.id, a.next)
 		}
 		if batch.Len() > 0 {
 			br := tx.SendBatch(ctx, batch)

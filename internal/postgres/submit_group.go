@@ -138,7 +138,7 @@ func (g *submitGroup) flush(calls []*submitCall) {
 }
 
 // together writes calls in one transaction: the scope, then one submit
-// statement a call, pipelined.
+// statement for all of them, pipelined.
 func (g *submitGroup) together(calls []*submitCall) error {
 	slices.SortStableFunc(calls, func(a, b *submitCall) int {
 		if n := strings.Compare(a.sub.Type, b.sub.Type); n != 0 {
@@ -146,32 +146,34 @@ func (g *submitGroup) together(calls []*submitCall) error {
 		}
 		return strings.Compare(a.sub.InputHash, b.sub.InputHash)
 	})
+	var rows submitRows
+	ids := make([]uuid.UUID, len(calls))
+	for i, c := range calls {
+		id, err := rows.addNew(c.sub, c.by, c.trace)
+		if err != nil {
+			return err
+		}
+		ids[i] = id
+	}
 	b := &pgx.Batch{}
 	b.Queue(sqlSetScope, scopeArgs(calls[0].scope)...)
-	for _, c := range calls {
-		id, err := uuid.NewV7()
-		if err != nil {
-			return fmt.Errorf("new task id: %w", err)
-		}
-		b.Queue(sqlSubmit, submitArgs(id, c.sub, c.by, c.trace)...)
-	}
+	var made map[uuid.UUID]task.Task
+	b.Queue(sqlSubmit, rows.args()...).Query(func(r pgx.Rows) error {
+		var err error
+		made, err = collectSubmitted(r)
+		return err
+	})
 	// The statements' spans hang under the first caller's span, which the
 	// context keeps; the group does not end when that caller leaves.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(calls[0].ctx), groupTimeout)
 	defer cancel()
-	br := g.pool.SendBatch(ctx, b)
-	_, err := br.Exec()
-	for _, c := range calls {
-		if err != nil {
-			break
-		}
-		c.task, err = scanTask(br.QueryRow())
-		c.created = err == nil
-		if errors.Is(err, pgx.ErrNoRows) {
-			err = nil
-		}
+	if err := g.pool.SendBatch(ctx, b).Close(); err != nil {
+		return err
 	}
-	return errors.Join(err, br.Close())
+	for i, c := range calls {
+		c.task, c.created = made[ids[i]]
+	}
+	return nil
 }
 
 // alone writes c in a transaction of its own, under its caller's context.
@@ -183,11 +185,11 @@ func (g *submitGroup) alone(c *submitCall) {
 // statement, in one round trip.
 func submitAlone(ctx context.Context, pool *pgxpool.Pool, sc auth.Scope, sub task.Submission, by *task.Principal,
 	trace task.Carrier) (task.Task, bool, error) {
-	id, err := uuid.NewV7()
-	if err != nil {
-		return task.Task{}, false, fmt.Errorf("new task id: %w", err)
+	var rows submitRows
+	if _, err := rows.addNew(sub, by, trace); err != nil {
+		return task.Task{}, false, err
 	}
-	t, err := scanTask(scopedRow(ctx, pool, sc, sqlSubmit, submitArgs(id, sub, by, trace)...))
+	t, err := scanTask(scopedRow(ctx, pool, sc, sqlSubmit, rows.args()...))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return task.Task{}, false, nil
 	}

@@ -192,13 +192,15 @@ FROM tasks c WHERE c.parent_id = $1 ORDER BY c.child_key`)
 // child is unique per parent and key, so spawning again submits nothing),
 // then reads where all its children stand.
 func (s *WorkerStore) Spawn(ctx context.Context, parent task.Task, children []task.Submission, trace task.Carrier) ([]task.ChildState, error) {
-	batch := &pgx.Batch{}
+	var rows submitRows
 	for _, sub := range children {
-		id, err := uuid.NewV7()
-		if err != nil {
+		if _, err := rows.addNew(sub, nil, trace); err != nil {
 			return nil, err
 		}
-		batch.Queue(sqlSubmit, submitArgs(id, sub, nil, trace)...)
+	}
+	batch := &pgx.Batch{}
+	if len(children) > 0 {
+		batch.Queue(sqlSubmit, rows.args()...)
 	}
 	var out []task.ChildState
 	batch.Queue(sqlChildren, parent.ID).Query(func(rows pgx.Rows) error {
@@ -219,13 +221,13 @@ func (s *WorkerStore) Spawn(ctx context.Context, parent task.Task, children []ta
 	var made bool
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		br := tx.SendBatch(ctx, batch)
-		for range children {
+		if len(children) > 0 {
 			tag, err := br.Exec()
 			if err != nil {
 				_ = br.Close()
 				return err
 			}
-			made = made || tag.RowsAffected() > 0
+			made = tag.RowsAffected() > 0
 		}
 		return br.Close()
 	})
