@@ -274,13 +274,10 @@ func submitAll(ctx context.Context, tx pgx.Tx, by *task.Principal, subs []task.S
 		return x.InputHash < y.InputHash
 	})
 	var rows submitRows
-	ids := make([]uuid.UUID, len(subs))
 	for _, i := range order {
-		id, err := rows.addNew(subs[i], by, trace)
-		if err != nil {
+		if err := rows.add(subs[i], by, trace); err != nil {
 			return nil, false, err
 		}
-		ids[i] = id
 	}
 	var made map[uuid.UUID]task.Task
 	if len(order) > 0 {
@@ -294,8 +291,8 @@ func submitAll(ctx context.Context, tx pgx.Tx, by *task.Principal, subs []task.S
 	}
 	created := false
 	var dups []int
-	for _, i := range order {
-		if t, ok := made[ids[i]]; ok {
+	for k, i := range order {
+		if t, ok := made[rows.ids[k]]; ok {
 			out[i], done[i], created = task.Submitted{Task: t, Created: true}, true, true
 		} else {
 			dups = append(dups, i)

@@ -368,7 +368,7 @@ func (s *JobStore) Trigger(ctx context.Context, p auth.Principal, name string, p
 	}
 	sub.OrgID, sub.JobID = p.OrgID, &j.ID
 	var rows submitRows
-	if _, err := rows.addNew(sub, p.Actor(), trace); err != nil {
+	if err := rows.add(sub, p.Actor(), trace); err != nil {
 		return task.Task{}, err
 	}
 	t, err := scanTask(scopedRow(ctx, s.pool, p.Scope(), sqlSubmit, rows.args()...))

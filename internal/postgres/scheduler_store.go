@@ -539,11 +539,6 @@ func (s *SchedulerStore) Cron(ctx context.Context, cfg job.CronConfig, now time.
 			return err
 		}
 		var ticks submitRows
-		type advance struct {
-			id   uuid.UUID
-			next time.Time
-		}
-		var advances []advance
 		batch := &pgx.Batch{}
 		for _, d := range jobs {
 			st.Jobs++
@@ -562,18 +557,15 @@ func (s *SchedulerStore) Cron(ctx context.Context, cfg job.CronConfig, now time.
 					Timeout:          time.Duration(d.timeoutS) * time.Second,
 					HeartbeatTimeout: time.Duration(d.heartbeatTimeout) * time.Second,
 					JobID:            &jobID, ScheduledAt: &at}
-				if _, err := ticks.addNew(sub, nil, nil); err != nil {
+				if err := ticks.add(sub, nil, nil); err != nil {
 					return err
 				}
 			}
-			advances = append(advances, advance{d.id, next})
+			batch.Queue(sqlJobAdvance, d.id, next)
 		}
-		// The ticks' tasks in one statement, then the jobs' cursors.
+		// The jobs' cursors, then all their ticks' tasks in one statement.
 		if len(ticks.ids) > 0 {
 			batch.Queue(sqlSubmit, ticks.args()...)
-		}
-		for _, a := range advances {
-			batch.Queue(sqlJobAdvance, a.id, a.next)
 		}
 		if batch.Len() > 0 {
 			br := tx.SendBatch(ctx, batch)

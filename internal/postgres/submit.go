@@ -70,20 +70,24 @@ SELECT * FROM ins`)
 // submitRows are submissions as sqlSubmit's arguments, a slice a
 // column.
 type submitRows struct {
-	orgs, ids                               []uuid.UUID
-	types, payloads, metadata               []string
-	priorities, maxAttempts                 []int
-	inputHashes, keys                       []*string
-	headers, actors, visibility, principals []*string
-	runAt, scheduledAt                      []*time.Time
-	delays, timeouts, heartbeatTimeouts     []int64
-	concurrencyKeys, childKeys              []string
-	jobIDs, parentIDs                       []*uuid.UUID
+	orgs, ids                           []uuid.UUID
+	types, payloads, metadata           []string
+	priorities, maxAttempts             []int
+	inputHashes, keys, principals       []*string
+	headers, actors, visibility         []string
+	runAt, scheduledAt                  []*time.Time
+	delays, timeouts, heartbeatTimeouts []int64
+	concurrencyKeys, childKeys          []string
+	jobIDs, parentIDs                   []*uuid.UUID
 }
 
-// add appends sub, to be written as task id; by is who asked for it (nil
-// for the system), trace the carrier of the request's trace.
-func (r *submitRows) add(id uuid.UUID, sub task.Submission, by *task.Principal, trace task.Carrier) error {
+// add appends sub under a new task id (the last of ids); by is who asked
+// for it (nil for the system), trace the carrier of the request's trace.
+func (r *submitRows) add(sub task.Submission, by *task.Principal, trace task.Carrier) error {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return fmt.Errorf("new task id: %w", err)
+	}
 	var hash, key, principal *string
 	if sub.Dedupe {
 		hash = &sub.InputHash
@@ -100,7 +104,8 @@ func (r *submitRows) add(id uuid.UUID, sub task.Submission, by *task.Principal, 
 		if err != nil {
 			return fmt.Errorf("submit: principal: %w", err)
 		}
-		principal = ptr(string(b))
+		p := string(b)
+		principal = &p
 	}
 	visibility := sub.Visibility
 	if visibility == nil {
@@ -119,9 +124,9 @@ func (r *submitRows) add(id uuid.UUID, sub task.Submission, by *task.Principal, 
 	r.inputHashes = append(r.inputHashes, hash)
 	r.keys = append(r.keys, key)
 	r.maxAttempts = append(r.maxAttempts, sub.MaxAttempts)
-	r.headers = append(r.headers, ptr(string(headersArg(trace))))
-	r.actors = append(r.actors, &actor)
-	r.visibility = append(r.visibility, ptr(string(vis)))
+	r.headers = append(r.headers, string(headersArg(trace)))
+	r.actors = append(r.actors, actor)
+	r.visibility = append(r.visibility, string(vis))
 	r.principals = append(r.principals, principal)
 	r.runAt = append(r.runAt, sub.RunAt)
 	r.delays = append(r.delays, sub.Delay.Milliseconds())
@@ -134,17 +139,6 @@ func (r *submitRows) add(id uuid.UUID, sub task.Submission, by *task.Principal, 
 	r.childKeys = append(r.childKeys, sub.ChildKey)
 	return nil
 }
-
-// addNew appends sub under a new task id, which it returns.
-func (r *submitRows) addNew(sub task.Submission, by *task.Principal, trace task.Carrier) (uuid.UUID, error) {
-	id, err := uuid.NewV7()
-	if err != nil {
-		return uuid.Nil, fmt.Errorf("new task id: %w", err)
-	}
-	return id, r.add(id, sub, by, trace)
-}
-
-func ptr[T any](v T) *T { return &v }
 
 // args are the statement's arguments.
 func (r *submitRows) args() []any {

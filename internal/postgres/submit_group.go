@@ -147,13 +147,10 @@ func (g *submitGroup) together(calls []*submitCall) error {
 		return strings.Compare(a.sub.InputHash, b.sub.InputHash)
 	})
 	var rows submitRows
-	ids := make([]uuid.UUID, len(calls))
-	for i, c := range calls {
-		id, err := rows.addNew(c.sub, c.by, c.trace)
-		if err != nil {
+	for _, c := range calls {
+		if err := rows.add(c.sub, c.by, c.trace); err != nil {
 			return err
 		}
-		ids[i] = id
 	}
 	b := &pgx.Batch{}
 	b.Queue(sqlSetScope, scopeArgs(calls[0].scope)...)
@@ -171,7 +168,7 @@ func (g *submitGroup) together(calls []*submitCall) error {
 		return err
 	}
 	for i, c := range calls {
-		c.task, c.created = made[ids[i]]
+		c.task, c.created = made[rows.ids[i]]
 	}
 	return nil
 }
@@ -186,7 +183,7 @@ func (g *submitGroup) alone(c *submitCall) {
 func submitAlone(ctx context.Context, pool *pgxpool.Pool, sc auth.Scope, sub task.Submission, by *task.Principal,
 	trace task.Carrier) (task.Task, bool, error) {
 	var rows submitRows
-	if _, err := rows.addNew(sub, by, trace); err != nil {
+	if err := rows.add(sub, by, trace); err != nil {
 		return task.Task{}, false, err
 	}
 	t, err := scanTask(scopedRow(ctx, pool, sc, sqlSubmit, rows.args()...))

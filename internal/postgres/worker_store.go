@@ -194,7 +194,7 @@ FROM tasks c WHERE c.parent_id = $1 ORDER BY c.child_key`)
 func (s *WorkerStore) Spawn(ctx context.Context, parent task.Task, children []task.Submission, trace task.Carrier) ([]task.ChildState, error) {
 	var rows submitRows
 	for _, sub := range children {
-		if _, err := rows.addNew(sub, nil, trace); err != nil {
+		if err := rows.add(sub, nil, trace); err != nil {
 			return nil, err
 		}
 	}
