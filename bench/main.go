@@ -188,6 +188,9 @@ type bench struct {
 	o       options
 	e       *env
 	results []result
+	// riverBest is River's best MaxWorkers in this run (0: the river step
+	// did not run), for the burn-down's head-to-head.
+	riverBest int
 }
 
 func (b *bench) add(r result) {
@@ -431,26 +434,9 @@ func (b *bench) river(ctx context.Context) error {
 	// The burn-down at each MaxWorkers, each run on a fresh database with
 	// the same n jobs, -burn-tries times in turns; River's figure is the
 	// best of them.
-	type riverRun struct {
-		burnResult
-		conns int32
-	}
 	runs, err := sweep(b.o.burnTries, len(b.o.riverWorkers), func(r riverRun) float64 { return r.perSec },
 		func(i, try int) (riverRun, error) {
-			var r riverRun
-			w := b.o.riverWorkers[i]
-			err := b.scope(func() error {
-				_, pool, err := b.e.database(ctx, fmt.Sprintf("bench_river_burn_%d_%d", w, try), riverPoolConns)
-				if err != nil {
-					return err
-				}
-				if err := riverMigrate(ctx, pool); err != nil {
-					return err
-				}
-				r.burnResult, r.conns, err = riverBurnDown(ctx, pool, b.o.burnN, w)
-				return err
-			})
-			return r, err
+			return b.riverBurn(ctx, fmt.Sprintf("bench_river_burn_%d_%d", b.o.riverWorkers[i], try), b.o.riverWorkers[i])
 		})
 	if err != nil {
 		return err
@@ -463,12 +449,35 @@ func (b *bench) river(ctx context.Context) error {
 			best, bestWorkers = runs[i], w
 		}
 	}
+	b.riverBest = bestWorkers
 	config := fmt.Sprintf("MaxWorkers %d", bestWorkers)
 	b.add(result{Name: "River: burn-down of no-op jobs", Value: best.perSec, Unit: "jobs/s", Config: config})
 	b.add(result{Name: "River: write transactions per job (burn-down)", Value: best.commits, Unit: "txs", Config: config})
 	b.add(result{Name: "River: WAL per job (burn-down)", Value: best.wal, Unit: "bytes", Config: config})
 	b.add(result{Name: fmt.Sprintf("River: connections opened (burn-down, pool of %d)", riverPoolConns), Value: float64(best.conns), Unit: "conns", Config: config})
 	return nil
+}
+
+type riverRun struct {
+	burnResult
+	conns int32
+}
+
+// riverBurn runs one River burn-down on a fresh database of its own.
+func (b *bench) riverBurn(ctx context.Context, name string, workers int) (riverRun, error) {
+	var r riverRun
+	err := b.scope(func() error {
+		_, pool, err := b.e.database(ctx, name, riverPoolConns)
+		if err != nil {
+			return err
+		}
+		if err := riverMigrate(ctx, pool); err != nil {
+			return err
+		}
+		r.burnResult, r.conns, err = riverBurnDown(ctx, pool, b.o.burnN, workers)
+		return err
+	})
+	return r, err
 }
 
 func (b *bench) submits(ctx context.Context) error {
@@ -625,54 +634,128 @@ func (b *bench) relay(ctx context.Context) error {
 	})
 }
 
-// burnDown measures one worker process burning down n tasks in the
-// default configuration and at each tuned concurrency; Conveyor's figure is
-// the best tuned one, set against River's best, against the bare consumer
-// at the same prefetch, and against the default.
+// burnDown measures one worker process burning down n tasks at each tuned
+// concurrency, picks the best, and then runs it head to head with the
+// default configuration, River's best and the bare consumer at its
+// prefetch (headToHead): Conveyor's figure is the best tuned one there,
+// set against each of the others.
 func (b *bench) burnDown(ctx context.Context) error {
-	configs := []burnConfig{{name: "bench_burn_default", procs: 1}}
-	for _, c := range b.o.conveyorWorkers {
-		configs = append(configs, burnConfig{name: fmt.Sprintf("bench_burn_%d", c), procs: 1, concurrency: c})
+	configs := make([]burnConfig, len(b.o.conveyorWorkers))
+	for i, c := range b.o.conveyorWorkers {
+		configs[i] = burnConfig{name: fmt.Sprintf("bench_burn_%d", c), procs: 1, concurrency: c}
 	}
 	runs, err := b.conveyorSweep(ctx, configs)
 	if err != nil {
 		return err
 	}
-	def := runs[0]
-	var best conveyorBurnResult
+	var swept float64
 	var bestConc int
 	for i, c := range b.o.conveyorWorkers {
-		r := runs[i+1]
-		b.add(result{Name: fmt.Sprintf("Conveyor: burn-down, WORKER_CONCURRENCY %d (prefetch %d)", c, workerPrefetch(c)), Value: r.perSec, Unit: "tasks/s"})
-		if r.perSec > best.perSec {
-			best, bestConc = r, c
+		b.add(result{Name: fmt.Sprintf("Conveyor: burn-down, WORKER_CONCURRENCY %d (prefetch %d)", c, workerPrefetch(c)), Value: runs[i].perSec, Unit: "tasks/s"})
+		if runs[i].perSec > swept {
+			swept, bestConc = runs[i].perSec, c
 		}
 	}
 	prefetch := workerPrefetch(bestConc)
 	if err := b.consumeCeilings(ctx, prefetch); err != nil {
 		return err
 	}
+	h, err := b.headToHead(ctx, bestConc)
+	if err != nil {
+		return err
+	}
 	config := fmt.Sprintf("WORKER_CONCURRENCY %d, prefetch %d", bestConc, prefetch)
-	const name = "Conveyor: burn-down of demo.noop tasks"
+	const (
+		name  = "Conveyor: burn-down of demo.noop tasks"
+		river = "head to head: River's best"
+		bare  = "head to head: bare consumer at the best's prefetch (acks)"
+	)
+	if h.river > 0 {
+		b.add(result{Name: river, Value: h.river, Unit: "jobs/s", Config: fmt.Sprintf("MaxWorkers %d", b.riverBest)})
+	}
+	b.add(result{Name: bare, Value: h.bare, Unit: "msgs/s", Config: fmt.Sprintf("prefetch %d", prefetch)})
 	for _, l := range []struct {
 		name, baseline string
 		min            float64
 	}{
-		{name, "River: burn-down of no-op jobs", 0.5},
-		{name + ", vs bare consumer", consumeCeilingName(prefetch, false), 0.8},
+		{name, river, 0.5},
+		{name + ", vs bare consumer", bare, 0.8},
 		{name + ", vs bare consumer's multiple acks", consumeCeilingName(prefetch, true), 0},
 	} {
-		b.vs(l.name, best.perSec, "tasks/s", l.baseline, l.min)
+		b.vs(l.name, h.best.perSec, "tasks/s", l.baseline, l.min)
 		b.last().Config = config
 	}
-	b.vs("Conveyor: burn-down, default configuration", def.perSec, "tasks/s", name, 0.8)
-	b.last().Config = fmt.Sprintf("defaults: WORKER_CONCURRENCY %d, prefetch %d", def.concurrency, workerPrefetch(def.concurrency))
-	b.vs("Conveyor: write transactions per task (burn-down)", best.commits, "txs", "River: write transactions per job (burn-down)", 0)
+	b.vs("Conveyor: burn-down, default configuration", h.def.perSec, "tasks/s", name, 0.8)
+	b.last().Config = fmt.Sprintf("defaults: WORKER_CONCURRENCY %d, prefetch %d", h.def.concurrency, workerPrefetch(h.def.concurrency))
+	b.vs("Conveyor: write transactions per task (burn-down)", h.best.commits, "txs", "River: write transactions per job (burn-down)", 0)
 	b.last().Config = config
-	b.vs("Conveyor: WAL per task (burn-down)", best.wal, "bytes", "River: WAL per job (burn-down)", 0)
+	b.vs("Conveyor: WAL per task (burn-down)", h.best.wal, "bytes", "River: WAL per job (burn-down)", 0)
 	b.last().Config = config
-	b.add(result{Name: "Conveyor: worker peak RSS (burn-down)", Value: mib(best.rss), Unit: "MiB", Config: config})
+	b.add(result{Name: "Conveyor: worker peak RSS (burn-down)", Value: mib(h.best.rss), Unit: "MiB", Config: config})
 	return nil
+}
+
+// headToHeadResult is the head-to-head's figure of each entrant.
+type headToHeadResult struct {
+	best, def conveyorBurnResult
+	river     float64 // 0: the river step did not run
+	bare      float64
+}
+
+// headToHead runs the burn-down's entrants in turns, the same backlog
+// each: Conveyor at the sweep's best concurrency, Conveyor as installed
+// (no variable set), River at its sweep's best, and the bare consumer
+// draining a queue at the best's prefetch, acking each message. Each runs
+// -burn-tries times (A B C D, D C B A, ...) and keeps its best.
+//
+// The sweeps only pick the configurations. A sweep's best figure is the
+// luckiest of all its configurations' draws, and the sweeps and the
+// ceilings run minutes apart on a machine whose speed drifts: set against
+// each other, they favour whichever had more draws or the better minutes.
+// Here every entrant has as many draws as the others, over the same
+// minutes, and the ratios with targets are taken between them.
+func (b *bench) headToHead(ctx context.Context, conc int) (headToHeadResult, error) {
+	var h headToHeadResult
+	type entrant func(try int) (float64, error)
+	entrants := []entrant{
+		func(try int) (float64, error) {
+			r, err := b.conveyorBurn(ctx, fmt.Sprintf("bench_h2h_%d_%d", conc, try), 1, conc)
+			if err == nil && r.perSec > h.best.perSec {
+				h.best = r
+			}
+			return r.perSec, err
+		},
+		func(try int) (float64, error) {
+			r, err := b.conveyorBurn(ctx, fmt.Sprintf("bench_h2h_default_%d", try), 1, 0)
+			if err == nil && r.perSec > h.def.perSec {
+				h.def = r
+			}
+			return r.perSec, err
+		},
+		func(int) (float64, error) {
+			var v float64
+			err := b.scope(func() error {
+				amqpURL, err := b.e.vhost("bench_h2h_consume")
+				if err != nil {
+					return err
+				}
+				v, err = consumeCeiling(ctx, amqpURL, b.o.burnN, workerPrefetch(conc), 1)
+				return err
+			})
+			h.bare = max(h.bare, v)
+			return v, err
+		},
+	}
+	if b.riverBest > 0 {
+		entrants = append(entrants, func(try int) (float64, error) {
+			r, err := b.riverBurn(ctx, fmt.Sprintf("bench_h2h_river_%d", try), b.riverBest)
+			h.river = max(h.river, r.perSec)
+			return r.perSec, err
+		})
+	}
+	_, err := sweep(b.o.burnTries, len(entrants), func(v float64) float64 { return v },
+		func(i, try int) (float64, error) { return entrants[i](try) })
+	return h, err
 }
 
 // conveyorBurnResult is a burn-down of Conveyor's, with the first
