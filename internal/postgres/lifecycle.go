@@ -6,7 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"text/template"
@@ -287,26 +287,74 @@ func apply(ctx context.Context, q querier, changes []task.Change) (out []task.Ap
 }
 
 func applyBatch(ctx context.Context, q querier, changes []task.Change) ([]task.Applied, bool, error) {
-	// The statement takes the rows in the order of its input: in id
-	// order, two batches that share tasks queue up instead of deadlocking.
-	order := make([]int, len(changes))
-	for i := range order {
-		order[i] = i
+	if len(changes) == 0 {
+		return nil, false, nil
 	}
-	sort.Slice(order, func(a, b int) bool {
-		return bytes.Compare(changes[order[a]].TaskID[:], changes[order[b]].TaskID[:]) < 0
-	})
-	sorted := make([]task.Change, len(changes))
-	for i, j := range order {
-		sorted[i] = changes[j]
-	}
-	applied, queued, err := applySorted(ctx, q, sorted)
+	a, err := newApplyQuery(changes)
 	if err != nil {
 		return nil, false, err
 	}
-	out := make([]task.Applied, len(changes))
-	for i, j := range order {
-		out[j] = applied[i]
+	rows, err := q.Query(ctx, a.sql, a.args...)
+	if err != nil {
+		return nil, false, err
+	}
+	return a.read(rows)
+}
+
+// applyQuery is a batch of changes as one statement: the one of their
+// transition when they share one, else the one that mixes them, with the
+// changes in id order (two batches that share tasks then queue up instead
+// of deadlocking).
+type applyQuery struct {
+	sql  string
+	args []any
+	// at is where each task's change sits in the caller's batch.
+	at map[uuid.UUID]int
+}
+
+func newApplyQuery(changes []task.Change) (applyQuery, error) {
+	at := make(map[uuid.UUID]int, len(changes))
+	sql := applyStatements[changes[0].Transition]
+	for i, c := range changes {
+		if _, err := c.Rule(); err != nil {
+			return applyQuery{}, err
+		}
+		if _, dup := at[c.TaskID]; dup {
+			return applyQuery{}, errDuplicateChange
+		}
+		at[c.TaskID] = i
+		if c.Transition != changes[0].Transition {
+			sql = sqlApplyMixed
+		}
+	}
+	sorted := slices.Clone(changes)
+	slices.SortFunc(sorted, func(a, b task.Change) int { return bytes.Compare(a.TaskID[:], b.TaskID[:]) })
+	args, err := applyArgs(sorted)
+	if err != nil {
+		return applyQuery{}, err
+	}
+	return applyQuery{sql: sql, args: args, at: at}, nil
+}
+
+// read reads the changes that landed from the statement's rows: one
+// Applied per change, in the caller's order, and whether any wrote an
+// outbox message.
+func (a applyQuery) read(rows pgx.Rows) ([]task.Applied, bool, error) {
+	out := make([]task.Applied, len(a.at))
+	for i := range out {
+		out[i].Fenced = true
+	}
+	queued := false
+	var id uuid.UUID
+	var version int
+	var message bool
+	_, err := pgx.ForEachRow(rows, []any{&id, &version, &message}, func() error {
+		out[a.at[id]] = task.Applied{Version: version}
+		queued = queued || message
+		return nil
+	})
+	if err != nil {
+		return nil, false, err
 	}
 	return out, queued, nil
 }
@@ -361,53 +409,6 @@ func applyArgs(changes []task.Change) ([]any, error) {
 		delays, leases, details, headers, principals}, nil
 }
 
-// applySorted applies changes, in id order, in one statement: the one of
-// their transition when they share one, else the one that mixes them.
-func applySorted(ctx context.Context, q querier, changes []task.Change) ([]task.Applied, bool, error) {
-	if len(changes) == 0 {
-		return nil, false, nil
-	}
-	at := make(map[uuid.UUID]int, len(changes))
-	sql := applyStatements[changes[0].Transition]
-	for i, c := range changes {
-		if _, err := c.Rule(); err != nil {
-			return nil, false, err
-		}
-		if _, dup := at[c.TaskID]; dup {
-			return nil, false, errDuplicateChange
-		}
-		at[c.TaskID] = i
-		if c.Transition != changes[0].Transition {
-			sql = sqlApplyMixed
-		}
-	}
-	args, err := applyArgs(changes)
-	if err != nil {
-		return nil, false, err
-	}
-	rows, err := q.Query(ctx, sql, args...)
-	if err != nil {
-		return nil, false, err
-	}
-	out := make([]task.Applied, len(changes))
-	for i := range out {
-		out[i].Fenced = true
-	}
-	queued := false
-	var id uuid.UUID
-	var version int
-	var message bool
-	_, err = pgx.ForEachRow(rows, []any{&id, &version, &message}, func() error {
-		out[at[id]] = task.Applied{Version: version}
-		queued = queued || message
-		return nil
-	})
-	if err != nil {
-		return nil, false, err
-	}
-	return out, queued, nil
-}
-
 // applyAndWake applies changes and, after the commit, wakes the relays
 // when it wrote outbox messages and the stream hubs when a change that
 // landed appended an event.
@@ -423,13 +424,20 @@ func applyAndWake(ctx context.Context, q querier, changes []task.Change, onOutbo
 	if queued {
 		call(onOutbox)
 	}
-	for i, c := range changes {
-		if i < len(out) && i < len(errs) && errs[i] == nil && !out[i].Fenced && task.Lifecycle[c.Transition].Event {
-			call(onEvents)
-			break
-		}
+	if wroteEvents(changes, out, errs) {
+		call(onEvents)
 	}
 	return out, errs, err
+}
+
+// wroteEvents reports whether a change that landed appended an event.
+func wroteEvents(changes []task.Change, out []task.Applied, errs []error) bool {
+	for i, c := range changes {
+		if i < len(out) && i < len(errs) && errs[i] == nil && !out[i].Fenced && task.Lifecycle[c.Transition].Event {
+			return true
+		}
+	}
+	return false
 }
 
 // maxDeadlockTries bounds the tries of a batch that keeps deadlocking.

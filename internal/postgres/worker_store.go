@@ -136,6 +136,72 @@ func (s *WorkerStore) Apply(ctx context.Context, changes []task.Change) ([]task.
 	return applyAndWake(ctx, s.pool, changes, s.onOutbox, s.OnEvents)
 }
 
+// ApplyAndClaim applies changes as Apply does and claims as Claim does, in
+// one round trip and one transaction: one commit for both. A batch that
+// PostgreSQL refuses whole (a change's data, a deadlock) is written again
+// as Apply and Claim, one after the other, so that each change fails alone
+// as it would there; err is a failure of the whole call.
+func (s *WorkerStore) ApplyAndClaim(ctx context.Context, changes []task.Change, ids []uuid.UUID, workerID string,
+	lease time.Duration) ([]task.Applied, []error, []task.Task, error) {
+	if len(changes) == 0 {
+		tasks, err := s.Claim(ctx, ids, workerID, lease)
+		return nil, nil, tasks, err
+	}
+	if len(ids) == 0 {
+		out, errs, err := s.Apply(ctx, changes)
+		return out, errs, nil, err
+	}
+	a, err := newApplyQuery(changes)
+	if err != nil {
+		return s.applyThenClaim(ctx, changes, ids, workerID, lease)
+	}
+	var (
+		out    []task.Applied
+		queued bool
+		tasks  []task.Task
+	)
+	batch := &pgx.Batch{}
+	batch.Queue(a.sql, a.args...).Query(func(rows pgx.Rows) error {
+		var err error
+		out, queued, err = a.read(rows)
+		return err
+	})
+	r := task.Lifecycle[task.Claim]
+	batch.Queue(sqlClaim, ids, workerID, lease.Milliseconds(), string(r.To), r.State, string(r.Actor)).
+		Query(func(rows pgx.Rows) error {
+			var err error
+			tasks, err = pgx.AppendRows(make([]task.Task, 0, len(ids)), rows, scanClaimed)
+			return err
+		})
+	// A batch is one implicit transaction: both statements commit, or
+	// neither does.
+	if err := s.pool.SendBatch(ctx, batch).Close(); err != nil {
+		if pgCode(err) != "" {
+			return s.applyThenClaim(ctx, changes, ids, workerID, lease)
+		}
+		return nil, nil, nil, translate(err)
+	}
+	errs := make([]error, len(changes))
+	if queued {
+		call(s.onOutbox)
+	}
+	if len(tasks) > 0 || wroteEvents(changes, out, errs) {
+		call(s.OnEvents)
+	}
+	return out, errs, tasks, nil
+}
+
+// applyThenClaim is ApplyAndClaim in two transactions.
+func (s *WorkerStore) applyThenClaim(ctx context.Context, changes []task.Change, ids []uuid.UUID, workerID string,
+	lease time.Duration) ([]task.Applied, []error, []task.Task, error) {
+	out, errs, err := s.Apply(ctx, changes)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	tasks, err := s.Claim(ctx, ids, workerID, lease)
+	return out, errs, tasks, err
+}
+
 // Inspect reads who holds a task, after a fenced write missed.
 func (s *WorkerStore) Inspect(ctx context.Context, id uuid.UUID) (task.Hold, error) {
 	var h task.Hold

@@ -285,3 +285,40 @@ func TestWorkerRegistryAndParkedTypes(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, ok, "a worker removed as dead learns it must register again")
 }
+
+// A worker's completions and its next claims go in one transaction; a
+// batch PostgreSQL refuses is written again change by change, so the bad
+// outcome fails alone and the claims still land.
+func TestApplyAndClaimShareOneCommit(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	held, next := b.pending(t, 3), b.pending(t, 3)
+	l := b.claim(t, held, "w1")
+	out, errs, got, err := b.worker.ApplyAndClaim(ctx,
+		[]task.Change{{TaskID: held, Version: l.Version, Transition: task.Complete, Result: json.RawMessage(`{"ok":true}`)}},
+		[]uuid.UUID{next}, "w1", time.Hour)
+	require.NoError(t, err)
+	require.NoError(t, errs[0])
+	require.False(t, out[0].Fenced)
+	require.Len(t, got, 1)
+	require.Equal(t, next, got[0].ID)
+	require.Equal(t, "COMPLETED", b.text(t, `SELECT status FROM tasks WHERE id = $1`, held))
+	require.Equal(t, "IN_PROGRESS", b.text(t, `SELECT status FROM tasks WHERE id = $1`, next))
+	require.Equal(t, b.text(t, `SELECT xmin::text FROM tasks WHERE id = $1`, held),
+		b.text(t, `SELECT xmin::text FROM tasks WHERE id = $1`, next), "one transaction wrote both")
+
+	good, bad, third := next, b.pending(t, 3), b.pending(t, 3)
+	lb := b.claim(t, bad, "w1")
+	out, errs, got, err = b.worker.ApplyAndClaim(ctx, []task.Change{
+		{TaskID: good, Version: got[0].Version, Transition: task.Complete, Result: json.RawMessage(`{}`)},
+		{TaskID: bad, Version: lb.Version, Transition: task.Complete, Result: json.RawMessage(`{"s":"nul\u0000"}`)},
+	}, []uuid.UUID{third}, "w1", time.Hour)
+	require.NoError(t, err)
+	require.NoError(t, errs[0])
+	require.False(t, out[0].Fenced)
+	require.Equal(t, task.ErrCodeInvalid, task.ErrorCode(errs[1]))
+	require.Len(t, got, 1, "the claim lands with the good change")
+	require.Equal(t, "COMPLETED", b.text(t, `SELECT status FROM tasks WHERE id = $1`, good))
+	require.Equal(t, "IN_PROGRESS", b.text(t, `SELECT status FROM tasks WHERE id = $1`, bad))
+	require.Equal(t, "IN_PROGRESS", b.text(t, `SELECT status FROM tasks WHERE id = $1`, third))
+}

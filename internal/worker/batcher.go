@@ -7,15 +7,14 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// batcher turns calls made at about the same time into one database
-// statement: while a batch is being written, new calls queue up, and the
-// next batch takes them all. A lone call goes at once, with no added wait;
-// under load, batches grow and the commits per task shrink.
+// A batcher queues calls made at about the same time for one database
+// statement; a pair's loop writes them. While a batch is being written,
+// new calls queue up, and the next batch takes them all. A lone call goes
+// at once, with no added wait; under load, batches grow and the commits
+// per task shrink.
 type batcher[Req, Res any] struct {
-	in      chan batchCall[Req, Res]
-	max     int
-	timeout time.Duration
-	flush   func(ctx context.Context, reqs []Req) ([]Res, []error)
+	in  chan batchCall[Req, Res]
+	max int
 }
 
 type batchCall[Req, Res any] struct {
@@ -29,11 +28,9 @@ type batchResult[Res any] struct {
 	err error
 }
 
-// newBatcher returns a batcher of at most max calls per flush, each flush
-// bounded by timeout. flush gets the requests in call order and returns one
-// result and one error per request.
-func newBatcher[Req, Res any](max int, timeout time.Duration, flush func(context.Context, []Req) ([]Res, []error)) *batcher[Req, Res] {
-	return &batcher[Req, Res]{in: make(chan batchCall[Req, Res], max), max: max, timeout: timeout, flush: flush}
+// newBatcher returns a batcher of at most max calls per batch.
+func newBatcher[Req, Res any](max int) *batcher[Req, Res] {
+	return &batcher[Req, Res]{in: make(chan batchCall[Req, Res], max), max: max}
 }
 
 // do queues req and waits for its result. The batch is written whatever
@@ -50,37 +47,73 @@ func (b *batcher[Req, Res]) do(ctx context.Context, req Req) (Res, error) {
 	return r.res, r.err
 }
 
+// take adds to calls what is queued, without waiting, up to max.
+func (b *batcher[Req, Res]) take(calls []batchCall[Req, Res]) []batchCall[Req, Res] {
+	for len(calls) < b.max {
+		select {
+		case c := <-b.in:
+			calls = append(calls, c)
+		default:
+			return calls
+		}
+	}
+	return calls
+}
+
+// answer hands each call its result.
+func answer[Req, Res any](calls []batchCall[Req, Res], res []Res, errs []error) {
+	for i, c := range calls {
+		c.done <- batchResult[Res]{res: res[i], err: errs[i]}
+	}
+}
+
+// A pair of batchers is written by one loop: whatever both hold when it
+// turns goes in one flush (one round trip and one commit for a worker's
+// completions and its next claims), and one flush at a time is in flight.
+type pair[A, RA, B, RB any] struct {
+	a       *batcher[A, RA]
+	b       *batcher[B, RB]
+	timeout time.Duration
+	// flush writes as and bs and answers one result and one error for
+	// each; either may be empty, not both.
+	flush func(ctx context.Context, as []A, bs []B) ([]RA, []error, []RB, []error)
+}
+
 // run writes batches until ctx is done. Callers must be finished by then.
-func (b *batcher[Req, Res]) run(ctx context.Context) {
-	calls := make([]batchCall[Req, Res], 0, b.max)
-	reqs := make([]Req, 0, b.max)
+func (p *pair[A, RA, B, RB]) run(ctx context.Context) {
+	as := make([]batchCall[A, RA], 0, p.a.max)
+	bs := make([]batchCall[B, RB], 0, p.b.max)
 	for {
-		calls, reqs = calls[:0], reqs[:0]
+		as, bs = as[:0], bs[:0]
 		select {
 		case <-ctx.Done():
 			return
-		case c := <-b.in:
-			calls = append(calls, c)
+		case c := <-p.a.in:
+			as = append(as, c)
+		case c := <-p.b.in:
+			bs = append(bs, c)
 		}
-	more:
-		for len(calls) < b.max {
-			select {
-			case c := <-b.in:
-				calls = append(calls, c)
-			default:
-				break more
-			}
-		}
-		for _, c := range calls {
-			reqs = append(reqs, c.req)
-		}
-		// The statement's spans hang under the first caller's span: a lone
+		as, bs = p.a.take(as), p.b.take(bs)
+		// The statements' spans hang under the first caller's span: a lone
 		// call (the common case at low load) is traced where it was made.
-		fctx, cancel := context.WithTimeout(trace.ContextWithSpan(context.WithoutCancel(ctx), calls[0].span), b.timeout)
-		res, errs := b.flush(fctx, reqs)
-		cancel()
-		for i, c := range calls {
-			c.done <- batchResult[Res]{res: res[i], err: errs[i]}
+		var span trace.Span
+		if len(as) > 0 {
+			span = as[0].span
+		} else {
+			span = bs[0].span
 		}
+		fctx, cancel := context.WithTimeout(trace.ContextWithSpan(context.WithoutCancel(ctx), span), p.timeout)
+		ra, ea, rb, eb := p.flush(fctx, reqs(as), reqs(bs))
+		cancel()
+		answer(as, ra, ea)
+		answer(bs, rb, eb)
 	}
+}
+
+func reqs[Req, Res any](calls []batchCall[Req, Res]) []Req {
+	out := make([]Req, len(calls))
+	for i, c := range calls {
+		out[i] = c.req
+	}
+	return out
 }

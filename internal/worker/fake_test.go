@@ -26,6 +26,8 @@ type fakeStore struct {
 	applied []task.Change
 	// refuse makes Apply refuse a change for its data, as PostgreSQL does.
 	refuse func(task.Change) error
+	// typesGate, when set, holds TypesReady until it is closed.
+	typesGate chan struct{}
 }
 
 func newFakeStore() *fakeStore {
@@ -56,6 +58,20 @@ func (s *fakeStore) requestCancel(id uuid.UUID) int {
 	t.CancelRequestedAt, t.State = &now, task.StateCancelRequested
 	t.Version++
 	return t.Version
+}
+
+func (s *fakeStore) ApplyAndClaim(ctx context.Context, changes []task.Change, ids []uuid.UUID, workerID string,
+	lease time.Duration) ([]task.Applied, []error, []task.Task, error) {
+	var out []task.Applied
+	var errs []error
+	if len(changes) > 0 {
+		var err error
+		if out, errs, err = s.Apply(ctx, changes); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	tasks, err := s.Claim(ctx, ids, workerID, lease)
+	return out, errs, tasks, err
 }
 
 func (s *fakeStore) Claim(_ context.Context, ids []uuid.UUID, workerID string, _ time.Duration) ([]task.Task, error) {
@@ -159,7 +175,18 @@ func (s *fakeStore) transitions(id uuid.UUID) []task.Transition {
 func (s *fakeStore) Register(context.Context, registry.Worker) error { return nil }
 func (s *fakeStore) Heartbeat(context.Context, string) (bool, error) { return true, nil }
 func (s *fakeStore) Leave(context.Context, string) error             { return nil }
-func (s *fakeStore) TypesReady(context.Context, []string) error      { return nil }
+func (s *fakeStore) TypesReady(ctx context.Context, _ []string) error {
+	s.mu.Lock()
+	gate := s.typesGate
+	s.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+		}
+	}
+	return nil
+}
 
 // fakeBroker hands out fake sources; the test sends deliveries into the
 // current one.

@@ -31,10 +31,11 @@ import (
 
 // Store is the database as a worker needs it.
 type Store interface {
-	// Claim starts an attempt of those of the tasks that are claimable.
-	Claim(ctx context.Context, ids []uuid.UUID, workerID string, lease time.Duration) ([]task.Task, error)
-	// Apply applies transitions of held tasks, each fenced by its version.
-	Apply(ctx context.Context, changes []task.Change) ([]task.Applied, []error, error)
+	// ApplyAndClaim applies transitions of held tasks, each fenced by its
+	// version, and starts an attempt of those of the tasks ids that are
+	// claimable, in one transaction. Either list may be empty.
+	ApplyAndClaim(ctx context.Context, changes []task.Change, ids []uuid.UUID, workerID string,
+		lease time.Duration) ([]task.Applied, []error, []task.Task, error)
 	// Inspect reads who holds a task, after a fenced change missed.
 	Inspect(ctx context.Context, id uuid.UUID) (task.Hold, error)
 	// Spawn submits the children of a held task not submitted yet (by
@@ -119,9 +120,10 @@ type Worker struct {
 	signals    signals
 
 	// Claims and transitions made at about the same time share a
-	// statement and a commit.
+	// statement, and the two statements a commit (writes).
 	claims  *batcher[uuid.UUID, claimed]
 	changes *batcher[task.Change, task.Applied]
+	writes  *pair[task.Change, task.Applied, uuid.UUID, claimed]
 
 	// A delivery holds a place in the window from its arrival until its
 	// handler returns, and a slot while its handler runs: the window
@@ -171,8 +173,9 @@ func New(cfg Config, deps Deps, handlers []conveyor.Handler) (*Worker, error) {
 		stopping: make(chan struct{}),
 		credit:   make(chan struct{}, 1),
 	}
-	w.claims = newBatcher(cfg.Concurrency+cfg.ReadAhead, cfg.Lease, w.claimBatch)
-	w.changes = newBatcher(cfg.Concurrency, cfg.Lease, w.applyBatch)
+	w.claims = newBatcher[uuid.UUID, claimed](cfg.Concurrency + cfg.ReadAhead)
+	w.changes = newBatcher[task.Change, task.Applied](cfg.Concurrency)
+	w.writes = &pair[task.Change, task.Applied, uuid.UUID, claimed]{a: w.changes, b: w.claims, timeout: cfg.Lease, flush: w.flush}
 	for _, h := range handlers {
 		if _, dup := w.handlers[h.Type]; dup {
 			return nil, fmt.Errorf("worker: two handlers for type %q", h.Type)
@@ -207,8 +210,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	// store their outcomes while the worker drains.
 	bctx, stopBatchers := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBatchers()
-	go w.claims.run(bctx)
-	go w.changes.run(bctx)
+	go w.writes.run(bctx)
 	// Handlers run under their own context: SIGTERM does not cut them
 	// short, the end of the grace period does.
 	runCtx, stopHandlers := context.WithCancelCause(context.WithoutCancel(ctx))
@@ -274,7 +276,8 @@ func (w *Worker) consume(ctx, runCtx context.Context) Source {
 			return nil
 		}
 		w.adoptOrphans()
-		src, err := w.broker.Consume(ctx, w.Types(), w.prefetch())
+		prefetch := w.prefetch()
+		src, err := w.broker.Consume(ctx, w.Types(), prefetch)
 		if err != nil {
 			retry := b.NextBackOff()
 			w.log.WarnContext(ctx, "broker unreachable; retrying", "error", err, "retry_in", retry)
@@ -290,7 +293,7 @@ func (w *Worker) consume(ctx, runCtx context.Context) Source {
 		w.consuming.Store(true)
 		w.signals.connected.send(struct{}{})
 		w.log.InfoContext(ctx, "consuming", "types", w.Types(), "concurrency", w.cfg.Concurrency)
-		if w.serve(ctx, runCtx, src) {
+		if w.serve(ctx, runCtx, src, prefetch) {
 			return src
 		}
 		w.consuming.Store(false)
@@ -304,9 +307,10 @@ func (w *Worker) consume(ctx, runCtx context.Context) Source {
 // the window has room for it; while a handler runs long and every slot is
 // taken, a delivery that arrives goes back to the queue (see prefetch). It
 // returns true when ctx ended (the source is still open) and false when the
-// source stopped.
-func (w *Worker) serve(ctx, runCtx context.Context, src Source) bool {
-	applied := w.prefetch()
+// source stopped. applied is the prefetch the source was opened with: the
+// credit may have changed since (an orphan finished), and the first poke
+// must set it.
+func (w *Worker) serve(ctx, runCtx context.Context, src Source, applied int) bool {
 	for {
 		take, bounce, freed := w.window, (<-chan outbox.Delivery)(nil), (chan struct{})(nil)
 		if w.long.Load() > 0 && len(w.slots) == cap(w.slots) {
@@ -521,17 +525,30 @@ type claimed struct {
 	ok   bool
 }
 
-// claimBatch claims the tasks of a batch of deliveries in one statement.
-// When two deliveries of one task share a batch, only the first gets it.
-func (w *Worker) claimBatch(ctx context.Context, ids []uuid.UUID) ([]claimed, []error) {
-	res, errs := make([]claimed, len(ids)), make([]error, len(ids))
-	w.metrics.batchSize.WithLabelValues("claim").Observe(float64(len(ids)))
-	tasks, err := w.store.Claim(ctx, ids, w.cfg.Info.ID, w.cfg.Lease)
+// flush applies a batch of transitions and claims the tasks of a batch of
+// deliveries, in one round trip and one commit. Each transition is fenced
+// by its own version and fails alone. When two deliveries of one task
+// share a batch, only the first gets it.
+func (w *Worker) flush(ctx context.Context, changes []task.Change, ids []uuid.UUID) ([]task.Applied, []error, []claimed, []error) {
+	if len(changes) > 0 {
+		w.metrics.batchSize.WithLabelValues("apply").Observe(float64(len(changes)))
+	}
+	if len(ids) > 0 {
+		w.metrics.batchSize.WithLabelValues("claim").Observe(float64(len(ids)))
+	}
+	out, errs, tasks, err := w.store.ApplyAndClaim(ctx, changes, ids, w.cfg.Info.ID, w.cfg.Lease)
 	if err != nil {
+		out, errs = make([]task.Applied, len(changes)), make([]error, len(changes))
 		for i := range errs {
 			errs[i] = err
 		}
-		return res, errs
+	}
+	res, claimErrs := make([]claimed, len(ids)), make([]error, len(ids))
+	if err != nil {
+		for i := range claimErrs {
+			claimErrs[i] = err
+		}
+		return out, errs, res, claimErrs
 	}
 	byID := make(map[uuid.UUID]task.Task, len(tasks))
 	for _, t := range tasks {
@@ -543,21 +560,7 @@ func (w *Worker) claimBatch(ctx context.Context, ids []uuid.UUID) ([]claimed, []
 			delete(byID, id)
 		}
 	}
-	return res, errs
-}
-
-// applyBatch applies a batch of transitions in one statement; each is
-// fenced by its own version and fails alone.
-func (w *Worker) applyBatch(ctx context.Context, changes []task.Change) ([]task.Applied, []error) {
-	w.metrics.batchSize.WithLabelValues("apply").Observe(float64(len(changes)))
-	out, errs, err := w.store.Apply(ctx, changes)
-	if err != nil {
-		out, errs = make([]task.Applied, len(changes)), make([]error, len(changes))
-		for i := range errs {
-			errs[i] = err
-		}
-	}
-	return out, errs
+	return out, errs, res, claimErrs
 }
 
 // register adds the worker to the registry, retrying until the database

@@ -385,12 +385,20 @@ func TestWorkerCountsTasksOfAnEarlierConnection(t *testing.T) {
 	id := b.store.add("t.block", 3)
 	b.deliver(t, id)
 	receive(t, h.entered)
+	// The orphan finishes while the new connection is still being set up:
+	// its credit is given back all the same.
+	gate := make(chan struct{})
+	b.store.mu.Lock()
+	b.store.typesGate = gate
+	b.store.mu.Unlock()
 	b.src.stop(errors.New("connection lost"))
 	b.src = receive(t, b.broker.made)
 	require.EqualValues(t, 1, b.src.prefetch.Load(), "one slot is held by a task of the old connection")
 	close(h.release)
 	require.Equal(t, "completed", b.finished(t, id))
+	close(gate)
 	require.Equal(t, 2, receive(t, b.w.signals.prefetch))
+	require.EqualValues(t, 2, b.src.prefetch.Load())
 }
 
 // claimed waits until the worker has claimed the task.
