@@ -88,11 +88,15 @@ type Relay struct {
 // them: a lane that locked a full batch wakes the next lane before it
 // publishes, and that lane locks the following batch (the lock skips the
 // rows another lane holds) while the first waits for its confirms. A
-// NOTIFY wakes only the first connected lane, so a trickle of rows costs
-// one pass per wake-up, as with one lane.
+// NOTIFY wakes one lane, the first connected one that is not in a pass, so
+// a trickle of rows costs one pass per wake-up, as with one lane, and a row
+// committed while a lane waits for the broker's confirms goes out at once
+// on another instead of waiting behind them.
 type lane struct {
 	wake chan struct{}
 	pub  atomic.Pointer[Publisher]
+	// busy is set while the lane makes a pass over the outbox.
+	busy atomic.Bool
 }
 
 // Deps are a relay's collaborators.
@@ -120,15 +124,27 @@ func New(cfg Config, deps Deps) *Relay {
 }
 
 // Wake asks for a pass over the outbox now: of the first lane that holds
-// a live broker connection (of the last when none does: it passes once it
-// has one). It never blocks.
+// a live broker connection and is not in a pass, else of the first that
+// holds one (it passes again when its pass ends), else of the last (it
+// passes once it has one). It never blocks.
 func (r *Relay) Wake() {
+	first := -1
 	for i := range r.lanes {
-		if i == len(r.lanes)-1 || r.lanes[i].live() {
+		if !r.lanes[i].live() {
+			continue
+		}
+		if !r.lanes[i].busy.Load() {
 			r.wakeLane(i)
 			return
 		}
+		if first < 0 {
+			first = i
+		}
 	}
+	if first < 0 {
+		first = len(r.lanes) - 1
+	}
+	r.wakeLane(first)
 }
 
 func (r *Relay) wakeLane(i int) {
@@ -223,6 +239,7 @@ func (r *Relay) serve(ctx context.Context, i int, pub Publisher) {
 		case <-r.lanes[i].wake:
 		case <-ticker.C:
 		}
+		r.lanes[i].busy.Store(true)
 		for ctx.Err() == nil {
 			blocked := pub.Blocked()
 			r.metrics.blocked.Set(boolGauge(blocked))
@@ -241,6 +258,7 @@ func (r *Relay) serve(ctx context.Context, i int, pub Publisher) {
 				break
 			}
 		}
+		r.lanes[i].busy.Store(false)
 	}
 }
 

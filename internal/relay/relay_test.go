@@ -68,7 +68,7 @@ type relayOpts struct {
 }
 
 // startRelay runs a relay (and its NOTIFY listener) until the test ends.
-func (b *testBundle) startRelay(t *testing.T, o relayOpts) {
+func (b *testBundle) startRelay(t *testing.T, o relayOpts) *relay.Relay {
 	t.Helper()
 	if o.batchSize == 0 {
 		o.batchSize = 100
@@ -105,6 +105,7 @@ func (b *testBundle) startRelay(t *testing.T, o relayOpts) {
 		go func() { defer wg.Done(); _ = l.Run(ctx) }()
 	}
 	t.Cleanup(func() { cancel(); wg.Wait() })
+	return r
 }
 
 func (b *testBundle) submit(t *testing.T, typ, payload string, priority int) task.Task {
@@ -289,6 +290,78 @@ func TestLanesPublishBatchesAtOnce(t *testing.T) {
 	}
 	testenv.WaitForDepth(t, b.amqpURL, rabbitmq.QueueName("demo.noop"), n, 60*time.Second)
 	b.waitOutboxEmpty(t)
+}
+
+// A row committed while a lane waits for the broker's confirms goes out at
+// once on the other lane: a NOTIFY wakes a lane that is not in a pass.
+func TestANotifyWakesALaneNotInAPass(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.declare(t, "demo.noop")
+	q := rabbitmq.QueueName("demo.noop")
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	r := b.startRelay(t, relayOpts{pollInterval: time.Hour, listen: true, lanes: 2, wrap: func(p relay.Publisher) relay.Publisher {
+		return &holdingPublisher{Publisher: p, hold: func() {
+			first := false
+			once.Do(func() { first = true })
+			if first {
+				// Held past its confirm timeout, if need be: the other
+				// lane must not wait for it.
+				close(entered)
+				select {
+				case <-release:
+				case <-time.After(30 * time.Second):
+				}
+			}
+		}}
+	}})
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if ready, _, err := r.Ready(context.Background()); !ready {
+			return fmtErr("relay not ready: %v", err)
+		}
+		return nil
+	})
+	// publish adds a row and wakes the relay until the queue holds depth
+	// messages (the listener may not be listening yet).
+	publish := func(depth int) {
+		b.fillOutbox(t, 1, "demo.noop")
+		testenv.Eventually(t, 10*time.Second, func() error {
+			if testenv.QueueDepth(t, b.amqpURL, q) < depth {
+				_, err := b.db.Pool.Exec(context.Background(), "SELECT pg_notify($1, '')", postgres.OutboxChannel)
+				require.NoError(t, err)
+				return fmtErr("queue short of %d messages", depth)
+			}
+			return nil
+		})
+	}
+	b.fillOutbox(t, 1, "demo.noop")
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		_, err := b.db.Pool.Exec(context.Background(), "SELECT pg_notify($1, '')", postgres.OutboxChannel)
+		require.NoError(t, err)
+		select {
+		case <-entered:
+		case <-time.After(50 * time.Millisecond):
+			require.True(t, time.Now().Before(deadline), "the first row was never published")
+			continue
+		}
+		break
+	}
+	publish(1) // while the first lane waits on its held batch
+	close(release)
+	testenv.WaitForDepth(t, b.amqpURL, q, 2, 10*time.Second)
+	b.waitOutboxEmpty(t)
+}
+
+// holdingPublisher calls hold before each batch it publishes.
+type holdingPublisher struct {
+	relay.Publisher
+	hold func()
+}
+
+func (p *holdingPublisher) Publish(ctx context.Context, msgs []outbox.Message) outbox.Outcome {
+	p.hold()
+	return p.Publisher.Publish(ctx, msgs)
 }
 
 // meetingPublisher holds its first batch until both is closed.
