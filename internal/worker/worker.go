@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -537,18 +538,11 @@ func (w *Worker) flush(ctx context.Context, changes []task.Change, ids []uuid.UU
 		w.metrics.batchSize.WithLabelValues("claim").Observe(float64(len(ids)))
 	}
 	out, errs, tasks, err := w.store.ApplyAndClaim(ctx, changes, ids, w.cfg.Info.ID, w.cfg.Lease)
-	if err != nil {
-		out, errs = make([]task.Applied, len(changes)), make([]error, len(changes))
-		for i := range errs {
-			errs[i] = err
-		}
-	}
 	res, claimErrs := make([]claimed, len(ids)), make([]error, len(ids))
 	if err != nil {
-		for i := range claimErrs {
-			claimErrs[i] = err
-		}
-		return out, errs, res, claimErrs
+		// The whole call failed: every call in it fails with its error.
+		out, errs = make([]task.Applied, len(changes)), slices.Repeat([]error{err}, len(changes))
+		return out, errs, res, slices.Repeat([]error{err}, len(ids))
 	}
 	byID := make(map[uuid.UUID]task.Task, len(tasks))
 	for _, t := range tasks {
