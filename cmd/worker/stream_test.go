@@ -253,19 +253,27 @@ func (b *bundle) lastEventID(t *testing.T) int64 {
 func TestAThousandStreamsOnOneInstanceAllReceiveAChange(t *testing.T) {
 	b := setup(t)
 	const streams = 1000
-	streamsOpen := make([]*sseStream, streams)
+	streamsOpen, statuses := make([]*sseStream, streams), make([]int, streams)
 	var open sync.WaitGroup
 	for i := range streams {
 		open.Go(func() {
-			s, status := b.openStream(t, "/v1/events/stream?type=demo.noop", -1)
-			if status == http.StatusOK {
-				streamsOpen[i] = s
+			// A stream refused while the hub starts (503, "try again") is
+			// opened again, as a client does.
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+				s, status := b.openStream(t, "/v1/events/stream?type=demo.noop", -1)
+				statuses[i] = status
+				if status == http.StatusOK {
+					streamsOpen[i] = s
+				}
+				if status != http.StatusServiceUnavailable || time.Now().After(deadline) {
+					return
+				}
 			}
 		})
 	}
 	open.Wait()
 	for i, s := range streamsOpen {
-		require.NotNil(t, s, "stream %d was refused", i)
+		require.NotNil(t, s, "stream %d was refused: %d", i, statuses[i])
 		defer s.close()
 	}
 
