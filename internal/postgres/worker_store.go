@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -116,16 +117,26 @@ func NewWorkerStore(pool *pgxpool.Pool, onOutbox func()) *WorkerStore {
 // Claim claims, in one transaction, those of the tasks that are claimable
 // for workerID with a lease of the given length, and returns them.
 func (s *WorkerStore) Claim(ctx context.Context, ids []uuid.UUID, workerID string, lease time.Duration) ([]task.Task, error) {
-	r := task.Lifecycle[task.Claim]
-	rows, err := s.pool.Query(ctx, sqlClaim, ids, workerID, lease.Milliseconds(), string(r.To), r.State, string(r.Actor))
+	rows, err := s.pool.Query(ctx, sqlClaim, claimArgs(ids, workerID, lease)...)
 	if err != nil {
 		return nil, translate(err)
 	}
-	tasks, err := pgx.AppendRows(make([]task.Task, 0, len(ids)), rows, scanClaimed)
+	tasks, err := readClaimed(rows, len(ids))
 	if len(tasks) > 0 {
 		call(s.OnEvents)
 	}
 	return tasks, translate(err)
+}
+
+// claimArgs are sqlClaim's parameters.
+func claimArgs(ids []uuid.UUID, workerID string, lease time.Duration) []any {
+	r := task.Lifecycle[task.Claim]
+	return []any{ids, workerID, lease.Milliseconds(), string(r.To), r.State, string(r.Actor)}
+}
+
+// readClaimed reads the tasks sqlClaim claimed of n asked for.
+func readClaimed(rows pgx.Rows, n int) ([]task.Task, error) {
+	return pgx.AppendRows(make([]task.Task, 0, n), rows, scanClaimed)
 }
 
 // Apply applies changes of tasks the worker holds, each fenced by its
@@ -140,7 +151,9 @@ func (s *WorkerStore) Apply(ctx context.Context, changes []task.Change) ([]task.
 // one round trip and one transaction: one commit for both. A batch that
 // PostgreSQL refuses whole (a change's data, a deadlock) is written again
 // as Apply and Claim, one after the other, so that each change fails alone
-// as it would there; err is a failure of the whole call.
+// as it would there. errs has one error per change (a batch of changes
+// refused whole fails each of them, and the claims still land); err is a
+// failure of the whole call.
 func (s *WorkerStore) ApplyAndClaim(ctx context.Context, changes []task.Change, ids []uuid.UUID, workerID string,
 	lease time.Duration) ([]task.Applied, []error, []task.Task, error) {
 	if len(changes) == 0 {
@@ -148,8 +161,8 @@ func (s *WorkerStore) ApplyAndClaim(ctx context.Context, changes []task.Change, 
 		return nil, nil, tasks, err
 	}
 	if len(ids) == 0 {
-		out, errs, err := s.Apply(ctx, changes)
-		return out, errs, nil, err
+		out, errs := s.applyEach(ctx, changes)
+		return out, errs, nil, nil
 	}
 	a, err := newApplyQuery(changes)
 	if err != nil {
@@ -166,13 +179,11 @@ func (s *WorkerStore) ApplyAndClaim(ctx context.Context, changes []task.Change, 
 		out, queued, err = a.read(rows)
 		return err
 	})
-	r := task.Lifecycle[task.Claim]
-	batch.Queue(sqlClaim, ids, workerID, lease.Milliseconds(), string(r.To), r.State, string(r.Actor)).
-		Query(func(rows pgx.Rows) error {
-			var err error
-			tasks, err = pgx.AppendRows(make([]task.Task, 0, len(ids)), rows, scanClaimed)
-			return err
-		})
+	batch.Queue(sqlClaim, claimArgs(ids, workerID, lease)...).Query(func(rows pgx.Rows) error {
+		var err error
+		tasks, err = readClaimed(rows, len(ids))
+		return err
+	})
 	// A batch is one implicit transaction: both statements commit, or
 	// neither does.
 	if err := s.pool.SendBatch(ctx, batch).Close(); err != nil {
@@ -194,12 +205,19 @@ func (s *WorkerStore) ApplyAndClaim(ctx context.Context, changes []task.Change, 
 // applyThenClaim is ApplyAndClaim in two transactions.
 func (s *WorkerStore) applyThenClaim(ctx context.Context, changes []task.Change, ids []uuid.UUID, workerID string,
 	lease time.Duration) ([]task.Applied, []error, []task.Task, error) {
-	out, errs, err := s.Apply(ctx, changes)
-	if err != nil {
-		return nil, nil, nil, err
-	}
+	out, errs := s.applyEach(ctx, changes)
 	tasks, err := s.Claim(ctx, ids, workerID, lease)
 	return out, errs, tasks, err
+}
+
+// applyEach is Apply with a failure of the whole batch given to each of
+// its changes.
+func (s *WorkerStore) applyEach(ctx context.Context, changes []task.Change) ([]task.Applied, []error) {
+	out, errs, err := s.Apply(ctx, changes)
+	if err != nil {
+		return make([]task.Applied, len(changes)), slices.Repeat([]error{err}, len(changes))
+	}
+	return out, errs
 }
 
 // Inspect reads who holds a task, after a fenced write missed.

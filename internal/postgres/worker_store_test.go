@@ -321,4 +321,17 @@ func TestApplyAndClaimShareOneCommit(t *testing.T) {
 	require.Equal(t, "COMPLETED", b.text(t, `SELECT status FROM tasks WHERE id = $1`, good))
 	require.Equal(t, "IN_PROGRESS", b.text(t, `SELECT status FROM tasks WHERE id = $1`, bad))
 	require.Equal(t, "IN_PROGRESS", b.text(t, `SELECT status FROM tasks WHERE id = $1`, third))
+
+	// A batch of changes refused whole (here one task changed twice) fails
+	// each of its changes, and the claims beside it still land.
+	fourth := b.pending(t, 3)
+	_, errs, got, err = b.worker.ApplyAndClaim(ctx, []task.Change{
+		{TaskID: third, Version: got[0].Version, Transition: task.Progress, Progress: 10},
+		{TaskID: third, Version: got[0].Version, Transition: task.Progress, Progress: 20},
+	}, []uuid.UUID{fourth}, "w1", time.Hour)
+	require.NoError(t, err)
+	require.Error(t, errs[0])
+	require.Error(t, errs[1])
+	require.Len(t, got, 1, "the claim lands beside the refused batch")
+	require.Equal(t, "IN_PROGRESS", b.text(t, `SELECT status FROM tasks WHERE id = $1`, fourth))
 }

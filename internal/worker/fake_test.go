@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -62,13 +63,9 @@ func (s *fakeStore) requestCancel(id uuid.UUID) int {
 
 func (s *fakeStore) ApplyAndClaim(ctx context.Context, changes []task.Change, ids []uuid.UUID, workerID string,
 	lease time.Duration) ([]task.Applied, []error, []task.Task, error) {
-	var out []task.Applied
-	var errs []error
-	if len(changes) > 0 {
-		var err error
-		if out, errs, err = s.Apply(ctx, changes); err != nil {
-			return nil, nil, nil, err
-		}
+	out, errs, err := s.Apply(ctx, changes)
+	if err != nil {
+		out, errs = make([]task.Applied, len(changes)), slices.Repeat([]error{err}, len(changes))
 	}
 	tasks, err := s.Claim(ctx, ids, workerID, lease)
 	return out, errs, tasks, err
