@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -15,6 +16,9 @@ import (
 type batcher[Req, Res any] struct {
 	in  chan batchCall[Req, Res]
 	max int
+	// wait, when set, bounds the wait to get into a batch, besides the
+	// caller's context.
+	wait time.Duration
 }
 
 type batchCall[Req, Res any] struct {
@@ -28,23 +32,50 @@ type batchResult[Res any] struct {
 	err error
 }
 
-// newBatcher returns a batcher of at most max calls per batch.
-func newBatcher[Req, Res any](max int) *batcher[Req, Res] {
-	return &batcher[Req, Res]{in: make(chan batchCall[Req, Res], max), max: max}
+// newBatcher returns a batcher of at most max calls per batch, whose
+// callers wait at most wait (0: as long as their context lets them) to get
+// into one.
+func newBatcher[Req, Res any](max int, wait time.Duration) *batcher[Req, Res] {
+	return &batcher[Req, Res]{in: make(chan batchCall[Req, Res], max), max: max, wait: wait}
 }
 
+// errQueueFull is a call that found the queue full for the batcher's
+// whole wait.
+var errQueueFull = errors.New("no room in the batch queue")
+
 // do queues req and waits for its result. The batch is written whatever
-// happens to ctx; ctx only bounds the wait to get into one.
+// happens to ctx; ctx and the batcher's wait only bound the wait to get
+// into one, and a timer is made only when the queue is full.
 func (b *batcher[Req, Res]) do(ctx context.Context, req Req) (Res, error) {
 	c := batchCall[Req, Res]{req: req, span: trace.SpanFromContext(ctx), done: make(chan batchResult[Res], 1)}
 	select {
 	case b.in <- c:
-	case <-ctx.Done():
-		var zero Res
-		return zero, context.Cause(ctx)
+	default:
+		if err := b.enqueue(ctx, c); err != nil {
+			var zero Res
+			return zero, err
+		}
 	}
 	r := <-c.done
 	return r.res, r.err
+}
+
+// enqueue waits for room in the queue.
+func (b *batcher[Req, Res]) enqueue(ctx context.Context, c batchCall[Req, Res]) error {
+	var expired <-chan time.Time
+	if b.wait > 0 {
+		t := time.NewTimer(b.wait)
+		defer t.Stop()
+		expired = t.C
+	}
+	select {
+	case b.in <- c:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-expired:
+		return errQueueFull
+	}
 }
 
 // take adds to calls what is queued, without waiting, up to max.

@@ -18,7 +18,7 @@ func TestPairGroupsConcurrentCallsOfBothKindsAndAnswersEach(t *testing.T) {
 	var mu sync.Mutex
 	var flushes []flushed
 	release := make(chan struct{})
-	p := &pair[int, int, string, string]{a: newBatcher[int, int](8), b: newBatcher[string, string](4), timeout: time.Minute,
+	p := &pair[int, int, string, string]{a: newBatcher[int, int](8, 0), b: newBatcher[string, string](4, 0), timeout: time.Minute,
 		flush: func(_ context.Context, as []int, bs []string) ([]int, []error, []string, []error) {
 			<-release
 			mu.Lock()
@@ -83,4 +83,30 @@ func TestPairGroupsConcurrentCallsOfBothKindsAndAnswersEach(t *testing.T) {
 		require.Equal(t, i%5 == 0, errA[i] != nil)
 		require.Equal(t, string(rune('a'+i))+"!", gotB[i])
 	}
+}
+
+// A call that finds the queue full waits for room no longer than the
+// batcher's wait, or its context; one that finds room never times out.
+func TestBatcherBoundsTheWaitForRoomInTheQueue(t *testing.T) {
+	t.Parallel()
+	b := newBatcher[int, int](1, 20*time.Millisecond)
+	first := make(chan error, 1)
+	go func() {
+		_, err := b.do(context.Background(), 1)
+		first <- err
+	}()
+	require.Eventually(t, func() bool { return len(b.in) == 1 }, 10*time.Second, time.Millisecond)
+
+	_, err := b.do(context.Background(), 2)
+	require.ErrorIs(t, err, errQueueFull)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cancel(errors.New("gone"))
+	_, err = b.do(ctx, 3)
+	require.EqualError(t, err, "gone")
+
+	// The queued call is answered whatever the wait was.
+	c := <-b.in
+	time.Sleep(50 * time.Millisecond)
+	answer([]batchCall[int, int]{c}, []int{10}, []error{nil})
+	require.NoError(t, <-first)
 }

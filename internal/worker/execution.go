@@ -384,16 +384,15 @@ func (e *execution) Gather(ctx context.Context, children ...conveyor.Child) ([]c
 }
 
 // write applies a change of the held task at the lease's version, through
-// the worker's batch of changes, bounded by one lease (a connection that
-// hangs must not freeze the run loop; the lease would expire anyway). On
+// the worker's batch of changes. A connection that hangs must not freeze
+// the run loop (the lease would expire anyway): the wait to get into a
+// batch, and the batch's statement, each take at most one lease. On
 // success the lease takes the new version.
 func (e *execution) write(ctx context.Context, c task.Change) error {
 	c.TaskID, c.Version = e.lease.TaskID, e.lease.Version
 	if c.Lease == 0 {
 		c.Lease = e.w.cfg.Lease
 	}
-	ctx, cancel := context.WithTimeout(ctx, e.w.cfg.Lease)
-	defer cancel()
 	applied, err := e.w.changes.do(ctx, c)
 	if err != nil {
 		return err

@@ -122,9 +122,9 @@ type Worker struct {
 
 	// Claims and transitions made at about the same time share a
 	// statement, and the two statements a commit (writes).
-	claims  *batcher[uuid.UUID, claimed]
+	claims  *batcher[uuid.UUID, *task.Task]
 	changes *batcher[task.Change, task.Applied]
-	writes  *pair[task.Change, task.Applied, uuid.UUID, claimed]
+	writes  *pair[task.Change, task.Applied, uuid.UUID, *task.Task]
 
 	// A delivery holds a place in the window from its arrival until its
 	// handler returns, and a slot while its handler runs: the window
@@ -174,9 +174,9 @@ func New(cfg Config, deps Deps, handlers []conveyor.Handler) (*Worker, error) {
 		stopping: make(chan struct{}),
 		credit:   make(chan struct{}, 1),
 	}
-	w.claims = newBatcher[uuid.UUID, claimed](cfg.Concurrency + cfg.ReadAhead)
-	w.changes = newBatcher[task.Change, task.Applied](cfg.Concurrency)
-	w.writes = &pair[task.Change, task.Applied, uuid.UUID, claimed]{a: w.changes, b: w.claims, timeout: cfg.Lease, flush: w.flush}
+	w.claims = newBatcher[uuid.UUID, *task.Task](cfg.Concurrency+cfg.ReadAhead, 0)
+	w.changes = newBatcher[task.Change, task.Applied](cfg.Concurrency, cfg.Lease)
+	w.writes = &pair[task.Change, task.Applied, uuid.UUID, *task.Task]{a: w.changes, b: w.claims, timeout: cfg.Lease, flush: w.flush}
 	for _, h := range handlers {
 		if _, dup := w.handlers[h.Type]; dup {
 			return nil, fmt.Errorf("worker: two handlers for type %q", h.Type)
@@ -466,7 +466,7 @@ func (w *Worker) process(ctx context.Context, d outbox.Delivery, release func())
 	defer span.End()
 	log := taskLog{l: w.log, attrs: []any{"task_id", d.Body.TaskID, "type", d.Body.Type}}
 
-	t, ok, err := w.claim(ctx, d)
+	t, err := w.claim(ctx, d)
 	if err != nil {
 		log.WarnContext(ctx, "claim abandoned; message requeued", "error", err)
 		_ = d.Requeue()
@@ -474,7 +474,7 @@ func (w *Worker) process(ctx context.Context, d outbox.Delivery, release func())
 	}
 	// From here the database, not the broker, holds the task: the
 	// delivery is acknowledged whatever happens next.
-	if !ok {
+	if t == nil {
 		_ = d.Ack()
 		log.DebugContext(ctx, "delivery dropped: task not claimable (terminal, running, or not due)")
 		w.metrics.dropped.WithLabelValues("not_claimable").Inc()
@@ -482,14 +482,14 @@ func (w *Worker) process(ctx context.Context, d outbox.Delivery, release func())
 		w.signals.dropped.send(d.Body.TaskID)
 		return
 	}
-	e := w.newExecution(t, handler, log.with("attempt", t.Attempt), span, d)
+	e := w.newExecution(*t, handler, log.with("attempt", t.Attempt), span, d)
 	e.release = release
 	w.mu.Lock()
-	w.running[t.ID] = e
+	w.running[e.task.ID] = e
 	w.mu.Unlock()
 	defer func() {
 		w.mu.Lock()
-		delete(w.running, t.ID)
+		delete(w.running, e.task.ID)
 		orphan := e.orphan
 		if orphan {
 			w.orphans.Add(-1)
@@ -503,34 +503,32 @@ func (w *Worker) process(ctx context.Context, d outbox.Delivery, release func())
 }
 
 // claim retries a claim that fails on a database error until it succeeds or
-// the worker stops taking work.
-func (w *Worker) claim(ctx context.Context, d outbox.Delivery) (task.Task, bool, error) {
+// the worker stops taking work. It answers nil when the task is not
+// claimable.
+func (w *Worker) claim(ctx context.Context, d outbox.Delivery) (*task.Task, error) {
 	b := wait.Backoff(100*time.Millisecond, w.cfg.ReconnectBackoffMax)
 	for {
-		c, err := w.claims.do(ctx, d.Body.TaskID)
+		t, err := w.claims.do(ctx, d.Body.TaskID)
 		if err == nil {
-			return c.task, c.ok, nil
+			return t, nil
 		}
 		retry := b.NextBackOff()
 		w.log.WarnContext(ctx, "claim failed; retrying", "task_id", d.Body.TaskID, "error", err, "retry_in", retry)
 		select {
 		case <-w.stopping:
-			return task.Task{}, false, err
+			return nil, err
 		case <-time.After(retry):
 		}
 	}
 }
 
-type claimed struct {
-	task task.Task
-	ok   bool
-}
-
 // flush applies a batch of transitions and claims the tasks of a batch of
 // deliveries, in one round trip and one commit. Each transition is fenced
-// by its own version and fails alone. When two deliveries of one task
-// share a batch, only the first gets it.
-func (w *Worker) flush(ctx context.Context, changes []task.Change, ids []uuid.UUID) ([]task.Applied, []error, []claimed, []error) {
+// by its own version and fails alone. A claimed task is answered as a
+// pointer into the batch's tasks, which its execution copies: a task is
+// copied once on its way from the rows to its handler. When two
+// deliveries of one task share a batch, only the first gets it.
+func (w *Worker) flush(ctx context.Context, changes []task.Change, ids []uuid.UUID) ([]task.Applied, []error, []*task.Task, []error) {
 	if len(changes) > 0 {
 		w.metrics.batchSize.WithLabelValues("apply").Observe(float64(len(changes)))
 	}
@@ -538,19 +536,19 @@ func (w *Worker) flush(ctx context.Context, changes []task.Change, ids []uuid.UU
 		w.metrics.batchSize.WithLabelValues("claim").Observe(float64(len(ids)))
 	}
 	out, errs, tasks, err := w.store.ApplyAndClaim(ctx, changes, ids, w.cfg.Info.ID, w.cfg.Lease)
-	res, claimErrs := make([]claimed, len(ids)), make([]error, len(ids))
+	res, claimErrs := make([]*task.Task, len(ids)), make([]error, len(ids))
 	if err != nil {
 		// The whole call failed: every call in it fails with its error.
 		out, errs = make([]task.Applied, len(changes)), slices.Repeat([]error{err}, len(changes))
 		return out, errs, res, slices.Repeat([]error{err}, len(ids))
 	}
-	byID := make(map[uuid.UUID]task.Task, len(tasks))
-	for _, t := range tasks {
-		byID[t.ID] = t
+	byID := make(map[uuid.UUID]int, len(tasks))
+	for i, t := range tasks {
+		byID[t.ID] = i
 	}
 	for i, id := range ids {
-		if t, ok := byID[id]; ok {
-			res[i] = claimed{task: t, ok: true}
+		if j, ok := byID[id]; ok {
+			res[i] = &tasks[j]
 			delete(byID, id)
 		}
 	}
