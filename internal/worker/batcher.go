@@ -51,6 +51,7 @@ func (b *batcher[Req, Res]) do(ctx context.Context, req Req) (Res, error) {
 	select {
 	case b.in <- c:
 	default:
+		// The queue is full: only now is a bound needed.
 		if err := b.enqueue(ctx, c); err != nil {
 			var zero Res
 			return zero, err
