@@ -148,16 +148,15 @@ func (e *execution) run(ctx context.Context) {
 	}()
 	defer e.ack()
 
-	heartbeat := time.NewTicker(e.w.cfg.Heartbeat)
-	defer heartbeat.Stop()
-	// Until the handler starts, long bounds the wait for a slot; from then
-	// on, it marks the handler as running long. The run time starts with
-	// the handler.
-	deadline := time.NewTimer(time.Hour)
-	deadline.Stop()
-	defer deadline.Stop()
-	long := time.NewTimer(e.w.cfg.LongAfter)
-	defer long.Stop()
+	// One timer keeps the attempt's three clocks: the next heartbeat,
+	// which renews the lease; the long mark, which until the handler
+	// starts bounds its wait for a slot and from then on marks it as
+	// running long; and the run time, which starts with the handler. A
+	// zero time is a clock not running.
+	now := time.Now()
+	c := clocks{beat: now.Add(e.w.cfg.Heartbeat), long: now.Add(e.w.cfg.LongAfter), every: e.w.cfg.Heartbeat}
+	clock := time.NewTimer(time.Until(c.next()))
+	defer clock.Stop()
 	isLong := false
 	defer func() {
 		if isLong {
@@ -173,8 +172,9 @@ func (e *execution) run(ctx context.Context) {
 		select {
 		case <-started:
 			started = nil
-			long.Reset(e.w.cfg.LongAfter)
-			deadline.Reset(e.runTime())
+			now := time.Now()
+			c.long, c.deadline = now.Add(e.w.cfg.LongAfter), now.Add(e.runTime())
+			clock.Reset(time.Until(c.next()))
 		case out := <-done:
 			e.free()
 			if timer != nil {
@@ -182,10 +182,6 @@ func (e *execution) run(ctx context.Context) {
 			}
 			e.finish(ctx, out)
 			return
-		case <-heartbeat.C:
-			if !e.lost {
-				e.check(ctx, e.write(ctx, task.Change{Transition: task.Renew}))
-			}
 		case v := <-e.cancel:
 			if v > e.claimVersion {
 				e.markCancelled(ctx)
@@ -206,29 +202,36 @@ func (e *execution) run(ctx context.Context) {
 			timerC = nil
 			e.flushProgress(ctx)
 			lastWrite = time.Now()
-		case <-long.C:
-			if started != nil {
+		case now := <-clock.C:
+			beat, long, deadline := c.take(now)
+			if beat && !e.lost {
+				e.check(ctx, e.write(ctx, task.Change{Transition: task.Renew}))
+			}
+			switch {
+			case long && started != nil:
 				// Claimed ahead, and every slot stayed taken: another
 				// worker may start it sooner, unless the handler is
-				// starting right now (its start resets this timer).
+				// starting right now (its start sets this clock again).
 				if e.start.CompareAndSwap(startWaiting, startGivenUp) {
 					e.stop(errNoSlot)
 				}
-				continue
+			case long:
+				// From now on the broker sends this worker nothing it
+				// could not start at once (Worker.prefetch).
+				isLong = true
+				e.w.long.Add(1)
+				e.w.pokeCredit()
 			}
-			// From now on the broker sends this worker nothing it could
-			// not start at once (Worker.prefetch).
-			isLong = true
-			e.w.long.Add(1)
-			e.w.pokeCredit()
-		case <-deadline.C:
-			if !e.cancelled && !e.lost {
-				e.timedOut = true
-				e.log.WarnContext(ctx, "attempt ran past its run time: stopping the handler", "run_time", e.runTime())
-				e.span.AddEvent("timed out")
-				e.stop(conveyor.ErrTimeout)
+			if deadline {
+				if !e.cancelled && !e.lost {
+					e.timedOut = true
+					e.log.WarnContext(ctx, "attempt ran past its run time: stopping the handler", "run_time", e.runTime())
+					e.span.AddEvent("timed out")
+					e.stop(conveyor.ErrTimeout)
+				}
+				giveUp = time.After(e.w.cfg.Lease)
 			}
-			giveUp = time.After(e.w.cfg.Lease)
+			clock.Reset(time.Until(c.next()))
 		case <-giveUp:
 			// The handler ignores its context: stop renewing the lease and
 			// store the timeout without it; whatever it returns is dropped.
@@ -241,6 +244,42 @@ func (e *execution) run(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// clocks are the times at which an attempt's run loop has something to
+// do; a zero time is a clock not running.
+type clocks struct {
+	beat, long, deadline time.Time
+	// every is the heartbeat's interval.
+	every time.Duration
+}
+
+// next is the earliest running clock. The heartbeat always runs.
+func (c clocks) next() time.Time {
+	next := c.beat
+	if !c.long.IsZero() && c.long.Before(next) {
+		next = c.long
+	}
+	if !c.deadline.IsZero() && c.deadline.Before(next) {
+		next = c.deadline
+	}
+	return next
+}
+
+// take says which clocks are due at now: the heartbeat starts over, the
+// others stop.
+func (c *clocks) take(now time.Time) (beat, long, deadline bool) {
+	due := func(t *time.Time) bool {
+		if t.IsZero() || t.After(now) {
+			return false
+		}
+		*t = time.Time{}
+		return true
+	}
+	if beat = due(&c.beat); beat {
+		c.beat = now.Add(c.every)
+	}
+	return beat, due(&c.long), due(&c.deadline)
 }
 
 // errNoSlot stops a task claimed ahead that found no free slot in time.

@@ -259,6 +259,31 @@ func TestWorkerTimesOutAHandlerThatIgnoresItsContext(t *testing.T) {
 }
 
 // A handler that honours its context times out as a failed attempt too.
+// A running task's lease is renewed every heartbeat (100 ms here), not
+// once, and the renewals stop with the task.
+func TestWorkerRenewsTheLeaseEveryHeartbeat(t *testing.T) {
+	h := newBlocking()
+	b := setup(t, testConfig{handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	id := b.store.add("t.block", 3)
+	b.deliver(t, id)
+	receive(t, h.entered)
+	renewals := func() int {
+		n := 0
+		for _, tr := range b.store.transitions(id) {
+			if tr == task.Renew {
+				n++
+			}
+		}
+		return n
+	}
+	require.Eventually(t, func() bool { return renewals() >= 3 }, waitLimit, 10*time.Millisecond)
+	close(h.release)
+	require.Equal(t, "completed", b.finished(t, id))
+	after := renewals()
+	time.Sleep(300 * time.Millisecond)
+	require.Equal(t, after, renewals(), "no renewal after the outcome")
+}
+
 func TestWorkerTimesOutAHandler(t *testing.T) {
 	h := newBlocking()
 	b := setup(t, testConfig{maxRunTime: 20 * time.Millisecond, handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
