@@ -266,8 +266,10 @@ func (c clocks) next() time.Time {
 	return next
 }
 
-// take says which clocks are due at now: the heartbeat starts over, the
-// others stop.
+// take says which clocks are due at now (the timer's time): the
+// heartbeat starts over from the moment it is taken, so a loop that was
+// held up renews once, not once for each interval it missed; the others
+// stop.
 func (c *clocks) take(now time.Time) (beat, long, deadline bool) {
 	due := func(t *time.Time) bool {
 		if t.IsZero() || t.After(now) {
@@ -277,7 +279,7 @@ func (c *clocks) take(now time.Time) (beat, long, deadline bool) {
 		return true
 	}
 	if beat = due(&c.beat); beat {
-		c.beat = now.Add(c.every)
+		c.beat = time.Now().Add(c.every)
 	}
 	return beat, due(&c.long), due(&c.deadline)
 }

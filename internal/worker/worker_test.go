@@ -258,7 +258,6 @@ func TestWorkerTimesOutAHandlerThatIgnoresItsContext(t *testing.T) {
 	require.Equal(t, n, len(b.store.transitions(id)))
 }
 
-// A handler that honours its context times out as a failed attempt too.
 // A running task's lease is renewed every heartbeat (100 ms here), not
 // once, and the renewals stop with the task.
 func TestWorkerRenewsTheLeaseEveryHeartbeat(t *testing.T) {
@@ -284,6 +283,7 @@ func TestWorkerRenewsTheLeaseEveryHeartbeat(t *testing.T) {
 	require.Equal(t, after, renewals(), "no renewal after the outcome")
 }
 
+// A handler that honours its context times out as a failed attempt too.
 func TestWorkerTimesOutAHandler(t *testing.T) {
 	h := newBlocking()
 	b := setup(t, testConfig{maxRunTime: 20 * time.Millisecond, handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
