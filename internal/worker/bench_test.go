@@ -2,16 +2,11 @@ package worker
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/conveyorhq/conveyor"
 	"github.com/conveyorhq/conveyor/internal/outbox"
@@ -33,11 +28,7 @@ func BenchmarkNoops(b *testing.B) {
 		Info: registry.Worker{ID: "w1"}, Concurrency: 256, ReadAhead: 256, Lease: time.Minute, Heartbeat: 10 * time.Second,
 		ProgressInterval: time.Second, BackoffBase: time.Second, BackoffMax: time.Minute, ShutdownTimeout: time.Second,
 		MaxRunTime: time.Hour, LongAfter: time.Minute, ReconnectBackoffMax: time.Second,
-	}, Deps{
-		Store: store, Broker: broker, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		TracerProvider: noop.NewTracerProvider(), Propagator: propagation.TraceContext{},
-		Metrics: NewMetrics(prometheus.NewRegistry()),
-	}, []conveyor.Handler{{Type: "noop", Func: func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) {
+	}, fakeDeps(store, broker), []conveyor.Handler{{Type: "noop", Func: func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) {
 		return nil, nil
 	}}})
 	if err != nil {

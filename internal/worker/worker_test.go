@@ -48,6 +48,16 @@ type testConfig struct {
 	handlers    []conveyor.Handler
 }
 
+// fakeDeps are a worker's collaborators in memory, with no logs, traces
+// or metrics anyone reads.
+func fakeDeps(store *fakeStore, broker *fakeBroker) Deps {
+	return Deps{
+		Store: store, Broker: broker, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		TracerProvider: noop.NewTracerProvider(), Propagator: propagation.TraceContext{},
+		Metrics: NewMetrics(prometheus.NewRegistry()),
+	}
+}
+
 func setup(t *testing.T, tc testConfig) *testBundle {
 	t.Helper()
 	t.Parallel()
@@ -68,11 +78,7 @@ func setup(t *testing.T, tc testConfig) *testBundle {
 		ProgressInterval: 10 * time.Millisecond, BackoffBase: time.Millisecond, BackoffMax: 10 * time.Millisecond,
 		ShutdownTimeout: time.Second, MaxRunTime: tc.maxRunTime, ReadAhead: tc.readAhead, LongAfter: tc.longAfter,
 		ReconnectBackoffMax: 10 * time.Millisecond,
-	}, Deps{
-		Store: b.store, Broker: b.broker, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		TracerProvider: noop.NewTracerProvider(), Propagator: propagation.TraceContext{},
-		Metrics: NewMetrics(prometheus.NewRegistry()),
-	}, tc.handlers)
+	}, fakeDeps(b.store, b.broker), tc.handlers)
 	require.NoError(t, err)
 	w.signals = signals{
 		connected: make(signal[struct{}], 16), started: make(signal[uuid.UUID], 100),
