@@ -81,9 +81,36 @@ func (e *env) system(ctx context.Context, name string, apiConns int, apiVars ...
 	return s, nil
 }
 
+// noPriorities is the setting of workers whose queues keep no priorities.
+const noPriorities = "AMQP_MAX_PRIORITY=0"
+
+// queuesOf is how workers started with vars declare their queues.
+func queuesOf(vars []string) rabbitmq.Queues {
+	if slices.Contains(vars, noPriorities) {
+		return rabbitmq.Queues{Type: rabbitmq.Classic}
+	}
+	return rabbitmq.ClassicQueues
+}
+
+// declareFor declares the burn-down's queue again as workers started with
+// vars declare it, when they do so otherwise than the system did.
+func (s *system) declareFor(vars []string) error {
+	if qs := queuesOf(vars); qs != rabbitmq.ClassicQueues {
+		return declareQueuesAs(s.amqpURL, qs, true, "demo.noop")
+	}
+	return nil
+}
+
 // declareQueues declares the exchanges and the queues of taskTypes, as
 // workers of those types do when they start.
 func declareQueues(amqpURL string, taskTypes ...string) error {
+	return declareQueuesAs(amqpURL, rabbitmq.ClassicQueues, false, taskTypes...)
+}
+
+// declareQueuesAs declares the exchanges and the queues of taskTypes as qs
+// says, first deleting the queues when fresh is set: a queue keeps the
+// arguments it was created with.
+func declareQueuesAs(amqpURL string, qs rabbitmq.Queues, fresh bool, taskTypes ...string) error {
 	conn, err := amqp.Dial(amqpURL)
 	if err != nil {
 		return err
@@ -97,7 +124,12 @@ func declareQueues(amqpURL string, taskTypes ...string) error {
 		return err
 	}
 	for _, typ := range taskTypes {
-		if err := rabbitmq.DeclareTaskQueue(ch, typ); err != nil {
+		if fresh {
+			if _, err := ch.QueueDelete(rabbitmq.QueueName(typ), false, false, false); err != nil {
+				return err
+			}
+		}
+		if err := rabbitmq.DeclareTaskQueueOf(ch, typ, qs); err != nil {
 			return err
 		}
 	}

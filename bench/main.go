@@ -687,6 +687,13 @@ func (b *bench) burnDown(ctx context.Context) error {
 	}
 	b.vs("Conveyor: burn-down, default configuration", h.def.perSec, "tasks/s", name, 0.8)
 	b.last().Config = fmt.Sprintf("defaults: WORKER_CONCURRENCY %d, prefetch %d", h.def.concurrency, workerPrefetch(h.def.concurrency))
+	const fifo = "Conveyor: burn-down, default configuration, queues without priorities"
+	b.vs(fifo, h.fifo.perSec, "tasks/s", "Conveyor: burn-down, default configuration", 0)
+	b.last().Config = noPriorities
+	if h.river > 0 {
+		b.vs(fifo+", vs River's best", h.fifo.perSec, "tasks/s", river, 0)
+		b.last().Config = noPriorities
+	}
 	b.vs("Conveyor: write transactions per task (burn-down)", h.best.commits, "txs", "River: write transactions per job (burn-down)", 0)
 	b.last().Config = config
 	b.vs("Conveyor: WAL per task (burn-down)", h.best.wal, "bytes", "River: WAL per job (burn-down)", 0)
@@ -698,13 +705,16 @@ func (b *bench) burnDown(ctx context.Context) error {
 // headToHeadResult is the head-to-head's figure of each entrant.
 type headToHeadResult struct {
 	best, def conveyorBurnResult
-	river     float64 // 0: the river step did not run
-	bare      float64
+	// fifo is the default configuration on queues without priorities.
+	fifo  conveyorBurnResult
+	river float64 // 0: the river step did not run
+	bare  float64
 }
 
 // headToHead runs the burn-down's entrants in turns, the same backlog
 // each: Conveyor at the sweep's best concurrency, Conveyor as installed
-// (no variable set), River at its sweep's best, and the bare consumer
+// (no variable set), the same on queues without priorities
+// (AMQP_MAX_PRIORITY=0), River at its sweep's best, and the bare consumer
 // draining a queue at the best's prefetch, acking each message. Each runs
 // -burn-tries times (A B C D, D C B A, ...) and keeps its best.
 //
@@ -729,6 +739,13 @@ func (b *bench) headToHead(ctx context.Context, conc int) (headToHeadResult, err
 			r, err := b.conveyorBurn(ctx, fmt.Sprintf("bench_h2h_default_%d", try), 1, 0)
 			if err == nil && r.perSec > h.def.perSec {
 				h.def = r
+			}
+			return r.perSec, err
+		},
+		func(try int) (float64, error) {
+			r, err := b.conveyorBurn(ctx, fmt.Sprintf("bench_h2h_fifo_%d", try), 1, 0, noPriorities)
+			if err == nil && r.perSec > h.fifo.perSec {
+				h.fifo = r
 			}
 			return r.perSec, err
 		},
@@ -826,6 +843,9 @@ func (b *bench) conveyorBurn(ctx context.Context, name string, procs, concurrenc
 	err := b.scope(func() error {
 		s, err := b.e.system(ctx, name, b.o.pool)
 		if err != nil {
+			return err
+		}
+		if err := s.declareFor(vars); err != nil {
 			return err
 		}
 		if err := s.startRelay(); err != nil {

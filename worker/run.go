@@ -75,7 +75,7 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 	}, runner.Deps{
 		Store: store,
 		Broker: runner.BrokerFunc(func(_ context.Context, types []string, prefetch int) (runner.Source, error) {
-			c, err := rabbitmq.DialConsumer(cfg.AMQPURL, name, cfg.AMQPQueueType, types, prefetch)
+			c, err := rabbitmq.DialConsumer(cfg.AMQPURL, name, cfg.Queues(), types, prefetch)
 			if err != nil {
 				return nil, err
 			}

@@ -216,6 +216,31 @@ func (b *bundle) waitUntil(t *testing.T, id uuid.UUID, desc string, cond func(ta
 	})
 }
 
+// A worker told to declare its queues without priorities does so, and
+// runs their tasks; a worker that wants priorities on such a queue is
+// refused by the broker, as every worker of a type must agree.
+func TestWorkerDeclaresQueuesWithoutPriorities(t *testing.T) {
+	b := setup(t)
+	b.startWorker(t, "w1", "AMQP_MAX_PRIORITY=0")
+	id := b.submit(t, "demo.noop", nil, 1)
+	b.waitStatus(t, id, "COMPLETED", 30*time.Second)
+
+	conn, err := amqp.Dial(b.amqpURL)
+	require.NoError(t, err)
+	defer func() { _ = conn.Close() }()
+	for qs, refused := range map[rabbitmq.Queues]bool{{Type: rabbitmq.Classic}: false, rabbitmq.ClassicQueues: true} {
+		ch, err := conn.Channel()
+		require.NoError(t, err)
+		err = rabbitmq.DeclareTaskQueueOf(ch, "demo.noop", qs)
+		if refused {
+			require.ErrorContains(t, err, "AMQP_MAX_PRIORITY")
+			continue
+		}
+		require.NoError(t, err)
+		_ = ch.Close()
+	}
+}
+
 func TestWorkerRunsTaskReportingProgress(t *testing.T) {
 	b := setup(t)
 	b.startWorker(t, "w1")

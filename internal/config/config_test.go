@@ -56,6 +56,8 @@ func TestLoadWorkerNamesTheBadVariable(t *testing.T) {
 		{"AMQP_URL", "amqp://localhost:5672/,localhost:5673"},
 		{"AMQP_QUEUE_TYPE", "stream"},
 		{"AMQP_QUEUE_TYPE", "Quorum"},
+		{"AMQP_MAX_PRIORITY", "-1"},
+		{"AMQP_MAX_PRIORITY", "10"},
 	}
 	requireLoadNamesTheBadVariable[config.Worker](t, tests)
 }
@@ -81,6 +83,20 @@ func TestLoadWorkerDefaults(t *testing.T) {
 	require.Equal(t, 30*time.Second, cfg.LeaseDuration)
 	require.Equal(t, 5*time.Second, cfg.HeartbeatInterval)
 	require.Equal(t, rabbitmq.Classic, cfg.AMQPQueueType)
+	require.Equal(t, rabbitmq.ClassicQueues, cfg.Queues())
+}
+
+func TestLoadWorkerTakesQueuesWithoutPriorities(t *testing.T) {
+	t.Setenv("AMQP_MAX_PRIORITY", "0")
+	cfg, err := config.Load[config.Worker]()
+	require.NoError(t, err)
+	require.Equal(t, rabbitmq.Queues{Type: rabbitmq.Classic}, cfg.Queues())
+
+	// Quorum queues take no priorities: a maximum set for them is a
+	// mistake, not something to ignore.
+	t.Setenv("AMQP_QUEUE_TYPE", "quorum")
+	_, err = config.Load[config.Worker]()
+	require.ErrorContains(t, err, "AMQP_MAX_PRIORITY")
 }
 
 func TestLoadWorkerTakesAClusterAndQuorumQueues(t *testing.T) {
@@ -89,6 +105,7 @@ func TestLoadWorkerTakesAClusterAndQuorumQueues(t *testing.T) {
 	cfg, err := config.Load[config.Worker]()
 	require.NoError(t, err)
 	require.Equal(t, rabbitmq.Quorum, cfg.AMQPQueueType)
+	require.Equal(t, rabbitmq.QuorumQueues, cfg.Queues())
 }
 
 func TestLoadRelayNamesTheBadAMQPURL(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/conveyorhq/conveyor/internal/rabbitmq"
+	"github.com/conveyorhq/conveyor/internal/task"
 )
 
 // Worker configures a worker binary (cmd/worker, or one built with
@@ -19,6 +20,11 @@ type Worker struct {
 	// classic (priorities 0-9 honoured) or quorum (replicated over the
 	// cluster; see docs/quorum.md). Every worker of a type must agree.
 	AMQPQueueType rabbitmq.QueueType `envconfig:"AMQP_QUEUE_TYPE" default:"classic"`
+	// AMQPMaxPriority is how many priorities a classic queue keeps apart
+	// (x-max-priority): all of them by default, 0 for queues without
+	// priorities, which deliver in publication order and cost the broker
+	// less. Every worker of a type must agree.
+	AMQPMaxPriority int `envconfig:"AMQP_MAX_PRIORITY" default:"9"`
 	AdminAddr     string             `envconfig:"WORKER_ADMIN_ADDR" default:":8082"`
 	Concurrency   int                `envconfig:"WORKER_CONCURRENCY" default:"256"`
 	// ID names the worker in the registry and on the tasks it runs; empty
@@ -81,6 +87,14 @@ type Worker struct {
 	AdmissionMinWindow int `envconfig:"ADMISSION_MIN_WINDOW" default:"64"`
 }
 
+// Queues is how the worker declares its types' queues.
+func (c Worker) Queues() rabbitmq.Queues {
+	if c.AMQPQueueType == rabbitmq.Quorum {
+		return rabbitmq.QuorumQueues
+	}
+	return rabbitmq.Queues{Type: c.AMQPQueueType, MaxPriority: c.AMQPMaxPriority}
+}
+
 // Validate checks the worker's configuration.
 func (c Worker) Validate() error {
 	if err := c.Common.Validate(); err != nil {
@@ -91,6 +105,12 @@ func (c Worker) Validate() error {
 	}
 	if _, err := rabbitmq.ParseQueueType(string(c.AMQPQueueType)); err != nil {
 		return fmt.Errorf("AMQP_QUEUE_TYPE: %w", err)
+	}
+	if c.AMQPMaxPriority < 0 || c.AMQPMaxPriority > task.MaxPriority {
+		return fmt.Errorf("AMQP_MAX_PRIORITY: must be between 0 (no priorities) and %d, got %d", task.MaxPriority, c.AMQPMaxPriority)
+	}
+	if c.AMQPQueueType == rabbitmq.Quorum && c.AMQPMaxPriority != task.MaxPriority {
+		return fmt.Errorf("AMQP_MAX_PRIORITY: quorum queues take no priorities on RabbitMQ 3.x; leave it unset with AMQP_QUEUE_TYPE=quorum")
 	}
 	if c.Concurrency < 1 || c.Concurrency > 10000 {
 		return fmt.Errorf("WORKER_CONCURRENCY: must be between 1 and 10000, got %d", c.Concurrency)

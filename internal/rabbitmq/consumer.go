@@ -31,7 +31,7 @@ var ErrClosed = errors.New("rabbitmq: consumer closed")
 // case: it ends the consumer's goroutines.
 type Consumer struct {
 	conn    *amqp.Connection
-	qt      QueueType
+	qs      Queues
 	tasks   *amqp.Channel
 	settler *settler // of the tasks channel
 	control *amqp.Channel
@@ -58,8 +58,8 @@ type Consumer struct {
 }
 
 // DialConsumer connects to a node of url (see ParseURLs), declares the
-// topology the worker needs (the exchanges, a durable queue of type qt per
-// type, its own exclusive control queue) and starts consuming. name is the
+// topology the worker needs (the exchanges, a durable queue per type as qs
+// says, its own exclusive control queue) and starts consuming. name is the
 // connection name the broker shows.
 //
 // prefetch bounds the unacknowledged task messages. On classic queues the
@@ -68,14 +68,14 @@ type Consumer struct {
 // the connection with NOT_IMPLEMENTED), so there the bound is per consumer:
 // each type's queue may have prefetch messages unacknowledged, and a worker
 // of n types may hold up to n times prefetch.
-func DialConsumer(url, name string, qt QueueType, types []string, prefetch int) (*Consumer, error) {
+func DialConsumer(url, name string, qs Queues, types []string, prefetch int) (*Consumer, error) {
 	conn, err := dial(url, name)
 	if err != nil {
 		return nil, err
 	}
 	c := &Consumer{
 		conn:       conn,
-		qt:         qt,
+		qs:         qs,
 		queues:     make(map[string]string, len(types)),
 		deliveries: make(chan outbox.Delivery),
 		cancels:    make(chan outbox.Cancel, 64),
@@ -111,7 +111,7 @@ func (c *Consumer) open(types []string, prefetch int) error {
 	}
 	streams := make(map[string]<-chan amqp.Delivery, len(types))
 	for _, typ := range types {
-		if err := DeclareTaskQueueOf(c.tasks, typ, c.qt); err != nil {
+		if err := DeclareTaskQueueOf(c.tasks, typ, c.qs); err != nil {
 			return err
 		}
 		q := QueueName(typ)
@@ -286,7 +286,7 @@ func (c *Consumer) SetPrefetch(n int) error {
 // qos sets the task channel's prefetch: channel-wide (global) on classic
 // queues, per consumer on quorum queues, which support nothing else.
 func (c *Consumer) qos(n int) error {
-	return c.tasks.Qos(n, 0, c.qt != Quorum)
+	return c.tasks.Qos(n, 0, c.qs.Type != Quorum)
 }
 
 // StopConsuming asks the broker to send no more task messages; the control

@@ -20,7 +20,7 @@ const wait = 15 * time.Second
 
 func dialConsumer(t *testing.T, v vhost, types ...string) *rabbitmq.Consumer {
 	t.Helper()
-	c, err := rabbitmq.DialConsumer(v.url, "test-consumer", rabbitmq.Classic, types, 4)
+	c, err := rabbitmq.DialConsumer(v.url, "test-consumer", rabbitmq.ClassicQueues, types, 4)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
 	return c
@@ -115,6 +115,48 @@ func TestConsumerDeliversTaskMessages(t *testing.T) {
 	require.True(t, d.Redelivered)
 	require.NoError(t, d.Ack())
 	requireOpen(t, c)
+}
+
+// A queue delivers what waits in it by priority, as many priorities as it
+// keeps apart: higher ones count as its highest, and a queue without
+// priorities delivers in publication order.
+func TestQueuesDeliverByTheirPriorities(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		qs   rabbitmq.Queues
+		want []string // message ids, published with priorities 0, 5, 9
+	}{
+		{"all", rabbitmq.ClassicQueues, []string{"3", "2", "1"}},
+		{"four", rabbitmq.Queues{Type: rabbitmq.Classic, MaxPriority: 4}, []string{"2", "3", "1"}},
+		{"none", rabbitmq.Queues{Type: rabbitmq.Classic}, []string{"1", "2", "3"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			v := newVhost(t)
+			ch := channel(t, v)
+			require.NoError(t, rabbitmq.DeclareExchanges(ch))
+			require.NoError(t, rabbitmq.DeclareTaskQueueOf(ch, "a", tt.qs))
+			var msgs []outbox.Message
+			for i, priority := range []uint8{0, 5, 9} {
+				m := runMessage(int64(i+1), "a")
+				m.Priority = priority
+				msgs = append(msgs, m)
+			}
+			require.Len(t, dialPublisher(t, v).Publish(context.Background(), msgs).Published, 3)
+
+			c, err := rabbitmq.DialConsumer(v.url, "test-consumer", tt.qs, []string{"a"}, 1)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = c.Close() })
+			var got []string
+			for range msgs {
+				d := next(t, c, c.Deliveries(), "delivery")
+				got = append(got, d.MessageID)
+				require.NoError(t, d.Ack())
+			}
+			require.Equal(t, tt.want, got)
+		})
+	}
 }
 
 // StopConsuming ends the task consumers without closing Done, and cancel
@@ -281,7 +323,7 @@ func TestConsumerCloseEndsGoroutines(t *testing.T) {
 			runtime.GC()
 			baseline := runtime.NumGoroutine()
 
-			c, err := rabbitmq.DialConsumer(v.url, "test-consumer", rabbitmq.Classic, []string{"x", "y"}, 4)
+			c, err := rabbitmq.DialConsumer(v.url, "test-consumer", rabbitmq.ClassicQueues, []string{"x", "y"}, 4)
 			require.NoError(t, err)
 			require.Greater(t, runtime.NumGoroutine(), baseline)
 			if tc.end != nil {

@@ -33,7 +33,7 @@ func queueStats(t *testing.T, v vhost) map[string]string {
 func TestQuorumConsumerGivesEachQueueTheCredit(t *testing.T) {
 	t.Parallel()
 	v := newVhost(t)
-	c, err := rabbitmq.DialConsumer(v.url, "test-consumer", rabbitmq.Quorum, []string{"a", "b"}, 2)
+	c, err := rabbitmq.DialConsumer(v.url, "test-consumer", rabbitmq.QuorumQueues, []string{"a", "b"}, 2)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
 	p := dialPublisher(t, v)
@@ -66,34 +66,42 @@ func TestQuorumConsumerGivesEachQueueTheCredit(t *testing.T) {
 	requireOpen(t, c)
 }
 
-// A queue declared with one type cannot be declared with the other: the
-// broker's PRECONDITION_FAILED comes back naming the variable to check.
-func TestDeclareTaskQueueOfTheOtherTypeNamesTheVariable(t *testing.T) {
+// A queue declared with one type, or one maximum priority, cannot be
+// declared with another: the broker's PRECONDITION_FAILED comes back naming
+// the variables to check.
+func TestDeclareTaskQueueOfOtherArgumentsNamesTheVariables(t *testing.T) {
 	t.Parallel()
 	v := newVhost(t)
-	for _, tt := range []struct{ first, then rabbitmq.QueueType }{
-		{rabbitmq.Classic, rabbitmq.Quorum},
-		{rabbitmq.Quorum, rabbitmq.Classic},
+	fifo := rabbitmq.Queues{Type: rabbitmq.Classic}
+	for _, tt := range []struct {
+		name        string
+		first, then rabbitmq.Queues
+	}{
+		{"classic", rabbitmq.ClassicQueues, rabbitmq.QuorumQueues},
+		{"quorum", rabbitmq.QuorumQueues, rabbitmq.ClassicQueues},
+		{"fifo", fifo, rabbitmq.ClassicQueues},
+		{"priorities", rabbitmq.ClassicQueues, fifo},
 	} {
-		taskType := "declared-" + string(tt.first)
+		taskType := "declared-" + tt.name
 		ch := channel(t, v)
 		require.NoError(t, rabbitmq.DeclareExchanges(ch))
 		require.NoError(t, rabbitmq.DeclareTaskQueueOf(ch, taskType, tt.first))
 		require.NoError(t, rabbitmq.DeclareTaskQueueOf(ch, taskType, tt.first), "idempotent")
 
 		err := rabbitmq.DeclareTaskQueueOf(ch, taskType, tt.then)
-		require.ErrorContains(t, err, "AMQP_QUEUE_TYPE")
+		require.ErrorContains(t, err, "check that AMQP_QUEUE_TYPE and AMQP_MAX_PRIORITY", tt.name)
 		var ae *amqp.Error
 		require.True(t, errors.As(err, &ae), "%v", err)
 		require.Equal(t, amqp.PreconditionFailed, ae.Code)
 
-		// A worker of the other type fails the same way, before consuming.
+		// A worker declaring otherwise fails the same way, before consuming.
 		_, err = rabbitmq.DialConsumer(v.url, "test-consumer", tt.then, []string{taskType}, 4)
-		require.ErrorContains(t, err, "AMQP_QUEUE_TYPE")
+		require.ErrorContains(t, err, "AMQP_MAX_PRIORITY", tt.name)
 	}
 	stats := queueStats(t, v)
 	require.Equal(t, "classic\t0\t0", stats[rabbitmq.QueueName("declared-classic")])
 	require.Equal(t, "quorum\t0\t0", stats[rabbitmq.QueueName("declared-quorum")])
+	require.Equal(t, "classic\t0\t0", stats[rabbitmq.QueueName("declared-fifo")])
 }
 
 func TestParseQueueType(t *testing.T) {

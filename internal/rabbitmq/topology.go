@@ -5,7 +5,7 @@
 // PostgreSQL holds every task; RabbitMQ only delivers. A task.run message
 // goes to the direct exchange conveyor.tasks with the task's type as routing
 // key and lands in the durable queue conveyor.task.<type>, a classic
-// priority queue or a replicated quorum queue (QueueType). Only workers
+// queue, with priorities or without (Queues), or a replicated quorum queue. Only workers
 // declare those queues, for the types they run: a message for a type no
 // worker has declared yet is returned to the relay, which parks it
 // in PostgreSQL. task.cancel messages are broadcast on the fanout exchange
@@ -53,8 +53,8 @@ func DeclareExchanges(ch *amqp.Channel) error {
 type QueueType string
 
 const (
-	// Classic queues live on one node and honour every task priority
-	// (x-max-priority is task.MaxPriority). The default.
+	// Classic queues live on one node and honour the task priorities up
+	// to Queues.MaxPriority (all of them by default). The default.
 	Classic QueueType = "classic"
 	// Quorum queues are replicated over a cluster's nodes (Raft) and
 	// survive the loss of a minority of them. RabbitMQ 3.x refuses
@@ -74,36 +74,69 @@ func ParseQueueType(s string) (QueueType, error) {
 	return "", fmt.Errorf("unknown queue type %q: must be %q or %q", s, Classic, Quorum)
 }
 
+// Queues says how the workers declare their types' queues: the queue type
+// and, for classic queues, how many priorities the broker keeps apart.
+// Every worker of a type must agree, since a queue keeps the arguments it
+// was created with.
+type Queues struct {
+	Type QueueType
+	// MaxPriority is a classic queue's x-max-priority, from 1 to
+	// task.MaxPriority: a message of a higher priority counts as of this
+	// one. 0 declares queues without priorities, which deliver in
+	// publication order and cost the broker less (about a third less CPU a
+	// task in a burn-down, docs/performance.md). Quorum queues ignore it.
+	MaxPriority int
+}
+
+// ClassicQueues are classic queues that honour every task priority: the
+// default.
+var ClassicQueues = Queues{Type: Classic, MaxPriority: task.MaxPriority}
+
+// QuorumQueues are quorum queues.
+var QuorumQueues = Queues{Type: Quorum}
+
 // arguments are the queue arguments a type's queue is declared with.
-func (qt QueueType) arguments() amqp.Table {
-	if qt == Quorum {
+func (q Queues) arguments() amqp.Table {
+	switch {
+	case q.Type == Quorum:
 		return amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum}
+	case q.MaxPriority > 0:
+		return amqp.Table{"x-max-priority": int32(q.MaxPriority)}
 	}
-	return amqp.Table{"x-max-priority": int32(task.MaxPriority)}
+	return nil
+}
+
+// String names the queues as the configuration spells them.
+func (q Queues) String() string {
+	if q.Type == Quorum {
+		return string(q.Type)
+	}
+	return fmt.Sprintf("%s (max priority %d)", q.Type, q.MaxPriority)
 }
 
 // DeclareTaskQueue declares a type's durable classic queue, whose
 // x-max-priority is task.MaxPriority so that every priority a task may have
 // is honoured, and binds it to the tasks exchange with the type as routing
-// key. It is DeclareTaskQueueOf with Classic.
+// key. It is DeclareTaskQueueOf with ClassicQueues.
 func DeclareTaskQueue(ch *amqp.Channel, taskType string) error {
-	return DeclareTaskQueueOf(ch, taskType, Classic)
+	return DeclareTaskQueueOf(ch, taskType, ClassicQueues)
 }
 
-// DeclareTaskQueueOf declares a type's durable queue of type qt and binds it
+// DeclareTaskQueueOf declares a type's durable queue as qs says and binds it
 // to the tasks exchange with the type as routing key. Workers declare the
 // queues of their types before consuming; the relay never declares one, so
 // the set of queues is the set of types some worker runs. Declaring is
 // idempotent, but RabbitMQ refuses (PRECONDITION_FAILED, which also closes
 // ch) to declare a queue that exists with other arguments, such as the
-// other type: the error then says so.
-func DeclareTaskQueueOf(ch *amqp.Channel, taskType string, qt QueueType) error {
+// other type or another maximum priority: the error then says so.
+func DeclareTaskQueueOf(ch *amqp.Channel, taskType string, qs Queues) error {
 	q := QueueName(taskType)
-	if _, err := ch.QueueDeclare(q, true, false, false, false, qt.arguments()); err != nil {
+	if _, err := ch.QueueDeclare(q, true, false, false, false, qs.arguments()); err != nil {
 		var ae *amqp.Error
 		if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
 			return fmt.Errorf("declare queue %s as %s: %w (the queue exists with other arguments: "+
-				"check that AMQP_QUEUE_TYPE is the type it was created with, or delete it to change its type)", q, qt, err)
+				"check that AMQP_QUEUE_TYPE and AMQP_MAX_PRIORITY are what it was created with, "+
+				"or delete it to change them)", q, qs, err)
 		}
 		return fmt.Errorf("declare queue %s: %w", q, err)
 	}
