@@ -24,9 +24,9 @@ type Worker struct {
 	// (x-max-priority): all of them by default, 0 for queues without
 	// priorities, which deliver in publication order and cost the broker
 	// less. Every worker of a type must agree.
-	AMQPMaxPriority int `envconfig:"AMQP_MAX_PRIORITY" default:"9"`
-	AdminAddr     string             `envconfig:"WORKER_ADMIN_ADDR" default:":8082"`
-	Concurrency   int                `envconfig:"WORKER_CONCURRENCY" default:"256"`
+	AMQPMaxPriority int    `envconfig:"AMQP_MAX_PRIORITY" default:"9"`
+	AdminAddr       string `envconfig:"WORKER_ADMIN_ADDR" default:":8082"`
+	Concurrency     int    `envconfig:"WORKER_CONCURRENCY" default:"256"`
 	// ID names the worker in the registry and on the tasks it runs; empty
 	// means hostname, pid and a random suffix.
 	ID string `envconfig:"WORKER_ID"`
