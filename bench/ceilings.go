@@ -86,7 +86,7 @@ func publishCeiling(amqpURL string, n, batch int) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	ch, err := conn.Channel()
 	if err != nil {
 		return 0, err
@@ -118,7 +118,7 @@ func publishCeiling(amqpURL string, n, batch int) (float64, error) {
 		}
 		for _, dc := range confirms {
 			if ok, err := dc.WaitContext(ctx); err != nil || !ok {
-				return 0, fmt.Errorf("publish not confirmed: %v", err)
+				return 0, fmt.Errorf("publish not confirmed: %w", err)
 			}
 		}
 	}
@@ -138,7 +138,7 @@ func consumeCeiling(ctx context.Context, amqpURL string, n, prefetch, ackEvery i
 	if err != nil {
 		return 0, err
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	ch, err := conn.Channel()
 	if err != nil {
 		return 0, err
@@ -182,7 +182,7 @@ func fillQueue(ctx context.Context, amqpURL, taskType string, n int) error {
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	ch, err := conn.Channel()
 	if err != nil {
 		return err

@@ -115,7 +115,7 @@ func declareQueuesAs(amqpURL string, qs rabbitmq.Queues, fresh bool, taskTypes .
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	ch, err := conn.Channel()
 	if err != nil {
 		return err
@@ -609,10 +609,4 @@ func percentile(d []time.Duration, q float64) time.Duration {
 	s := slices.Clone(d)
 	slices.Sort(s)
 	return s[min(len(s)-1, int(q*float64(len(s))))]
-}
-
-// jsonString is for table notes.
-func jsonString(v any) string {
-	b, _ := json.Marshal(v)
-	return string(b)
 }

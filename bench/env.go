@@ -195,7 +195,7 @@ func waitHTTP(url string, timeout time.Duration) error {
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not ready after %s (last error: %v)", url, timeout, err)
+			return fmt.Errorf("%s not ready after %s (last error: %w)", url, timeout, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

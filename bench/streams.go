@@ -164,7 +164,7 @@ func (s *system) openStreams(ctx context.Context, n int) (*streamClients, error)
 			c.close()
 			return nil, fmt.Errorf("open stream: status %d", resp.StatusCode)
 		}
-		c.resps = append(c.resps, resp)
+		c.resps = append(c.resps, resp) //nolint:bodyclose // a stream's body stays open until close
 		c.wg.Add(1)
 		go c.read(resp.Body)
 	}
@@ -209,7 +209,7 @@ func (s *system) progressToStreams(ctx context.Context, c *streamClients, rate i
 	for i := range tasks {
 		body := fmt.Appendf(nil, `{"type":"bench.stream","payload":{"stream":%d,"at":%d}}`, i, time.Now().UnixNano())
 		if code, err := s.post("/v1/tasks", body); err != nil || code != http.StatusCreated {
-			return zero, fmt.Errorf("submit: %d %v", code, err)
+			return zero, fmt.Errorf("submit: %d %w", code, err)
 		}
 	}
 	rows, err := s.pool.Query(ctx, `SELECT id FROM tasks WHERE type = 'bench.stream' AND status = 'PENDING'`)
@@ -228,8 +228,11 @@ func (s *system) progressToStreams(ctx context.Context, c *streamClients, rate i
 	store := postgres.NewWorkerStore(s.pool, nil)
 	store.OnEvents = notifier.Poker(postgres.EventsChannel)
 	claimed, err := store.Claim(ctx, ids, "bench-streams", time.Hour)
-	if err != nil || len(claimed) != len(ids) {
-		return zero, fmt.Errorf("claim: %d of %d: %v", len(claimed), len(ids), err)
+	if err != nil {
+		return zero, fmt.Errorf("claim: %w", err)
+	}
+	if len(claimed) != len(ids) {
+		return zero, fmt.Errorf("claim: %d of %d", len(claimed), len(ids))
 	}
 	versions := map[uuid.UUID]int{}
 	for _, t := range claimed {
