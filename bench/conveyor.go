@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -84,21 +85,34 @@ func (e *env) system(ctx context.Context, name string, apiConns int, apiVars ...
 // noPriorities is the setting of workers whose queues keep no priorities.
 const noPriorities = "AMQP_MAX_PRIORITY=0"
 
-// queuesOf is how workers started with vars declare their queues.
-func queuesOf(vars []string) rabbitmq.Queues {
-	if slices.Contains(vars, noPriorities) {
-		return rabbitmq.Queues{Type: rabbitmq.Classic}
+// queuesOf is how workers started with vars declare their queues: classic
+// queues (the bench runs no quorum queues), with the highest priority
+// AMQP_MAX_PRIORITY says.
+func queuesOf(vars []string) (rabbitmq.Queues, error) {
+	qs := rabbitmq.ClassicQueues
+	for _, v := range vars {
+		if s, ok := strings.CutPrefix(v, "AMQP_MAX_PRIORITY="); ok {
+			n, err := strconv.Atoi(s)
+			if err != nil {
+				return qs, fmt.Errorf("%s: %w", v, err)
+			}
+			qs.MaxPriority = n
+		}
+		if strings.HasPrefix(v, "AMQP_QUEUE_TYPE=") {
+			return qs, fmt.Errorf("%s: the bench declares classic queues only", v)
+		}
 	}
-	return rabbitmq.ClassicQueues
+	return qs, nil
 }
 
 // declareFor declares the burn-down's queue again as workers started with
 // vars declare it, when they do so otherwise than the system did.
 func (s *system) declareFor(vars []string) error {
-	if qs := queuesOf(vars); qs != rabbitmq.ClassicQueues {
-		return declareQueuesAs(s.amqpURL, qs, true, "demo.noop")
+	qs, err := queuesOf(vars)
+	if err != nil || qs == rabbitmq.ClassicQueues {
+		return err
 	}
-	return nil
+	return declareQueuesAs(s.amqpURL, qs, true, "demo.noop")
 }
 
 // declareQueues declares the exchanges and the queues of taskTypes, as

@@ -217,8 +217,9 @@ func (b *bundle) waitUntil(t *testing.T, id uuid.UUID, desc string, cond func(ta
 }
 
 // A worker told to declare its queues without priorities does so, and
-// runs their tasks; a worker that wants priorities on such a queue is
-// refused by the broker, as every worker of a type must agree.
+// runs their tasks; the broker then refuses to declare the queue with
+// priorities, as a worker at the default would: every worker of a type
+// must agree.
 func TestWorkerDeclaresQueuesWithoutPriorities(t *testing.T) {
 	b := setup(t)
 	b.startWorker(t, "w1", "AMQP_MAX_PRIORITY=0")
@@ -228,11 +229,14 @@ func TestWorkerDeclaresQueuesWithoutPriorities(t *testing.T) {
 	conn, err := amqp.Dial(b.amqpURL)
 	require.NoError(t, err)
 	defer func() { _ = conn.Close() }()
-	for qs, refused := range map[rabbitmq.Queues]bool{{Type: rabbitmq.Classic}: false, rabbitmq.ClassicQueues: true} {
+	for _, tt := range []struct {
+		qs      rabbitmq.Queues
+		refused bool
+	}{{rabbitmq.Queues{Type: rabbitmq.Classic}, false}, {rabbitmq.ClassicQueues, true}} {
 		ch, err := conn.Channel()
 		require.NoError(t, err)
-		err = rabbitmq.DeclareTaskQueueOf(ch, "demo.noop", qs)
-		if refused {
+		err = rabbitmq.DeclareTaskQueueOf(ch, "demo.noop", tt.qs)
+		if tt.refused {
 			require.ErrorContains(t, err, "AMQP_MAX_PRIORITY")
 			continue
 		}

@@ -17,13 +17,14 @@ type Worker struct {
 	// the next one.
 	AMQPURL string `envconfig:"AMQP_URL" default:"amqp://guest:guest@localhost:5672/"`
 	// AMQPQueueType is the type of the task queues the worker declares:
-	// classic (priorities 0-9 honoured) or quorum (replicated over the
+	// classic (priorities honoured up to AMQP_MAX_PRIORITY) or quorum (replicated over the
 	// cluster; see docs/quorum.md). Every worker of a type must agree.
 	AMQPQueueType rabbitmq.QueueType `envconfig:"AMQP_QUEUE_TYPE" default:"classic"`
-	// AMQPMaxPriority is how many priorities a classic queue keeps apart
-	// (x-max-priority): all of them by default, 0 for queues without
-	// priorities, which deliver in publication order and cost the broker
-	// less. Every worker of a type must agree.
+	// AMQPMaxPriority is the highest task priority a classic queue keeps
+	// apart (x-max-priority; a higher one counts as it): 9, all of them,
+	// by default, 0 for queues without priorities, which deliver in
+	// publication order and cost the broker less. Every worker of a type
+	// must agree.
 	AMQPMaxPriority int    `envconfig:"AMQP_MAX_PRIORITY" default:"9"`
 	AdminAddr       string `envconfig:"WORKER_ADMIN_ADDR" default:":8082"`
 	Concurrency     int    `envconfig:"WORKER_CONCURRENCY" default:"256"`
@@ -110,7 +111,7 @@ func (c Worker) Validate() error {
 		return fmt.Errorf("AMQP_MAX_PRIORITY: must be between 0 (no priorities) and %d, got %d", task.MaxPriority, c.AMQPMaxPriority)
 	}
 	if c.AMQPQueueType == rabbitmq.Quorum && c.AMQPMaxPriority != task.MaxPriority {
-		return fmt.Errorf("AMQP_MAX_PRIORITY: quorum queues take no priorities on RabbitMQ 3.x; leave it unset with AMQP_QUEUE_TYPE=quorum")
+		return fmt.Errorf("AMQP_MAX_PRIORITY: quorum queues take no priorities on RabbitMQ 3.x; leave it at its default with AMQP_QUEUE_TYPE=quorum")
 	}
 	if c.Concurrency < 1 || c.Concurrency > 10000 {
 		return fmt.Errorf("WORKER_CONCURRENCY: must be between 1 and 10000, got %d", c.Concurrency)

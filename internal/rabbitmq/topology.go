@@ -5,10 +5,10 @@
 // PostgreSQL holds every task; RabbitMQ only delivers. A task.run message
 // goes to the direct exchange conveyor.tasks with the task's type as routing
 // key and lands in the durable queue conveyor.task.<type>, a classic
-// queue, with priorities or without (Queues), or a replicated quorum queue. Only workers
-// declare those queues, for the types they run: a message for a type no
-// worker has declared yet is returned to the relay, which parks it
-// in PostgreSQL. task.cancel messages are broadcast on the fanout exchange
+// queue, with priorities or without (Queues), or a replicated quorum
+// queue. Only workers declare those queues, for the types they run: a
+// message for a type no worker has declared yet is returned to the relay,
+// which parks it in PostgreSQL. task.cancel messages are broadcast on the fanout exchange
 // conveyor.control to an exclusive queue per worker.
 //
 // Publisher, Consumer and Inspector speak in the types of package outbox.
@@ -80,16 +80,17 @@ func ParseQueueType(s string) (QueueType, error) {
 // was created with.
 type Queues struct {
 	Type QueueType
-	// MaxPriority is a classic queue's x-max-priority, from 1 to
-	// task.MaxPriority: a message of a higher priority counts as of this
-	// one. 0 declares queues without priorities, which deliver in
-	// publication order and cost the broker less (about a third less CPU a
-	// task in a burn-down, docs/performance.md). Quorum queues ignore it.
+	// MaxPriority is a classic queue's x-max-priority, the highest
+	// priority it keeps apart, from 1 to task.MaxPriority: a message of a
+	// higher priority counts as of this one. 0 declares queues without
+	// priorities, which deliver in publication order and cost the broker
+	// less (about a quarter less CPU a task in burn-downs,
+	// docs/performance.md). Quorum queues ignore it.
 	MaxPriority int
 }
 
 // ClassicQueues are classic queues that honour every task priority: the
-// default.
+// default. Neither it nor QuorumQueues is ever changed.
 var ClassicQueues = Queues{Type: Classic, MaxPriority: task.MaxPriority}
 
 // QuorumQueues are quorum queues.
@@ -108,8 +109,11 @@ func (q Queues) arguments() amqp.Table {
 
 // String names the queues as the configuration spells them.
 func (q Queues) String() string {
-	if q.Type == Quorum {
+	switch {
+	case q.Type == Quorum:
 		return string(q.Type)
+	case q.MaxPriority == 0:
+		return fmt.Sprintf("%s without priorities", q.Type)
 	}
 	return fmt.Sprintf("%s (max priority %d)", q.Type, q.MaxPriority)
 }
