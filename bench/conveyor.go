@@ -82,6 +82,9 @@ func (e *env) system(ctx context.Context, name string, apiConns int, apiVars ...
 	return s, nil
 }
 
+// unpacked is the setting of relays that pack no tasks together.
+const unpacked = "AMQP_TASKS_PER_MESSAGE=1"
+
 // noPriorities is the setting of workers whose queues keep no priorities.
 const noPriorities = "AMQP_MAX_PRIORITY=0"
 
@@ -139,8 +142,10 @@ func declareQueuesAs(amqpURL string, qs rabbitmq.Queues, fresh bool, taskTypes .
 	}
 	for _, typ := range taskTypes {
 		if fresh {
-			if _, err := ch.QueueDelete(rabbitmq.QueueName(typ), false, false, false); err != nil {
-				return err
+			for _, q := range []string{rabbitmq.QueueName(typ), rabbitmq.PackedQueueName(typ)} {
+				if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+					return err
+				}
 			}
 		}
 		if err := rabbitmq.DeclareTaskQueueOf(ch, typ, qs); err != nil {

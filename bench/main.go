@@ -612,11 +612,14 @@ func (b *bench) relay(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		perSec, rss, err := s.relayThroughput(ctx, b.o.messages, 1)
+		// Message for message against the bare publisher: one task a
+		// message, as the relay publishes a trickle.
+		perSec, rss, err := s.relayThroughput(ctx, b.o.messages, 1, unpacked)
 		if err != nil {
 			return err
 		}
 		b.vs("Conveyor: relay publish throughput", perSec, "msgs/s", "ceiling: publish, bare amqp091 (confirms, 500/batch)", 0.8)
+		b.last().Config = unpacked
 		b.add(result{Name: "Conveyor: relay peak RSS (publishing)", Value: mib(rss["relay"]), Unit: "MiB"})
 
 		// The same relay with one lane: what keeping batches in flight
@@ -625,11 +628,23 @@ func (b *bench) relay(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		perSec, _, err = one.relayThroughput(ctx, b.o.messages, 1, "RELAY_LANES=1")
+		perSec, _, err = one.relayThroughput(ctx, b.o.messages, 1, "RELAY_LANES=1", unpacked)
 		if err != nil {
 			return err
 		}
 		b.vs("Conveyor: relay publish throughput, one lane", perSec, "msgs/s", "Conveyor: relay publish throughput", 0)
+		b.last().Config = unpacked
+
+		// And as installed: the backlog's tasks packed.
+		packed, err := b.e.system(ctx, "bench_relay_packed", b.o.pool)
+		if err != nil {
+			return err
+		}
+		perSec, _, err = packed.relayThroughput(ctx, b.o.messages, 1)
+		if err != nil {
+			return err
+		}
+		b.vs("Conveyor: relay publish throughput, tasks packed (defaults)", perSec, "tasks/s", "Conveyor: relay publish throughput", 0)
 		return nil
 	})
 }
@@ -913,7 +928,7 @@ func (b *bench) scaleOut(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			perSec, _, err := s.relayThroughput(ctx, b.o.messages, n)
+			perSec, _, err := s.relayThroughput(ctx, b.o.messages, n, unpacked)
 			if err != nil {
 				return err
 			}

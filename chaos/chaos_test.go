@@ -331,8 +331,10 @@ func (h *harness) inject(kind string) {
 		}
 		time.Sleep(time.Second)
 		u := fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", h.rabbit.Port)
-		if testenv.QueueDepth(t, u, rabbitmq.QueueName(taskType)) >= 0 {
-			t.Logf("purged %d messages", testenv.PurgeQueue(t, u, rabbitmq.QueueName(taskType)))
+		for _, q := range []string{rabbitmq.QueueName(taskType), rabbitmq.PackedQueueName(taskType)} {
+			if testenv.QueueDepth(t, u, q) >= 0 {
+				t.Logf("purged %d messages of %s", testenv.PurgeQueue(t, u, q), q)
+			}
 		}
 		for _, s := range h.workers {
 			s.start(t)

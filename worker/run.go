@@ -56,6 +56,10 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 	outboxPoke, eventsPoke := notifier.Poker(postgres.OutboxChannel), notifier.Poker(postgres.EventsChannel)
 	store := postgres.NewWorkerStore(rt.Pool, outboxPoke)
 	name := "conveyor-worker " + cfg.ID
+	// A packed message holds up to TasksPerMessage tasks: the packed
+	// queues get as many messages as fill the window.
+	window := cfg.Concurrency + readAhead(cfg)
+	packedPrefetch := max(1, (window+cfg.TasksPerMessage-1)/cfg.TasksPerMessage)
 	w, err := runner.New(runner.Config{
 		Info: registry.Worker{
 			ID: cfg.ID, Hostname: hostname, PID: os.Getpid(), Concurrency: cfg.Concurrency,
@@ -75,7 +79,7 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 	}, runner.Deps{
 		Store: store,
 		Broker: runner.BrokerFunc(func(_ context.Context, types []string, prefetch int) (runner.Source, error) {
-			c, err := rabbitmq.DialConsumer(cfg.AMQPURL, name, cfg.Queues(), types, prefetch)
+			c, err := rabbitmq.DialConsumer(cfg.AMQPURL, name, cfg.Queues(), types, prefetch, packedPrefetch)
 			if err != nil {
 				return nil, err
 			}

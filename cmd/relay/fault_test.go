@@ -38,6 +38,10 @@ func (b *faultBundle) startRelay(t *testing.T, name string) *testenv.Process {
 		"DATABASE_URL="+b.dbURL, "AMQP_URL="+b.amqpURL, "RELAY_ADMIN_ADDR="+b.admin,
 		"RELAY_BATCH_SIZE=200", "RELAY_POLL_INTERVAL=100ms", "RELAY_RECONNECT_BACKOFF_MAX=300ms",
 		"RELAY_RETRY_BACKOFF_BASE=100ms", "RELAY_RETRY_BACKOFF_MAX=500ms", "RELAY_STATS_INTERVAL=200ms",
+		// These tests count and read the messages of the queue of single
+		// messages, one a row: the relay packs none. Packing is the
+		// publisher's (internal/rabbitmq), and the chaos soak runs it.
+		"AMQP_TASKS_PER_MESSAGE=1",
 		"LOG_LEVEL=info", "LOG_FORMAT=text")
 	return p
 }

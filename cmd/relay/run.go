@@ -40,7 +40,7 @@ func run(ctx context.Context, cfg config.Relay, stdout io.Writer) error {
 	}, relay.Deps{
 		Store: postgres.NewRelayStore(rt.Pool, cfg.RetryBackoffBase, cfg.RetryBackoffMax),
 		Broker: relay.BrokerFunc(func(_ context.Context, batchSize int) (relay.Publisher, error) {
-			p, err := rabbitmq.DialPublisher(cfg.AMQPURL, batchSize, name)
+			p, err := rabbitmq.DialPublisher(cfg.AMQPURL, batchSize, name, cfg.TasksPerMessage)
 			if err != nil {
 				return nil, err
 			}

@@ -408,8 +408,10 @@ func TestWorkerRunsDuplicateDeliveryOnce(t *testing.T) {
 	b := setup(t)
 	b.declare(t, "demo.sleep") // a worker of the type ran before
 	id := b.sleepTask(t, 5, 50)
+	testenv.WaitForDepth(t, b.amqpURL, rabbitmq.QueueName("demo.sleep"), 1, 30*time.Second)
 	// A second message for the same task, as a relay killed between
-	// confirm and delete would publish.
+	// confirm and delete would publish (a pass of its own: not packed with
+	// the first).
 	_, err := b.pool.Exec(context.Background(), `INSERT INTO outbox (kind, org_id, task_id, task_type, attempt, task_version, priority)
 		SELECT 'task.run', `+testdb.OrgSQL+`, id, type, 0, version, priority FROM tasks WHERE id = $1`, id)
 	require.NoError(t, err)
@@ -431,9 +433,22 @@ func TestWorkerRecoversTasksOfPurgedQueue(t *testing.T) {
 	for range 5 {
 		ids = append(ids, b.sleepTask(t, 1, 10))
 	}
-	queue := rabbitmq.QueueName("demo.sleep")
-	testenv.WaitForDepth(t, b.amqpURL, queue, 5, 30*time.Second)
-	require.Equal(t, 5, testenv.PurgeQueue(t, b.amqpURL, queue))
+	// Once every task is published (the relay may have packed some into
+	// one message), the broker loses their messages.
+	testenv.Eventually(t, 30*time.Second, func() error {
+		var n int
+		if err := b.pool.QueryRow(context.Background(), `SELECT count(*) FROM tasks WHERE id = ANY($1) AND published_at IS NOT NULL`,
+			ids).Scan(&n); err != nil {
+			return err
+		}
+		if n < len(ids) {
+			return fmt.Errorf("%d of %d tasks published", n, len(ids))
+		}
+		return nil
+	})
+	purged := testenv.PurgeQueue(t, b.amqpURL, rabbitmq.QueueName("demo.sleep")) +
+		testenv.PurgeQueue(t, b.amqpURL, rabbitmq.PackedQueueName("demo.sleep"))
+	require.Positive(t, purged)
 
 	b.startWorker(t, "w1", "REPUBLISH_AFTER=1s")
 	for _, id := range ids {
@@ -531,6 +546,62 @@ func TestWorkerSIGTERMFinishesOrHandsBack(t *testing.T) {
 		ev := b.requireOneTerminal(t, id)
 		require.Equal(t, 2, count(ev, "IN_PROGRESS", "Running"))
 	}
+}
+
+// Tasks packed into one message behind a long one do not wait for it: two
+// workers of one slot each, and one packed message of a long task and
+// four short ones, in that order. The worker that gets it runs the long
+// task; once its handler runs long it gives the message back whole, and
+// the short tasks complete on the other worker while the long one runs.
+func TestPackedTasksDoNotWaitBehindALongOne(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	db := testdb.New(t)
+	// One lane: one pass over the outbox takes the five rows together.
+	b := setupWith(t, db.URL, db.Pool, testenv.NewVhost(t), "RELAY_LANES=1")
+	b.declare(t, "demo.sleep") // a worker of the type ran before
+	sleep := func(steps, stepMS int) map[string]any {
+		return map[string]any{"type": "demo.sleep", "payload": map[string]any{"steps": steps, "step_ms": stepMS},
+			"dedupe": false, "delay": "1h"}
+	}
+	entries := []map[string]any{sleep(40, 250)}
+	for range 4 {
+		entries = append(entries, sleep(1, 10))
+	}
+	var out struct {
+		Results []struct {
+			Task struct {
+				ID uuid.UUID `json:"id"`
+			} `json:"task"`
+		} `json:"results"`
+	}
+	require.NoError(t, json.Unmarshal(b.post(t, "/v1/tasks/batch", map[string]any{"tasks": entries}, http.StatusOK), &out))
+	require.Len(t, out.Results, len(entries))
+	ids := make([]uuid.UUID, len(out.Results))
+	for i, r := range out.Results {
+		ids[i] = r.Task.ID
+	}
+	// Due now, and their messages written again in the batch's order (the
+	// submission writes them in whatever order its join yields), so that
+	// the long task leads the packed message.
+	_, err := b.pool.Exec(context.Background(), `UPDATE tasks SET next_run_at = now() WHERE id = ANY($1)`, ids)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(context.Background(), `WITH gone AS (DELETE FROM outbox WHERE task_id = ANY($1) RETURNING *)
+		INSERT INTO outbox (kind, org_id, task_id, task_type, attempt, task_version, priority, headers, available_at)
+		SELECT g.kind, g.org_id, g.task_id, g.task_type, g.attempt, g.task_version, g.priority, g.headers, now()
+		FROM gone g JOIN unnest($1::uuid[]) WITH ORDINALITY AS o(id, n) ON o.id = g.task_id ORDER BY o.n`, ids)
+	require.NoError(t, err)
+	testenv.WaitForDepth(t, b.amqpURL, rabbitmq.PackedQueueName("demo.sleep"), 1, 30*time.Second)
+	require.Zero(t, testenv.QueueDepth(t, b.amqpURL, rabbitmq.QueueName("demo.sleep")))
+
+	for i := range 2 {
+		b.startWorker(t, fmt.Sprintf("w%d", i+1), "WORKER_CONCURRENCY=1")
+	}
+	for _, id := range ids[1:] {
+		b.waitStatus(t, id, "COMPLETED", 30*time.Second)
+		b.requireOneTerminal(t, id)
+	}
+	require.Equal(t, "IN_PROGRESS", b.task(t, ids[0]).Status, "the short tasks did not wait for the long one")
 }
 
 // A message never waits behind a long handler while another worker is

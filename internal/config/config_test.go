@@ -58,6 +58,7 @@ func TestLoadWorkerNamesTheBadVariable(t *testing.T) {
 		{"AMQP_QUEUE_TYPE", "Quorum"},
 		{"AMQP_MAX_PRIORITY", "-1"},
 		{"AMQP_MAX_PRIORITY", "10"},
+		{"AMQP_TASKS_PER_MESSAGE", "0"},
 	}
 	requireLoadNamesTheBadVariable[config.Worker](t, tests)
 }
@@ -127,9 +128,12 @@ func TestLoadRelayNamesTheBadVariable(t *testing.T) {
 		{"RELAY_LANES", "0"},
 		{"RELAY_LANES", "17"},
 		{"RELAY_LANES", "two"},
+		{"AMQP_TASKS_PER_MESSAGE", "0"},
+		{"AMQP_TASKS_PER_MESSAGE", "1001"},
 	}
 	requireLoadNamesTheBadVariable[config.Relay](t, tests)
 	cfg, err := config.Load[config.Relay]()
 	require.NoError(t, err)
 	require.Equal(t, 2, cfg.Lanes)
+	require.Equal(t, 64, cfg.TasksPerMessage)
 }

@@ -15,6 +15,9 @@ type Relay struct {
 	AdminAddr string `envconfig:"RELAY_ADMIN_ADDR" default:":8081"`
 	// BatchSize is the most rows one transaction locks and publishes.
 	BatchSize int `envconfig:"RELAY_BATCH_SIZE" default:"500"`
+	// TasksPerMessage is the most tasks of one type and priority the relay
+	// packs into one message; 1 packs none. Workers read it too.
+	TasksPerMessage int `envconfig:"AMQP_TASKS_PER_MESSAGE" default:"64"`
 	// Lanes is how many batches the relay keeps in flight at once, each on
 	// its own broker connection: while one lane waits for its confirms,
 	// the next locks and publishes the following batch.
@@ -56,6 +59,17 @@ func (c Relay) Validate() error {
 		if err := positive(name, d); err != nil {
 			return err
 		}
+	}
+	if err := validTasksPerMessage(c.TasksPerMessage); err != nil {
+		return err
+	}
+	return nil
+}
+
+// validTasksPerMessage checks AMQP_TASKS_PER_MESSAGE.
+func validTasksPerMessage(n int) error {
+	if n < 1 || n > 1000 {
+		return fmt.Errorf("AMQP_TASKS_PER_MESSAGE: must be between 1 (no packing) and 1000, got %d", n)
 	}
 	return nil
 }

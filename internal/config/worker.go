@@ -25,7 +25,11 @@ type Worker struct {
 	// by default, 0 for queues without priorities, which deliver in
 	// publication order and cost the broker less. Every worker of a type
 	// must agree.
-	AMQPMaxPriority int    `envconfig:"AMQP_MAX_PRIORITY" default:"9"`
+	AMQPMaxPriority int `envconfig:"AMQP_MAX_PRIORITY" default:"9"`
+	// TasksPerMessage is the most tasks the relays pack into one message
+	// (as they read it): the worker's prefetch of packed messages is its
+	// window divided by it.
+	TasksPerMessage int    `envconfig:"AMQP_TASKS_PER_MESSAGE" default:"64"`
 	AdminAddr       string `envconfig:"WORKER_ADMIN_ADDR" default:":8082"`
 	Concurrency     int    `envconfig:"WORKER_CONCURRENCY" default:"256"`
 	// ID names the worker in the registry and on the tasks it runs; empty
@@ -112,6 +116,9 @@ func (c Worker) Validate() error {
 	}
 	if c.AMQPQueueType == rabbitmq.Quorum && c.AMQPMaxPriority != task.MaxPriority {
 		return fmt.Errorf("AMQP_MAX_PRIORITY: quorum queues take no priorities on RabbitMQ 3.x; leave it at its default with AMQP_QUEUE_TYPE=quorum")
+	}
+	if err := validTasksPerMessage(c.TasksPerMessage); err != nil {
+		return err
 	}
 	if c.Concurrency < 1 || c.Concurrency > 10000 {
 		return fmt.Errorf("WORKER_CONCURRENCY: must be between 1 and 10000, got %d", c.Concurrency)

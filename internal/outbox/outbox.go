@@ -60,6 +60,25 @@ type Body struct {
 	Version int       `json:"version"`
 }
 
+// Packed is one task of a packed message, a task.run message that carries
+// several tasks of one type and priority: the task's body and its own
+// trace context.
+type Packed struct {
+	Body
+	Headers map[string]string `json:"headers,omitempty"`
+}
+
+// EncodePacked is the JSON body of a packed message of msgs: an array of
+// their Packed.
+func EncodePacked(msgs []Message) []byte {
+	tasks := make([]Packed, len(msgs))
+	for i, m := range msgs {
+		tasks[i] = Packed{Body: m.Body(), Headers: m.Headers}
+	}
+	b, _ := json.Marshal(tasks) // plain fields always encode
+	return b
+}
+
 // Outcome is what became of a batch: the ids the broker confirmed (their
 // rows are deleted), the ids no queue took (their rows are parked until a
 // worker for the type declares its queue) and the ids that failed otherwise,
@@ -117,6 +136,8 @@ type Delivery struct {
 	// Headers carry the W3C trace context the relay wrote.
 	Headers     map[string]string
 	Redelivered bool
+	// Packed says the task came in a packed message, with other tasks.
+	Packed bool
 	// Err is set when the body could not be read; such a delivery can only
 	// be rejected.
 	Err error

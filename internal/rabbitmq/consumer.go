@@ -16,14 +16,16 @@ import (
 // ErrClosed is the Err of a consumer its owner closed.
 var ErrClosed = errors.New("rabbitmq: consumer closed")
 
-// Consumer consumes the task queues of a worker's types on one channel and
-// the control broadcasts on another channel, from an exclusive queue of its
-// own. On classic queues the task channel's prefetch is shared by all the
-// types; quorum queues support no channel-wide prefetch, so there each
-// type's consumer gets the whole credit (see DialConsumer).
+// Consumer consumes the task queues of a worker's types on one channel,
+// their packed queues on a second (a prefetch of their own, and paused
+// while the worker's handlers run long), and the control broadcasts on a
+// third, from an exclusive queue of its own. On classic queues a task
+// channel's prefetch is shared by all the types; quorum queues support no
+// channel-wide prefetch, so there each type's consumer gets the whole
+// credit (see DialConsumer).
 //
 // A consumer does not recover: once anything it depends on is lost (the
-// connection, either channel, a consumer the broker cancelled because its
+// connection, any channel, a consumer the broker cancelled because its
 // queue was deleted or a node went down, a deliveries stream that ended) Done
 // is closed, Err says what happened, and the consumer stops forwarding: a
 // delivery or cancel already on its way may still be yielded, then none. The
@@ -34,9 +36,15 @@ type Consumer struct {
 	qs      Queues
 	tasks   *amqp.Channel
 	settler *settler // of the tasks channel
-	control *amqp.Channel
-	// queues maps the consumer tag of each task queue to the queue.
+	// packed consumes the packed queues, with a prefetch of its own.
+	packed        *amqp.Channel
+	packedSettler *settler
+	control       *amqp.Channel
+	// queues maps the consumer tag of each queue of single messages to
+	// the queue; the packed queues' consumers come and go (packedState).
 	queues map[string]string
+	types  []string
+	pk     packedState
 
 	deliveries chan outbox.Delivery
 	cancels    chan outbox.Cancel
@@ -62,13 +70,23 @@ type Consumer struct {
 // says, its own exclusive control queue) and starts consuming. name is the
 // connection name the broker shows.
 //
-// prefetch bounds the unacknowledged task messages. On classic queues the
-// bound is channel-wide (global QoS): prefetch over all the types. Quorum
-// queues refuse a consumer on a channel with global QoS (the broker closes
-// the connection with NOT_IMPLEMENTED), so there the bound is per consumer:
-// each type's queue may have prefetch messages unacknowledged, and a worker
-// of n types may hold up to n times prefetch.
-func DialConsumer(url, name string, qs Queues, types []string, prefetch int) (*Consumer, error) {
+// prefetch bounds the unacknowledged task messages of the queues of single
+// messages, packedPrefetch those of the packed queues, consumed on a
+// channel of their own: a packed message carries many tasks, and a worker
+// gives them a prefetch of its window divided by how many. On classic
+// queues each bound is channel-wide (global QoS): over all the types.
+// Quorum queues refuse a consumer on a channel with global QoS (the broker
+// closes the connection with NOT_IMPLEMENTED), so there the bound is per
+// consumer: each type's queue may have prefetch messages unacknowledged,
+// and a worker of n types may hold up to n times prefetch.
+//
+// The tasks of a packed message arrive as deliveries of their own. The
+// message is acknowledged once every one of its tasks was acknowledged or
+// rejected, and requeued as soon as one of them is requeued: its other
+// tasks then come back with it, and a task that runs meanwhile is not
+// claimable when it does. Tasks of a settled message not yet yielded are
+// not yielded.
+func DialConsumer(url, name string, qs Queues, types []string, prefetch, packedPrefetch int) (*Consumer, error) {
 	conn, err := dial(url, name)
 	if err != nil {
 		return nil, err
@@ -77,13 +95,14 @@ func DialConsumer(url, name string, qs Queues, types []string, prefetch int) (*C
 		conn:       conn,
 		qs:         qs,
 		queues:     make(map[string]string, len(types)),
+		types:      types,
 		deliveries: make(chan outbox.Delivery),
 		cancels:    make(chan outbox.Cancel, 64),
-		lost:       make(chan string, len(types)+1),
+		lost:       make(chan string, 2*len(types)+1),
 		done:       make(chan struct{}),
 		quit:       make(chan struct{}),
 	}
-	if err := c.open(types, prefetch); err != nil {
+	if err := c.open(types, prefetch, packedPrefetch); err != nil {
 		_ = conn.Close()
 		return nil, err
 	}
@@ -92,7 +111,7 @@ func DialConsumer(url, name string, qs Queues, types []string, prefetch int) (*C
 
 // open sets everything up, then starts the goroutines: a failure before
 // that leaves none behind once the connection is closed.
-func (c *Consumer) open(types []string, prefetch int) error {
+func (c *Consumer) open(types []string, prefetch, packedPrefetch int) error {
 	w := &watcher{c: c, conn: c.conn.NotifyClose(make(chan *amqp.Error, 1))}
 	var err error
 	if c.tasks, err = c.conn.Channel(); err != nil {
@@ -103,11 +122,19 @@ func (c *Consumer) open(types []string, prefetch int) error {
 	// for a full listener, holding up the connection's reader meanwhile.
 	w.tasks = c.tasks.NotifyClose(make(chan *amqp.Error, 1))
 	w.tasksCancel = c.tasks.NotifyCancel(make(chan string, len(types)+1))
+	if c.packed, err = c.conn.Channel(); err != nil {
+		return fmt.Errorf("open packed channel: %w", err)
+	}
+	w.packed = c.packed.NotifyClose(make(chan *amqp.Error, 1))
+	w.packedCancel = c.packed.NotifyCancel(make(chan string, len(types)+1))
 	if err := DeclareExchanges(c.tasks); err != nil {
 		return err
 	}
-	if err := c.qos(prefetch); err != nil {
+	if err := c.qos(c.tasks, prefetch); err != nil {
 		return fmt.Errorf("set prefetch: %w", err)
+	}
+	if err := c.qos(c.packed, packedPrefetch); err != nil {
+		return fmt.Errorf("set packed prefetch: %w", err)
 	}
 	streams := make(map[string]<-chan amqp.Delivery, len(types))
 	for _, typ := range types {
@@ -122,6 +149,10 @@ func (c *Consumer) open(types []string, prefetch int) error {
 		}
 		c.queues[tag] = q
 		streams[tag] = msgs
+	}
+	packedStreams, err := c.consumePacked()
+	if err != nil {
+		return err
 	}
 
 	if c.control, err = c.conn.Channel(); err != nil {
@@ -143,19 +174,123 @@ func (c *Consumer) open(types []string, prefetch int) error {
 	}
 
 	c.settler = newSettler(c.tasks)
-	c.wg.Add(len(streams) + 2)
+	c.packedSettler = newSettler(c.packed)
+	c.wg.Add(len(streams) + len(packedStreams) + 2)
 	for tag, msgs := range streams {
-		go c.forward(c.queues[tag], msgs)
+		go c.forward(c.queues[tag], msgs, c.settler, -1)
+	}
+	for q, msgs := range packedStreams {
+		go c.forward(q, msgs, c.packedSettler, 0)
 	}
 	go c.forwardCancels(q.Name, ctl)
 	go w.run()
 	return nil
 }
 
+// packedState is the packed queues' consumers: paused or not, and the
+// generation of the consumers now running, which their forwarders carry
+// (a forwarder of an earlier one ends quietly).
+type packedState struct {
+	// op orders PausePacked and ResumePacked.
+	op     sync.Mutex
+	mu     sync.Mutex
+	paused bool
+	closed bool
+	gen    int
+	tags   map[string]string // consumer tag → queue
+}
+
+// consumePacked starts a consumer on each packed queue, as the current
+// generation, and returns their deliveries by queue.
+func (c *Consumer) consumePacked() (map[string]<-chan amqp.Delivery, error) {
+	streams := make(map[string]<-chan amqp.Delivery, len(c.types))
+	tags := make(map[string]string, len(c.types))
+	for _, typ := range c.types {
+		q := PackedQueueName(typ)
+		tag := fmt.Sprintf("conveyor-packed-%s-%s", typ, uuid.NewString()[:8])
+		msgs, err := c.packed.Consume(q, tag, false, false, false, false, nil)
+		if err != nil {
+			return nil, fmt.Errorf("consume %s: %w", q, err)
+		}
+		tags[tag] = q
+		streams[q] = msgs
+	}
+	c.pk.mu.Lock()
+	c.pk.tags = tags
+	c.pk.mu.Unlock()
+	return streams, nil
+}
+
+// PausePacked asks the broker to send no more packed messages: it cancels
+// the packed queues' consumers. What the broker sent before is still
+// yielded. A worker pauses them while its handlers run long: the packed
+// queues' prefetch stays as it was set, so a packed message that arrived
+// then could only go back to its queue and, with credit left, straight
+// back to the worker.
+func (c *Consumer) PausePacked() error {
+	c.pk.op.Lock()
+	defer c.pk.op.Unlock()
+	c.pk.mu.Lock()
+	if c.pk.paused || c.pk.closed {
+		c.pk.mu.Unlock()
+		return nil
+	}
+	c.pk.paused = true
+	c.pk.gen++
+	tags := c.pk.tags
+	c.pk.tags = nil
+	c.pk.mu.Unlock()
+	for tag := range tags {
+		if err := c.packed.Cancel(tag, false); err != nil {
+			return fmt.Errorf("rabbitmq: pause packed consumers: %w", err)
+		}
+	}
+	return nil
+}
+
+// ResumePacked consumes the packed queues again after PausePacked.
+func (c *Consumer) ResumePacked() error {
+	c.pk.op.Lock()
+	defer c.pk.op.Unlock()
+	c.pk.mu.Lock()
+	defer c.pk.mu.Unlock()
+	if !c.pk.paused || c.pk.closed || c.stopping.Load() {
+		return nil
+	}
+	c.pk.mu.Unlock()
+	streams, err := c.consumePacked()
+	c.pk.mu.Lock()
+	if err != nil {
+		return fmt.Errorf("rabbitmq: resume packed consumers: %w", err)
+	}
+	c.pk.paused = false
+	c.pk.gen++
+	if c.pk.closed {
+		return nil // Close came meanwhile; the connection takes the consumers with it
+	}
+	c.wg.Add(len(streams))
+	for q, msgs := range streams {
+		go c.forward(q, msgs, c.packedSettler, c.pk.gen)
+	}
+	return nil
+}
+
+// current reports whether a forwarder of the given packed generation
+// (-1: a queue of single messages) belongs to the consumers now running.
+func (c *Consumer) current(gen int) bool {
+	if gen < 0 {
+		return true
+	}
+	c.pk.mu.Lock()
+	defer c.pk.mu.Unlock()
+	return !c.pk.paused && gen == c.pk.gen
+}
+
 // forward passes the deliveries of one task queue to Deliveries, one at a
 // time: the channel is unbuffered so the caller decides when it takes the
-// next one.
-func (c *Consumer) forward(queue string, msgs <-chan amqp.Delivery) {
+// next one. s settles them; gen is the packed consumers' generation, -1
+// for a queue of single messages.
+func (c *Consumer) forward(queue string, msgs <-chan amqp.Delivery, s *settler, gen int) {
 	defer c.wg.Done()
 	for {
 		select {
@@ -165,13 +300,19 @@ func (c *Consumer) forward(queue string, msgs <-chan amqp.Delivery) {
 			return
 		case m, open := <-msgs:
 			if !open {
-				if !c.stopping.Load() {
+				if !c.stopping.Load() && c.current(gen) {
 					c.lost <- queue
 				}
 				return
 			}
+			if _, packed := m.Headers[PackedHeader]; packed {
+				if !c.forwardPacked(queue, m, s) {
+					return
+				}
+				continue
+			}
 			select {
-			case c.deliveries <- toDelivery(queue, m, c.settler):
+			case c.deliveries <- toDelivery(queue, m, s):
 			case <-c.done:
 				return
 			}
@@ -203,6 +344,92 @@ func (c *Consumer) forwardCancels(queue string, msgs <-chan amqp.Delivery) {
 		}
 	}
 }
+
+// forwardPacked passes the tasks of a packed message to Deliveries, each a
+// delivery of its own, until the message is settled (one of its tasks was
+// requeued). It reports false when the consumer stopped.
+func (c *Consumer) forwardPacked(queue string, m amqp.Delivery, s *settler) bool {
+	var tasks []outbox.Packed
+	err := json.Unmarshal(m.Body, &tasks)
+	if err == nil && len(tasks) == 0 {
+		err = errors.New("no task")
+	}
+	if err != nil {
+		d := toDelivery(queue, m, s)
+		d.Err = fmt.Errorf("read packed message body: %w", err)
+		select {
+		case c.deliveries <- d:
+			return true
+		case <-c.done:
+			return false
+		}
+	}
+	p := &packedMessage{s: s, tag: m.DeliveryTag, left: len(tasks), settled: make(chan struct{})}
+	for _, t := range tasks {
+		d := outbox.Delivery{
+			Body:         t.Body,
+			MessageID:    m.MessageId,
+			Exchange:     m.Exchange,
+			Queue:        queue,
+			Redelivered:  m.Redelivered,
+			Headers:      t.Headers,
+			Packed:       true,
+			Acknowledger: packedAcker{p},
+		}
+		if t.TaskID == uuid.Nil {
+			d.Err = errors.New("packed task has no task_id")
+		}
+		select {
+		case c.deliveries <- d:
+		case <-p.settled:
+			return true
+		case <-c.done:
+			return false
+		}
+	}
+	return true
+}
+
+// packedMessage settles a packed message once for all its tasks:
+// acknowledged once every task was acknowledged or rejected, requeued as
+// soon as one is requeued. Later settlements of its tasks do nothing.
+type packedMessage struct {
+	s   *settler
+	tag uint64
+
+	mu   sync.Mutex
+	left int
+	// settled is closed once the message is settled.
+	settled chan struct{}
+}
+
+func (p *packedMessage) settle(requeue bool) error {
+	p.mu.Lock()
+	select {
+	case <-p.settled:
+		p.mu.Unlock()
+		return nil
+	default:
+	}
+	p.left--
+	if !requeue && p.left > 0 {
+		p.mu.Unlock()
+		return nil
+	}
+	close(p.settled)
+	p.mu.Unlock()
+	if requeue {
+		return p.s.nack(p.tag, true)
+	}
+	return p.s.ack(p.tag)
+}
+
+// packedAcker settles one task of a packed message.
+type packedAcker struct{ p *packedMessage }
+
+func (a packedAcker) Ack() error     { return a.p.settle(false) }
+func (a packedAcker) Requeue() error { return a.p.settle(true) }
+func (a packedAcker) Reject() error  { return a.p.settle(false) }
 
 func toDelivery(queue string, m amqp.Delivery, s *settler) outbox.Delivery {
 	d := outbox.Delivery{
@@ -277,16 +504,16 @@ func (c *Consumer) fail(err error) {
 // prefetch they were started with, and the new value holds from the next
 // connection on.
 func (c *Consumer) SetPrefetch(n int) error {
-	if err := c.qos(n); err != nil {
+	if err := c.qos(c.tasks, n); err != nil {
 		return fmt.Errorf("set prefetch %d: %w", n, err)
 	}
 	return nil
 }
 
-// qos sets the task channel's prefetch: channel-wide (global) on classic
+// qos sets a task channel's prefetch: channel-wide (global) on classic
 // queues, per consumer on quorum queues, which support nothing else.
-func (c *Consumer) qos(n int) error {
-	return c.tasks.Qos(n, 0, c.qs.Type != Quorum)
+func (c *Consumer) qos(ch *amqp.Channel, n int) error {
+	return ch.Qos(n, 0, c.qs.Type != Quorum)
 }
 
 // StopConsuming asks the broker to send no more task messages; the control
@@ -300,6 +527,13 @@ func (c *Consumer) StopConsuming() {
 		for tag := range c.queues {
 			_ = c.tasks.Cancel(tag, false)
 		}
+		c.pk.mu.Lock()
+		tags := c.pk.tags
+		c.pk.tags = nil
+		c.pk.mu.Unlock()
+		for tag := range tags {
+			_ = c.packed.Cancel(tag, false)
+		}
 	})
 }
 
@@ -312,10 +546,15 @@ func (c *Consumer) Close() error {
 	c.closeOnce.Do(func() {
 		c.fail(ErrClosed)
 		close(c.quit)
+		c.pk.mu.Lock()
+		c.pk.closed = true
+		c.pk.mu.Unlock()
 		// The acks still queued go out before the connection closes:
 		// their deliveries are not sent again.
-		if c.settler != nil {
-			c.settler.close()
+		for _, s := range []*settler{c.settler, c.packedSettler} {
+			if s != nil {
+				s.close()
+			}
 		}
 		// A connection the broker or the network already closed is
 		// not an error of Close.
@@ -333,16 +572,18 @@ type watcher struct {
 	// The sources, by rank: when several report together, as when a
 	// connection dies and takes its channels and consumers with it, the
 	// lowest rank names the cause.
-	conn, tasks, control       <-chan *amqp.Error
-	tasksCancel, controlCancel <-chan string
-	controlQueue               string
+	conn, tasks, packed, control             <-chan *amqp.Error
+	tasksCancel, packedCancel, controlCancel <-chan string
+	controlQueue                             string
 }
 
 const (
 	rankConn = iota
 	rankTasks
+	rankPacked
 	rankControl
 	rankTasksCancel
+	rankPackedCancel
 	rankControlCancel
 	rankLost
 )
@@ -361,10 +602,14 @@ func (w *watcher) run() {
 			rank, cause = rankConn, w.closed(rankConn, e, open)
 		case e, open := <-w.tasks:
 			rank, cause = rankTasks, w.closed(rankTasks, e, open)
+		case e, open := <-w.packed:
+			rank, cause = rankPacked, w.closed(rankPacked, e, open)
 		case e, open := <-w.control:
 			rank, cause = rankControl, w.closed(rankControl, e, open)
 		case tag, open := <-w.tasksCancel:
 			rank, cause = rankTasksCancel, w.cancelled(rankTasksCancel, tag, open)
+		case tag, open := <-w.packedCancel:
+			rank, cause = rankPackedCancel, w.cancelled(rankPackedCancel, tag, open)
 		case tag, open := <-w.controlCancel:
 			rank, cause = rankControlCancel, w.cancelled(rankControlCancel, tag, open)
 		case q := <-w.c.lost:
@@ -397,10 +642,14 @@ func (w *watcher) poll(r int) error {
 		closes = w.conn
 	case rankTasks:
 		closes = w.tasks
+	case rankPacked:
+		closes = w.packed
 	case rankControl:
 		closes = w.control
 	case rankTasksCancel:
 		cancels = w.tasksCancel
+	case rankPackedCancel:
+		cancels = w.packedCancel
 	case rankControlCancel:
 		cancels = w.controlCancel
 	}
@@ -414,7 +663,8 @@ func (w *watcher) poll(r int) error {
 	}
 }
 
-var sourceNames = [...]string{rankConn: "connection", rankTasks: "task channel", rankControl: "control channel"}
+var sourceNames = [...]string{rankConn: "connection", rankTasks: "task channel", rankPacked: "packed channel",
+	rankControl: "control channel"}
 
 // closed explains a close notification. amqp091 sends the error of an
 // abnormal close, then closes the listener; a listener closed without an
@@ -426,6 +676,8 @@ func (w *watcher) closed(r int, e *amqp.Error, open bool) error {
 			w.conn = nil
 		case rankTasks:
 			w.tasks = nil
+		case rankPacked:
+			w.packed = nil
 		case rankControl:
 			w.control = nil
 		}
@@ -441,9 +693,12 @@ func (w *watcher) closed(r int, e *amqp.Error, open bool) error {
 // closed along with its channel, whose close explains itself.
 func (w *watcher) cancelled(r int, tag string, open bool) error {
 	if !open {
-		if r == rankTasksCancel {
+		switch r {
+		case rankTasksCancel:
 			w.tasksCancel = nil
-		} else {
+		case rankPackedCancel:
+			w.packedCancel = nil
+		default:
 			w.controlCancel = nil
 		}
 		return nil
@@ -452,6 +707,11 @@ func (w *watcher) cancelled(r int, tag string, open bool) error {
 		return fmt.Errorf("rabbitmq: consumer of the control queue %s cancelled by the broker", w.controlQueue)
 	}
 	q, ok := w.c.queues[tag]
+	if !ok {
+		w.c.pk.mu.Lock()
+		q, ok = w.c.pk.tags[tag]
+		w.c.pk.mu.Unlock()
+	}
 	if !ok {
 		q = "consumer tag " + tag
 	}

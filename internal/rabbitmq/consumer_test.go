@@ -20,7 +20,7 @@ const wait = 15 * time.Second
 
 func dialConsumer(t *testing.T, v vhost, types ...string) *rabbitmq.Consumer {
 	t.Helper()
-	c, err := rabbitmq.DialConsumer(v.url, "test-consumer", rabbitmq.ClassicQueues, types, 4)
+	c, err := rabbitmq.DialConsumer(v.url, "test-consumer", rabbitmq.ClassicQueues, types, 4, 4)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
 	return c
@@ -28,7 +28,7 @@ func dialConsumer(t *testing.T, v vhost, types ...string) *rabbitmq.Consumer {
 
 func dialPublisher(t *testing.T, v vhost) *rabbitmq.Publisher {
 	t.Helper()
-	p, err := rabbitmq.DialPublisher(v.url, 16, "test-publisher")
+	p, err := rabbitmq.DialPublisher(v.url, 16, "test-publisher", 1)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = p.Close() })
 	return p
@@ -145,7 +145,7 @@ func TestQueuesDeliverByTheirPriorities(t *testing.T) {
 			}
 			require.Len(t, dialPublisher(t, v).Publish(context.Background(), msgs).Published, 3)
 
-			c, err := rabbitmq.DialConsumer(v.url, "test-consumer", tt.qs, []string{"a"}, 1)
+			c, err := rabbitmq.DialConsumer(v.url, "test-consumer", tt.qs, []string{"a"}, 1, 1)
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = c.Close() })
 			var got []string
@@ -323,7 +323,7 @@ func TestConsumerCloseEndsGoroutines(t *testing.T) {
 			runtime.GC()
 			baseline := runtime.NumGoroutine()
 
-			c, err := rabbitmq.DialConsumer(v.url, "test-consumer", rabbitmq.ClassicQueues, []string{"x", "y"}, 4)
+			c, err := rabbitmq.DialConsumer(v.url, "test-consumer", rabbitmq.ClassicQueues, []string{"x", "y"}, 4, 4)
 			require.NoError(t, err)
 			require.Greater(t, runtime.NumGoroutine(), baseline)
 			if tc.end != nil {

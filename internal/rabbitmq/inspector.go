@@ -30,8 +30,9 @@ func NewInspector(url, name string) *Inspector {
 	return &Inspector{url: url, name: name}
 }
 
-// QueueReady says how many messages of taskType's queue are ready (not
-// delivered to a consumer), and whether the queue exists at all: a missing
+// QueueReady says how many messages of taskType's queues (single and
+// packed) are ready (not delivered to a consumer), and whether they exist
+// at all: a missing
 // queue is not an error but exists=false, for no worker of the type has
 // declared it. It asks with a passive declare, which neither creates the
 // queue nor changes it.
@@ -59,22 +60,24 @@ func (i *Inspector) QueueReady(ctx context.Context, taskType string) (ready int,
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
 	defer stop()
 
-	q := QueueName(taskType)
-	ch, err := conn.Channel()
-	if err != nil {
-		return 0, false, ctxOr(ctx, fmt.Errorf("inspect %s: open channel: %w", q, err))
-	}
-	st, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
-	if err != nil {
-		// The broker closed the channel with the error; nothing to close.
-		var ae *amqp.Error
-		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
-			return 0, false, nil
+	for _, q := range []string{QueueName(taskType), PackedQueueName(taskType)} {
+		ch, err := conn.Channel()
+		if err != nil {
+			return 0, false, ctxOr(ctx, fmt.Errorf("inspect %s: open channel: %w", q, err))
 		}
-		return 0, false, ctxOr(ctx, fmt.Errorf("inspect %s: %w", q, err))
+		st, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
+		if err != nil {
+			// The broker closed the channel with the error; nothing to close.
+			var ae *amqp.Error
+			if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+				return 0, false, nil
+			}
+			return 0, false, ctxOr(ctx, fmt.Errorf("inspect %s: %w", q, err))
+		}
+		_ = ch.Close()
+		ready += st.Messages
 	}
-	_ = ch.Close()
-	return st.Messages, true, nil
+	return ready, true, nil
 }
 
 // ctxOr is ctx's error once ctx has ended (the failure came from closing the

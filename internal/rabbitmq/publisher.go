@@ -14,6 +14,8 @@ import (
 // Publisher publishes outbox messages on one confirming channel. It declares
 // the exchanges but never a task queue: the queues are the workers'.
 type Publisher struct {
+	// pack is the most tasks a packed message carries; 1 packs none.
+	pack    int
 	conn    *amqp.Connection
 	ch      *amqp.Channel
 	returns chan amqp.Return
@@ -26,13 +28,14 @@ type Publisher struct {
 // confirm mode. returnBuffer sizes the buffer of returned messages; Publish
 // reads returns while it waits for confirms, so any size of at least 1 is
 // correct, and the largest batch published at once avoids every wait.
-// name is the connection name the broker shows.
-func DialPublisher(url string, returnBuffer int, name string) (*Publisher, error) {
+// name is the connection name the broker shows. pack is the most tasks
+// one message may carry (see Publish); 1 or less packs none.
+func DialPublisher(url string, returnBuffer int, name string, pack int) (*Publisher, error) {
 	conn, err := dial(url, name)
 	if err != nil {
 		return nil, err
 	}
-	p := &Publisher{conn: conn, closed: make(chan struct{})}
+	p := &Publisher{pack: max(pack, 1), conn: conn, closed: make(chan struct{})}
 	if err := p.open(max(returnBuffer, 1)); err != nil {
 		_ = conn.Close()
 		return nil, err
@@ -123,7 +126,11 @@ func (p *Publisher) Close() error { return p.conn.Close() }
 // task.run messages go to the tasks exchange with the task's type as
 // routing key, mandatory; task.cancel messages are broadcast on the control
 // exchange, not mandatory: with no worker alive there is nobody to tell, and
-// the lease reaper ends such a task.
+// the lease reaper ends such a task. The task.run messages of msgs that
+// share a type and a priority are packed, up to the publisher's pack a
+// message, into messages of several tasks (outbox.EncodePacked) sent to the
+// packed exchange instead; a task alone of its kind in msgs goes out as a
+// message of its own. The tasks of a packed message share its fate.
 //
 // Messages of a batch are independent: a message returned, nacked or
 // unconfirmed does not affect the others. What still fails the rest of a
@@ -140,32 +147,23 @@ func (p *Publisher) Close() error { return p.conn.Close() }
 // leader was elected, while a new channel's publishes were confirmed.
 func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) outbox.Outcome {
 	var out outbox.Outcome
-	pending := make([]*amqp.DeferredConfirmation, len(msgs))
-	index := make(map[string]int, len(msgs)) // message id → position
-	for i, m := range msgs {
-		exchange, key := Route(m)
-		mandatory := m.Kind != outbox.KindCancel
-		headers := make(amqp.Table, len(m.Headers))
-		for k, v := range m.Headers {
-			headers[k] = v
+	units := pack(msgs, p.pack)
+	pending := make([]*amqp.DeferredConfirmation, len(units))
+	index := make(map[string]int, len(units)) // message id → unit
+	failUnit := func(u []outbox.Message, reason string) {
+		for _, m := range u {
+			out.Fail(m.ID, reason)
 		}
-		id := strconv.FormatInt(m.ID, 10)
-		dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, mandatory, false, amqp.Publishing{
-			MessageId:    id,
-			ContentType:  "application/json",
-			DeliveryMode: amqp.Persistent,
-			Priority:     m.Priority,
-			Timestamp:    m.CreatedAt,
-			Type:         string(m.Kind),
-			Headers:      headers,
-			Body:         m.EncodeBody(),
-		})
+	}
+	for i, u := range units {
+		pub, exchange, key, mandatory := publishing(u)
+		dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, mandatory, false, pub)
 		if err != nil {
-			out.Fail(m.ID, "publish: "+err.Error())
+			failUnit(u, "publish: "+err.Error())
 			continue
 		}
 		pending[i] = dc
-		index[id] = i
+		index[pub.MessageId] = i
 	}
 
 	// The broker sends a message's basic.return before its basic.ack, and
@@ -189,7 +187,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) outbox.O
 			returned[i] = r
 		}
 	}
-	confirmed := make([]bool, len(msgs))
+	confirmed := make([]bool, len(units))
 	nacked := false
 	for i, dc := range pending {
 		if dc == nil {
@@ -208,15 +206,15 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) outbox.O
 		}
 		switch {
 		case !isDone(dc):
-			out.Fail(msgs[i].ID, "confirm: "+ctx.Err().Error())
+			failUnit(units[i], "confirm: "+ctx.Err().Error())
 		case dc.Acked():
 			confirmed[i] = true
 		case p.ch.IsClosed():
 			// amqp091 resolves the pending confirms of a closed channel
 			// as nacks.
-			out.Fail(msgs[i].ID, "not confirmed: channel closed: "+p.closeReason())
+			failUnit(units[i], "not confirmed: channel closed: "+p.closeReason())
 		default:
-			out.Fail(msgs[i].ID, "nacked by the broker")
+			failUnit(units[i], "nacked by the broker")
 			nacked = true
 		}
 	}
@@ -229,19 +227,20 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) outbox.O
 		}
 	}
 
-	for i := range msgs {
+	for i, u := range units {
 		if !confirmed[i] {
 			continue
 		}
-		id := msgs[i].ID
 		r, wasReturned := returned[i]
-		switch {
-		case !wasReturned:
-			out.Published = append(out.Published, id)
-		case r.ReplyCode == amqp.NoRoute:
-			out.Unroute(id, fmt.Sprintf("returned: %d %s: no queue for type %q", r.ReplyCode, r.ReplyText, msgs[i].TaskType))
-		default:
-			out.Fail(id, fmt.Sprintf("returned: %d %s", r.ReplyCode, r.ReplyText))
+		for _, m := range u {
+			switch {
+			case !wasReturned:
+				out.Published = append(out.Published, m.ID)
+			case r.ReplyCode == amqp.NoRoute:
+				out.Unroute(m.ID, fmt.Sprintf("returned: %d %s: no queue for type %q", r.ReplyCode, r.ReplyText, m.TaskType))
+			default:
+				out.Fail(m.ID, fmt.Sprintf("returned: %d %s", r.ReplyCode, r.ReplyText))
+			}
 		}
 	}
 	if nacked {
@@ -251,6 +250,73 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) outbox.O
 	}
 	return out
 }
+
+// pack splits msgs into the messages that go out: each task.run message
+// that shares its type and priority with others of msgs is packed with
+// them, up to size a message, in the order they come; every other message
+// goes alone.
+func pack(msgs []outbox.Message, size int) [][]outbox.Message {
+	type kind struct {
+		taskType string
+		priority uint8
+	}
+	var units [][]outbox.Message
+	open := map[kind]int{} // the unit of a kind that still has room
+	count := map[kind]int{}
+	if size > 1 {
+		for _, m := range msgs {
+			if m.Kind == outbox.KindRun {
+				count[kind{m.TaskType, m.Priority}]++
+			}
+		}
+	}
+	for _, m := range msgs {
+		k := kind{m.TaskType, m.Priority}
+		if m.Kind != outbox.KindRun || count[k] < 2 {
+			units = append(units, []outbox.Message{m})
+			continue
+		}
+		i, ok := open[k]
+		if !ok || len(units[i]) == size {
+			i = len(units)
+			open[k] = i
+			units = append(units, make([]outbox.Message, 0, min(size, count[k])))
+		}
+		units[i] = append(units[i], m)
+	}
+	return units
+}
+
+// publishing is the AMQP message of a unit of pack, and where it goes. A
+// message's id is its outbox row's; a packed message's is its first
+// task's row's, with the tasks' own trace contexts in its body.
+func publishing(u []outbox.Message) (pub amqp.Publishing, exchange, key string, mandatory bool) {
+	m := u[0]
+	exchange, key = Route(m)
+	pub = amqp.Publishing{
+		MessageId:    strconv.FormatInt(m.ID, 10),
+		ContentType:  "application/json",
+		DeliveryMode: amqp.Persistent,
+		Priority:     m.Priority,
+		Timestamp:    m.CreatedAt,
+		Type:         string(m.Kind),
+	}
+	if len(u) > 1 {
+		pub.Headers = amqp.Table{PackedHeader: int32(len(u))}
+		pub.Body = outbox.EncodePacked(u)
+		return pub, PackedExchange, key, true
+	}
+	pub.Headers = make(amqp.Table, len(m.Headers))
+	for k, v := range m.Headers {
+		pub.Headers[k] = v
+	}
+	pub.Body = m.EncodeBody()
+	return pub, exchange, key, m.Kind != outbox.KindCancel
+}
+
+// PackedHeader is the header of a packed message that says how many tasks
+// it carries.
+const PackedHeader = "x-conveyor-tasks"
 
 func isDone(dc *amqp.DeferredConfirmation) bool {
 	select {

@@ -76,7 +76,7 @@ func TestPublishMoreReturnsThanBuffered(t *testing.T) {
 	t.Parallel()
 	v := newVhost(t)
 	declareQueue(t, v, "known")
-	p, err := rabbitmq.DialPublisher(v.url, 1, "test-publisher")
+	p, err := rabbitmq.DialPublisher(v.url, 1, "test-publisher", 1)
 	require.NoError(t, err)
 	defer func() { _ = p.Close() }()
 

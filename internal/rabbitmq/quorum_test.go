@@ -21,7 +21,8 @@ func queueStats(t *testing.T, v vhost) map[string]string {
 	stats := map[string]string{}
 	for line := range strings.SplitSeq(strings.TrimSpace(ctl(t, "list_queues", "-p", v.name, "--no-table-headers",
 		"name", "type", "messages_ready", "messages_unacknowledged")), "\n") {
-		if name, rest, ok := strings.Cut(line, "\t"); ok && strings.HasPrefix(name, rabbitmq.QueueName("")) {
+		if name, rest, ok := strings.Cut(line, "\t"); ok &&
+			(strings.HasPrefix(name, rabbitmq.QueueName("")) || strings.HasPrefix(name, rabbitmq.PackedQueueName(""))) {
 			stats[name] = rest
 		}
 	}
@@ -33,7 +34,7 @@ func queueStats(t *testing.T, v vhost) map[string]string {
 func TestQuorumConsumerGivesEachQueueTheCredit(t *testing.T) {
 	t.Parallel()
 	v := newVhost(t)
-	c, err := rabbitmq.DialConsumer(v.url, "test-consumer", rabbitmq.QuorumQueues, []string{"a", "b"}, 2)
+	c, err := rabbitmq.DialConsumer(v.url, "test-consumer", rabbitmq.QuorumQueues, []string{"a", "b"}, 2, 2)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
 	p := dialPublisher(t, v)
@@ -45,8 +46,10 @@ func TestQuorumConsumerGivesEachQueueTheCredit(t *testing.T) {
 	require.Len(t, p.Publish(context.Background(), msgs).Published, 6)
 
 	want := map[string]string{
-		rabbitmq.QueueName("a"): "quorum\t1\t2",
-		rabbitmq.QueueName("b"): "quorum\t1\t2",
+		rabbitmq.QueueName("a"):       "quorum\t1\t2",
+		rabbitmq.QueueName("b"):       "quorum\t1\t2",
+		rabbitmq.PackedQueueName("a"): "quorum\t0\t0",
+		rabbitmq.PackedQueueName("b"): "quorum\t0\t0",
 	}
 	eventually(t, wait, func() error {
 		if got := queueStats(t, v); fmt.Sprint(got) != fmt.Sprint(want) {
@@ -95,7 +98,7 @@ func TestDeclareTaskQueueOfOtherArgumentsNamesTheVariables(t *testing.T) {
 		require.Equal(t, amqp.PreconditionFailed, ae.Code)
 
 		// A worker declaring otherwise fails the same way, before consuming.
-		_, err = rabbitmq.DialConsumer(v.url, "test-consumer", tt.then, []string{taskType}, 4)
+		_, err = rabbitmq.DialConsumer(v.url, "test-consumer", tt.then, []string{taskType}, 4, 4)
 		require.ErrorContains(t, err, "AMQP_MAX_PRIORITY", tt.name)
 	}
 	stats := queueStats(t, v)

@@ -20,7 +20,7 @@ import (
 func TestConsumerSettlesOutOfOrderWithoutLosingOrRepeatingAnAck(t *testing.T) {
 	t.Parallel()
 	v := newVhost(t)
-	c, err := rabbitmq.DialConsumer(v.url, "test-consumer", rabbitmq.ClassicQueues, []string{"a", "b"}, 64)
+	c, err := rabbitmq.DialConsumer(v.url, "test-consumer", rabbitmq.ClassicQueues, []string{"a", "b"}, 64, 64)
 	require.NoError(t, err)
 	defer func() { _ = c.Close() }()
 	p := dialPublisher(t, v)

@@ -5,11 +5,16 @@
 // PostgreSQL holds every task; RabbitMQ only delivers. A task.run message
 // goes to the direct exchange conveyor.tasks with the task's type as routing
 // key and lands in the durable queue conveyor.task.<type>, a classic
-// queue, with priorities or without (Queues), or a replicated quorum
-// queue. Only workers declare those queues, for the types they run: a
-// message for a type no worker has declared yet is returned to the relay,
-// which parks it in PostgreSQL. task.cancel messages are broadcast on the fanout exchange
-// conveyor.control to an exclusive queue per worker.
+// queue, with priorities or without (Queues), or a replicated quorum queue.
+// When a relay's batch holds several tasks of one type and priority, it
+// packs them into messages of several tasks each (Packed), which go to
+// the direct exchange conveyor.packed and land in conveyor.packed.<type>,
+// declared alike: the broker's cost of a delivery is then shared by the
+// tasks of the message. Only workers declare those queues, for the types
+// they run: a message for a type no worker has declared yet is returned to
+// the relay, which parks it in PostgreSQL. task.cancel messages are
+// broadcast on the fanout exchange conveyor.control to an exclusive queue
+// per worker.
 //
 // Publisher, Consumer and Inspector speak in the types of package outbox.
 // Two things of amqp091-go are visible to callers: DeclareExchanges,
@@ -31,6 +36,9 @@ import (
 const (
 	// TasksExchange routes task.run messages to their type's queue.
 	TasksExchange = "conveyor.tasks"
+	// PackedExchange routes packed task.run messages, several tasks of one
+	// type each, to their type's packed queue.
+	PackedExchange = "conveyor.packed"
 	// ControlExchange broadcasts task.cancel messages to every worker.
 	ControlExchange = "conveyor.control"
 )
@@ -38,10 +46,18 @@ const (
 // QueueName is the durable queue that holds the task.run messages of a type.
 func QueueName(taskType string) string { return "conveyor.task." + taskType }
 
-// DeclareExchanges declares both exchanges, durable. Declaring is idempotent.
+// PackedQueueName is the durable queue that holds the packed task.run
+// messages of a type. It is a queue of its own so that a worker can give
+// it a prefetch of its own: one message there is many tasks.
+func PackedQueueName(taskType string) string { return "conveyor.packed." + taskType }
+
+// DeclareExchanges declares the exchanges, durable. Declaring is
+// idempotent.
 func DeclareExchanges(ch *amqp.Channel) error {
-	if err := ch.ExchangeDeclare(TasksExchange, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
-		return fmt.Errorf("declare exchange %s: %w", TasksExchange, err)
+	for _, name := range []string{TasksExchange, PackedExchange} {
+		if err := ch.ExchangeDeclare(name, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("declare exchange %s: %w", name, err)
+		}
 	}
 	if err := ch.ExchangeDeclare(ControlExchange, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
 		return fmt.Errorf("declare exchange %s: %w", ControlExchange, err)
@@ -126,26 +142,32 @@ func DeclareTaskQueue(ch *amqp.Channel, taskType string) error {
 	return DeclareTaskQueueOf(ch, taskType, ClassicQueues)
 }
 
-// DeclareTaskQueueOf declares a type's durable queue as qs says and binds it
-// to the tasks exchange with the type as routing key. Workers declare the
-// queues of their types before consuming; the relay never declares one, so
-// the set of queues is the set of types some worker runs. Declaring is
-// idempotent, but RabbitMQ refuses (PRECONDITION_FAILED, which also closes
-// ch) to declare a queue that exists with other arguments, such as the
-// other type or another maximum priority: the error then says so.
+// DeclareTaskQueueOf declares a type's two durable queues as qs says, the
+// queue of single messages and the packed queue, and binds them to the
+// tasks and packed exchanges with the type as routing key. Workers declare
+// the queues of their types before consuming; the relay never declares
+// one, so the set of queues is the set of types some worker runs.
+// Declaring is idempotent, but RabbitMQ refuses (PRECONDITION_FAILED, which
+// also closes ch) to declare a queue that exists with other arguments,
+// such as the other type or another maximum priority: the error then says
+// so.
 func DeclareTaskQueueOf(ch *amqp.Channel, taskType string, qs Queues) error {
-	q := QueueName(taskType)
-	if _, err := ch.QueueDeclare(q, true, false, false, false, qs.arguments()); err != nil {
-		var ae *amqp.Error
-		if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
-			return fmt.Errorf("declare queue %s as %s: %w (the queue exists with other arguments: "+
-				"check that AMQP_QUEUE_TYPE and AMQP_MAX_PRIORITY are what it was created with, "+
-				"or delete it to change them)", q, qs, err)
+	for _, q := range []struct{ name, exchange string }{
+		{QueueName(taskType), TasksExchange},
+		{PackedQueueName(taskType), PackedExchange},
+	} {
+		if _, err := ch.QueueDeclare(q.name, true, false, false, false, qs.arguments()); err != nil {
+			var ae *amqp.Error
+			if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
+				return fmt.Errorf("declare queue %s as %s: %w (the queue exists with other arguments: "+
+					"check that AMQP_QUEUE_TYPE and AMQP_MAX_PRIORITY are what it was created with, "+
+					"or delete it to change them)", q.name, qs, err)
+			}
+			return fmt.Errorf("declare queue %s: %w", q.name, err)
 		}
-		return fmt.Errorf("declare queue %s: %w", q, err)
-	}
-	if err := ch.QueueBind(q, taskType, TasksExchange, false, nil); err != nil {
-		return fmt.Errorf("bind queue %s: %w", q, err)
+		if err := ch.QueueBind(q.name, taskType, q.exchange, false, nil); err != nil {
+			return fmt.Errorf("bind queue %s: %w", q.name, err)
+		}
 	}
 	return nil
 }

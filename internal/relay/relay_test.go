@@ -83,7 +83,7 @@ func (b *testBundle) startRelay(t *testing.T, o relayOpts) *relay.Relay {
 	}, relay.Deps{
 		Store: postgres.NewRelayStore(b.db.Pool, 50*time.Millisecond, time.Second),
 		Broker: relay.BrokerFunc(func(_ context.Context, n int) (relay.Publisher, error) {
-			p, err := rabbitmq.DialPublisher(b.amqpURL, n, t.Name())
+			p, err := rabbitmq.DialPublisher(b.amqpURL, n, t.Name(), 1)
 			if err != nil {
 				return nil, err
 			}

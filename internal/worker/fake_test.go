@@ -220,6 +220,8 @@ func (s *fakeSource) Done() <-chan struct{}              { return s.done }
 func (s *fakeSource) Err() error                         { return s.err }
 func (s *fakeSource) StopConsuming()                     {}
 func (s *fakeSource) SetPrefetch(n int) error            { s.prefetch.Store(int32(n)); return nil }
+func (s *fakeSource) PausePacked() error                 { return nil }
+func (s *fakeSource) ResumePacked() error                { return nil }
 func (s *fakeSource) Close() error                       { s.stop(errors.New("closed")); return nil }
 func (s *fakeSource) stop(err error)                     { s.once.Do(func() { s.err = err; close(s.done) }) }
 

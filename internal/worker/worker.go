@@ -78,9 +78,13 @@ type Source interface {
 	// connection, a channel or a consumer ended); Err says why.
 	Done() <-chan struct{}
 	Err() error
-	// SetPrefetch changes how many deliveries may be unacknowledged at
-	// once.
+	// SetPrefetch changes how many deliveries of single messages may be
+	// unacknowledged at once.
 	SetPrefetch(n int) error
+	// PausePacked asks for no more packed messages (whose prefetch is
+	// fixed); ResumePacked asks for them again.
+	PausePacked() error
+	ResumePacked() error
 	// StopConsuming asks for no more deliveries; cancels still arrive.
 	StopConsuming()
 	Close() error
@@ -142,7 +146,10 @@ type Worker struct {
 	// credit is poked when either count changes.
 	long    atomic.Int32
 	orphans atomic.Int32
-	credit  chan struct{}
+	// packedHeld counts the deliveries of packed messages taken and not
+	// yet done with: their messages hold no credit of the single ones.
+	packedHeld atomic.Int32
+	credit     chan struct{}
 	// stopping is closed when the worker stops taking work.
 	stopping  chan struct{}
 	consuming atomic.Bool
@@ -246,10 +253,16 @@ func (w *Worker) Run(ctx context.Context) error {
 // task waits behind a long handler.
 // Tasks still running from an earlier connection (whose deliveries that
 // connection took back) are subtracted from the credit.
+//
+// Packed messages come through queues of their own, whose prefetch is fixed
+// at the window divided by the most tasks a message carries: while any
+// handler runs long they are paused, and the credit of the single messages
+// leaves out the packed tasks held, so that slots full of long handlers
+// leave no credit on either.
 func (w *Worker) prefetch() int {
 	p := w.cfg.Concurrency + w.cfg.ReadAhead
 	if w.long.Load() > 0 {
-		p = w.cfg.Concurrency
+		p = w.cfg.Concurrency - int(w.packedHeld.Load())
 	}
 	return max(1, p-int(w.orphans.Load()))
 }
@@ -349,13 +362,22 @@ func (w *Worker) serve(ctx, runCtx context.Context, src Source, applied int) boo
 			applied = w.setPrefetch(ctx, src, applied)
 		case d := <-src.Deliveries():
 			w.inflight.Add(1)
+			if d.Packed {
+				w.packedHeld.Add(1)
+			}
 			go func() {
 				// The delivery's place in the window is freed as soon as
 				// its handler returns: storing the outcome and settling
 				// the delivery go on beside the next task, within the
 				// broker's prefetch.
 				release := sync.OnceFunc(func() { <-w.window })
-				defer func() { release(); w.inflight.Done() }()
+				defer func() {
+					release()
+					if d.Packed && w.packedHeld.Add(-1) >= 0 && w.long.Load() > 0 {
+						w.pokeCredit()
+					}
+					w.inflight.Done()
+				}()
 				w.process(runCtx, d, release)
 			}()
 		}
@@ -373,8 +395,16 @@ func (w *Worker) adoptOrphans() {
 	w.orphans.Store(int32(len(w.running)))
 }
 
-// setPrefetch gives the broker the credit the worker can take now.
+// setPrefetch gives the broker the credit the worker can take now, and
+// pauses the packed messages while handlers run long.
 func (w *Worker) setPrefetch(ctx context.Context, src Source, applied int) int {
+	pause := src.ResumePacked
+	if w.long.Load() > 0 {
+		pause = src.PausePacked
+	}
+	if err := pause(); err != nil {
+		w.log.WarnContext(ctx, "pause or resume packed messages", "error", err)
+	}
 	p := w.prefetch()
 	if p == applied {
 		return applied
