@@ -242,8 +242,18 @@ func (c *Consumer) PausePacked() error {
 	c.pk.mu.Unlock()
 	for tag := range tags {
 		if err := c.packed.Cancel(tag, false); err != nil {
+			// The consumers not cancelled run on: keep them known.
+			c.pk.mu.Lock()
+			if c.pk.tags == nil {
+				c.pk.tags = map[string]string{}
+			}
+			for t, q := range tags {
+				c.pk.tags[t] = q
+			}
+			c.pk.mu.Unlock()
 			return fmt.Errorf("rabbitmq: pause packed consumers: %w", err)
 		}
+		delete(tags, tag)
 	}
 	return nil
 }
@@ -267,6 +277,14 @@ func (c *Consumer) ResumePacked() error {
 	c.pk.gen++
 	if c.pk.closed {
 		return nil // Close came meanwhile; the connection takes the consumers with it
+	}
+	if c.stopping.Load() {
+		// StopConsuming came meanwhile: it did not see these consumers.
+		for tag := range c.pk.tags {
+			_ = c.packed.Cancel(tag, false)
+		}
+		c.pk.tags = nil
+		return nil
 	}
 	c.wg.Add(len(streams))
 	for q, msgs := range streams {

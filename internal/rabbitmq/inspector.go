@@ -70,6 +70,10 @@ func (i *Inspector) QueueReady(ctx context.Context, taskType string) (ready int,
 			// The broker closed the channel with the error; nothing to close.
 			var ae *amqp.Error
 			if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+				if q == PackedQueueName(taskType) {
+					// Declared by workers older than packing: none ready.
+					continue
+				}
 				return 0, false, nil
 			}
 			return 0, false, ctxOr(ctx, fmt.Errorf("inspect %s: %w", q, err))

@@ -299,6 +299,9 @@ func (w *Worker) consume(ctx, runCtx context.Context) Source {
 			continue
 		}
 		b.Reset()
+		// A new source consumes its packed queues: pause them at once if
+		// handlers run long.
+		w.pokeCredit()
 		if err := w.store.TypesReady(ctx, w.Types()); err != nil {
 			// Maintenance releases parked messages too; only latency is lost.
 			w.log.WarnContext(ctx, "release parked messages", "error", err)
@@ -362,8 +365,8 @@ func (w *Worker) serve(ctx, runCtx context.Context, src Source, applied int) boo
 			applied = w.setPrefetch(ctx, src, applied)
 		case d := <-src.Deliveries():
 			w.inflight.Add(1)
-			if d.Packed {
-				w.packedHeld.Add(1)
+			if d.Packed && w.packedHeld.Add(1) > 0 && w.long.Load() > 0 {
+				w.pokeCredit()
 			}
 			go func() {
 				// The delivery's place in the window is freed as soon as
@@ -385,14 +388,19 @@ func (w *Worker) serve(ctx, runCtx context.Context, src Source, applied int) boo
 }
 
 // adoptOrphans marks the tasks running now as orphans: the source their
-// deliveries came through is gone.
+// deliveries came through is gone. Tasks of packed messages are not: they
+// never held the single messages' credit, and packedHeld counts them.
 func (w *Worker) adoptOrphans() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	n := 0
 	for _, e := range w.running {
-		e.orphan = true
+		if !e.delivery.Packed {
+			e.orphan = true
+			n++
+		}
 	}
-	w.orphans.Store(int32(len(w.running)))
+	w.orphans.Store(int32(n))
 }
 
 // setPrefetch gives the broker the credit the worker can take now, and
