@@ -397,6 +397,14 @@ func (c *Consumer) forwardPacked(queue string, m amqp.Delivery, s *settler) bool
 		if t.TaskID == uuid.Nil {
 			d.Err = errors.New("packed task has no task_id")
 		}
+		// A settled message offers nothing more; the task already on offer
+		// when it was settled may still be taken (select picks at random
+		// between ready cases), and its settlement then does nothing.
+		select {
+		case <-p.settled:
+			return true
+		default:
+		}
 		select {
 		case c.deliveries <- d:
 		case <-p.settled:
