@@ -58,18 +58,27 @@ func (b *bundle) submitMany(t *testing.T, typ string, payload map[string]any, n 
 			}
 			entries = append(entries, e)
 		}
-		var out struct {
-			Results []struct {
-				Task struct {
-					ID uuid.UUID `json:"id"`
-				} `json:"task"`
-			} `json:"results"`
-		}
-		require.NoError(t, json.Unmarshal(b.post(t, "/v1/tasks/batch", map[string]any{"tasks": entries}, http.StatusOK), &out))
-		require.Len(t, out.Results, len(entries))
-		for _, r := range out.Results {
-			ids = append(ids, r.Task.ID)
-		}
+		ids = append(ids, b.postBatch(t, entries)...)
+	}
+	return ids
+}
+
+// postBatch submits entries in one batch and returns their tasks' ids, in
+// the entries' order.
+func (b *bundle) postBatch(t *testing.T, entries []map[string]any) []uuid.UUID {
+	t.Helper()
+	var out struct {
+		Results []struct {
+			Task struct {
+				ID uuid.UUID `json:"id"`
+			} `json:"task"`
+		} `json:"results"`
+	}
+	require.NoError(t, json.Unmarshal(b.post(t, "/v1/tasks/batch", map[string]any{"tasks": entries}, http.StatusOK), &out))
+	require.Len(t, out.Results, len(entries))
+	ids := make([]uuid.UUID, len(out.Results))
+	for i, r := range out.Results {
+		ids[i] = r.Task.ID
 	}
 	return ids
 }

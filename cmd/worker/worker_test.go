@@ -568,19 +568,7 @@ func TestPackedTasksDoNotWaitBehindALongOne(t *testing.T) {
 	for range 4 {
 		entries = append(entries, sleep(1, 10))
 	}
-	var out struct {
-		Results []struct {
-			Task struct {
-				ID uuid.UUID `json:"id"`
-			} `json:"task"`
-		} `json:"results"`
-	}
-	require.NoError(t, json.Unmarshal(b.post(t, "/v1/tasks/batch", map[string]any{"tasks": entries}, http.StatusOK), &out))
-	require.Len(t, out.Results, len(entries))
-	ids := make([]uuid.UUID, len(out.Results))
-	for i, r := range out.Results {
-		ids[i] = r.Task.ID
-	}
+	ids := b.postBatch(t, entries)
 	// Due now, and their messages written again in the batch's order (the
 	// submission writes them in whatever order its join yields), so that
 	// the long task leads the packed message.

@@ -26,12 +26,10 @@ func dialConsumer(t *testing.T, v vhost, types ...string) *rabbitmq.Consumer {
 	return c
 }
 
+// dialPublisher dials a publisher that packs nothing.
 func dialPublisher(t *testing.T, v vhost) *rabbitmq.Publisher {
 	t.Helper()
-	p, err := rabbitmq.DialPublisher(v.url, 16, "test-publisher", 1)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = p.Close() })
-	return p
+	return dialPacking(t, v, 1)
 }
 
 func runMessage(id int64, taskType string) outbox.Message {

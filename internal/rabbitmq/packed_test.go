@@ -23,16 +23,6 @@ func dialPacking(t *testing.T, v vhost, pack int) *rabbitmq.Publisher {
 	return p
 }
 
-// dialPacked dials a consumer of types with a prefetch of 4 single and 4
-// packed messages.
-func dialPacked(t *testing.T, v vhost, types ...string) *rabbitmq.Consumer {
-	t.Helper()
-	c, err := rabbitmq.DialConsumer(v.url, "test-consumer", rabbitmq.ClassicQueues, types, 4, 4)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
 // runMessages are task.run messages of a type and priority, ids from first,
 // each with a trace context of its own.
 func runMessages(first int64, n int, taskType string, priority uint8) []outbox.Message {
@@ -67,7 +57,7 @@ func requireStats(t *testing.T, v vhost, want map[string]string) {
 func TestPublisherPacksTasksOfOneTypeAndPriority(t *testing.T) {
 	t.Parallel()
 	v := newVhost(t)
-	c := dialPacked(t, v, "a", "b")
+	c := dialConsumer(t, v, "a", "b")
 	p := dialPacking(t, v, 3)
 
 	msgs := runMessages(1, 4, "a", 5)                 // 1 2 3 packed, 4 alone
@@ -118,7 +108,7 @@ func TestPublisherPacksTasksOfOneTypeAndPriority(t *testing.T) {
 func TestPackedMessageIsSettledOnceForItsTasks(t *testing.T) {
 	t.Parallel()
 	v := newVhost(t)
-	c := dialPacked(t, v, "a")
+	c := dialConsumer(t, v, "a")
 	p := dialPacking(t, v, 3)
 	packed := rabbitmq.PackedQueueName("a")
 
@@ -178,7 +168,7 @@ func TestPackedMessageWithoutAQueueIsUnroutableForEachTask(t *testing.T) {
 func TestConsumerPausesAndResumesThePackedQueues(t *testing.T) {
 	t.Parallel()
 	v := newVhost(t)
-	c := dialPacked(t, v, "a")
+	c := dialConsumer(t, v, "a")
 	p := dialPacking(t, v, 3)
 
 	require.NoError(t, c.PausePacked())
