@@ -592,6 +592,40 @@ func TestPackedTasksDoNotWaitBehindALongOne(t *testing.T) {
 	require.Equal(t, "IN_PROGRESS", b.task(t, ids[0]).Status, "the short tasks did not wait for the long one")
 }
 
+// A worker running a long task of a packed message keeps taking packed
+// messages for its other slots: the message was settled once its tasks
+// were claimed, so the long one holds none of the packed queue's credit
+// (one message here), and the packed queues are paused only while every
+// slot runs long.
+func TestPackedTasksKeepFlowingBesideALongOne(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	db := testdb.New(t)
+	b := setupWith(t, db.URL, db.Pool, testenv.NewVhost(t), "RELAY_LANES=1")
+	b.declare(t, "demo.sleep")
+	b.startWorker(t, "w1", "WORKER_CONCURRENCY=4")
+	sleep := func(steps, stepMS int) map[string]any {
+		return map[string]any{"type": "demo.sleep", "payload": map[string]any{"steps": steps, "step_ms": stepMS},
+			"dedupe": false}
+	}
+	first := b.postBatch(t, []map[string]any{sleep(40, 250), sleep(1, 10), sleep(1, 10), sleep(1, 10)})
+	for _, id := range first[1:] {
+		b.waitStatus(t, id, "COMPLETED", 30*time.Second)
+	}
+	// Running long: more than a second in.
+	b.waitUntil(t, first[0], "running long", func(r taskRow) bool { return r.Progress >= 5 })
+
+	var second []map[string]any
+	for range 8 {
+		second = append(second, sleep(1, 10))
+	}
+	for _, id := range b.postBatch(t, second) {
+		b.waitStatus(t, id, "COMPLETED", 30*time.Second)
+		b.requireOneTerminal(t, id)
+	}
+	require.Equal(t, "IN_PROGRESS", b.task(t, first[0]).Status, "the short tasks did not wait for the long one")
+}
+
 // A message never waits behind a long handler while another worker is
 // free: two workers of one slot each, one busy with a long task; a short
 // task submitted meanwhile completes on the other while the long one runs.

@@ -18,7 +18,7 @@ var ErrClosed = errors.New("rabbitmq: consumer closed")
 
 // Consumer consumes the task queues of a worker's types on one channel,
 // their packed queues on a second (a prefetch of their own, and paused
-// while the worker's handlers run long), and the control broadcasts on a
+// while every slot of the worker runs long), and the control broadcasts on a
 // third, from an exclusive queue of its own. On classic queues a task
 // channel's prefetch is shared by all the types; quorum queues support no
 // channel-wide prefetch, so there each type's consumer gets the whole
@@ -82,9 +82,9 @@ type Consumer struct {
 //
 // The tasks of a packed message arrive as deliveries of their own. The
 // message is acknowledged once every one of its tasks was acknowledged or
-// rejected, and requeued as soon as one of them is requeued: its other
-// tasks then come back with it, and a task that runs meanwhile is not
-// claimable when it does. Tasks of a settled message not yet yielded are
+// rejected (a worker acknowledges each once it is claimed), and requeued
+// as soon as one of them is requeued: its other tasks then come back with
+// it, and a task claimed meanwhile is not claimable when it does. Tasks of a settled message not yet yielded are
 // not yielded.
 func DialConsumer(url, name string, qs Queues, types []string, prefetch, packedPrefetch int) (*Consumer, error) {
 	conn, err := dial(url, name)
@@ -223,10 +223,10 @@ func (c *Consumer) consumePacked() (map[string]<-chan amqp.Delivery, error) {
 
 // PausePacked asks the broker to send no more packed messages: it cancels
 // the packed queues' consumers. What the broker sent before is still
-// yielded. A worker pauses them while its handlers run long: the packed
-// queues' prefetch stays as it was set, so a packed message that arrived
-// then could only go back to its queue and, with credit left, straight
-// back to the worker.
+// yielded. A worker pauses them while every slot runs a long handler: the
+// packed queues' prefetch stays as it was set, so a packed message that
+// arrived then could only go back to its queue and, with credit left,
+// straight back to the worker.
 func (c *Consumer) PausePacked() error {
 	c.pk.op.Lock()
 	defer c.pk.op.Unlock()
@@ -392,7 +392,7 @@ func (c *Consumer) forwardPacked(queue string, m amqp.Delivery, s *settler) bool
 			Redelivered:  m.Redelivered,
 			Headers:      t.Headers,
 			Packed:       true,
-			Acknowledger: packedAcker{p},
+			Acknowledger: &packedAcker{p: p},
 		}
 		if t.TaskID == uuid.Nil {
 			d.Err = errors.New("packed task has no task_id")
@@ -418,7 +418,8 @@ func (c *Consumer) forwardPacked(queue string, m amqp.Delivery, s *settler) bool
 
 // packedMessage settles a packed message once for all its tasks:
 // acknowledged once every task was acknowledged or rejected, requeued as
-// soon as one is requeued. Later settlements of its tasks do nothing.
+// soon as one is requeued. Later settlements of its tasks do nothing, and
+// so does a task's second settlement.
 type packedMessage struct {
 	s   *settler
 	tag uint64
@@ -450,12 +451,22 @@ func (p *packedMessage) settle(requeue bool) error {
 	return p.s.ack(p.tag)
 }
 
-// packedAcker settles one task of a packed message.
-type packedAcker struct{ p *packedMessage }
+// packedAcker settles one task of a packed message, once.
+type packedAcker struct {
+	p    *packedMessage
+	done atomic.Bool
+}
 
-func (a packedAcker) Ack() error     { return a.p.settle(false) }
-func (a packedAcker) Requeue() error { return a.p.settle(true) }
-func (a packedAcker) Reject() error  { return a.p.settle(false) }
+func (a *packedAcker) Ack() error     { return a.settle(false) }
+func (a *packedAcker) Requeue() error { return a.settle(true) }
+func (a *packedAcker) Reject() error  { return a.settle(false) }
+
+func (a *packedAcker) settle(requeue bool) error {
+	if a.done.Swap(true) {
+		return nil
+	}
+	return a.p.settle(requeue)
+}
 
 func toDelivery(queue string, m amqp.Delivery, s *settler) outbox.Delivery {
 	d := outbox.Delivery{

@@ -255,10 +255,15 @@ func (w *Worker) Run(ctx context.Context) error {
 // connection took back) are subtracted from the credit.
 //
 // Packed messages come through queues of their own, whose prefetch is fixed
-// at the window divided by the most tasks a message carries: while any
-// handler runs long they are paused, and the credit of the single messages
-// leaves out the packed tasks held, so that slots full of long handlers
-// leave no credit on either.
+// at the window divided by the most tasks a message carries, and a packed
+// message is acknowledged once its tasks are claimed (process), so it holds
+// credit only while tasks of it wait to be taken: a long task holds none.
+// While handlers run long the credit of the single messages leaves out the
+// packed tasks held; a packed task that arrives when every slot is taken
+// waits for a place in the window instead of going back (its message would
+// come back with the tasks of it already claimed), and is handed back if
+// no slot frees in time. Only while every slot runs long are the packed
+// queues paused, and what they still yield goes back.
 func (w *Worker) prefetch() int {
 	p := w.cfg.Concurrency + w.cfg.ReadAhead
 	if w.long.Load() > 0 {
@@ -300,7 +305,7 @@ func (w *Worker) consume(ctx, runCtx context.Context) Source {
 		}
 		b.Reset()
 		// A new source consumes its packed queues: pause them at once if
-		// handlers run long.
+		// every slot runs long.
 		w.pokeCredit()
 		if err := w.store.TypesReady(ctx, w.Types()); err != nil {
 			// Maintenance releases parked messages too; only latency is lost.
@@ -344,6 +349,10 @@ func (w *Worker) serve(ctx, runCtx context.Context, src Source, applied int) boo
 			applied = w.setPrefetch(ctx, src, applied)
 			continue
 		case d := <-bounce:
+			if d.Packed && !w.allLong() && w.placePacked(ctx, src, &applied) {
+				w.dispatch(runCtx, d)
+				continue
+			}
 			_ = d.Requeue()
 			w.metrics.dropped.WithLabelValues("requeued_behind_long_tasks").Inc()
 			continue
@@ -364,25 +373,55 @@ func (w *Worker) serve(ctx, runCtx context.Context, src Source, applied int) boo
 			<-w.window
 			applied = w.setPrefetch(ctx, src, applied)
 		case d := <-src.Deliveries():
-			w.inflight.Add(1)
-			if d.Packed && w.packedHeld.Add(1) > 0 && w.long.Load() > 0 {
+			w.dispatch(runCtx, d)
+		}
+	}
+}
+
+// dispatch processes a delivery that holds a place in the window.
+func (w *Worker) dispatch(ctx context.Context, d outbox.Delivery) {
+	w.inflight.Add(1)
+	if d.Packed && w.packedHeld.Add(1) > 0 && w.long.Load() > 0 {
+		w.pokeCredit()
+	}
+	go func() {
+		// The delivery's place in the window is freed as soon as its
+		// handler returns: storing the outcome and settling the delivery
+		// go on beside the next task, within the broker's prefetch.
+		release := sync.OnceFunc(func() { <-w.window })
+		defer func() {
+			release()
+			if d.Packed && w.packedHeld.Add(-1) >= 0 && w.long.Load() > 0 {
 				w.pokeCredit()
 			}
-			go func() {
-				// The delivery's place in the window is freed as soon as
-				// its handler returns: storing the outcome and settling
-				// the delivery go on beside the next task, within the
-				// broker's prefetch.
-				release := sync.OnceFunc(func() { <-w.window })
-				defer func() {
-					release()
-					if d.Packed && w.packedHeld.Add(-1) >= 0 && w.long.Load() > 0 {
-						w.pokeCredit()
-					}
-					w.inflight.Done()
-				}()
-				w.process(runCtx, d, release)
-			}()
+			w.inflight.Done()
+		}()
+		w.process(ctx, d, release)
+	}()
+}
+
+// allLong reports whether every slot runs a long handler.
+func (w *Worker) allLong() bool {
+	return int(w.long.Load()) >= w.cfg.Concurrency
+}
+
+// placePacked waits for a place in the window for a packed task that came
+// while every slot was taken. It gives up, and the task goes back, when
+// every slot comes to run long or the source or ctx ends.
+func (w *Worker) placePacked(ctx context.Context, src Source, applied *int) bool {
+	for {
+		select {
+		case w.window <- struct{}{}:
+			return true
+		case <-w.credit:
+			*applied = w.setPrefetch(ctx, src, *applied)
+			if w.allLong() {
+				return false
+			}
+		case <-src.Done():
+			return false
+		case <-ctx.Done():
+			return false
 		}
 	}
 }
@@ -404,10 +443,10 @@ func (w *Worker) adoptOrphans() {
 }
 
 // setPrefetch gives the broker the credit the worker can take now, and
-// pauses the packed messages while handlers run long.
+// pauses the packed messages while every slot runs long.
 func (w *Worker) setPrefetch(ctx context.Context, src Source, applied int) int {
 	pause := src.ResumePacked
-	if w.long.Load() > 0 {
+	if w.allLong() {
 		pause = src.PausePacked
 	}
 	if err := pause(); err != nil {
@@ -482,9 +521,9 @@ func (w *Worker) runningCount() int {
 }
 
 // process claims the task of a delivery and runs it. The delivery is
-// acknowledged when the attempt's outcome is stored, or at once when the
-// task is not claimable; it is given back when the claim could not be
-// made. release frees the delivery's place in the window; it is called
+// acknowledged when the attempt's outcome is stored (a packed task's when
+// it is claimed), or at once when the task is not claimable; it is given
+// back when the claim could not be made. release frees the delivery's place in the window; it is called
 // once the handler has returned.
 func (w *Worker) process(ctx context.Context, d outbox.Delivery, release func()) {
 	if d.Err != nil {
@@ -511,9 +550,13 @@ func (w *Worker) process(ctx context.Context, d outbox.Delivery, release func())
 		return
 	}
 	// From here the database, not the broker, holds the task: the
-	// delivery is acknowledged whatever happens next.
-	if t == nil {
+	// delivery is acknowledged whatever happens next. A task of a packed
+	// message is acknowledged now: the message's credit is for tasks
+	// waiting to be claimed, not for running ones (see prefetch).
+	if t == nil || d.Packed {
 		_ = d.Ack()
+	}
+	if t == nil {
 		log.DebugContext(ctx, "delivery dropped: task not claimable (terminal, running, or not due)")
 		w.metrics.dropped.WithLabelValues("not_claimable").Inc()
 		span.AddEvent("dropped: task not claimable")

@@ -545,3 +545,46 @@ func TestWorkerHandsBackWhatItClaimedAheadWhenStopping(t *testing.T) {
 	require.Equal(t, "completed", b.finished(t, first))
 	require.Empty(t, h.entered)
 }
+
+// deliverPacked sends the task to the worker as one task of a packed
+// message and returns its acker.
+func (b *testBundle) deliverPacked(t *testing.T, id uuid.UUID) *acker {
+	t.Helper()
+	a := newAcker()
+	d := outbox.Delivery{Body: outbox.Body{TaskID: id, Type: b.store.get(id).Type}, Packed: true, Acknowledger: a}
+	select {
+	case b.src.deliveries <- d:
+	case <-time.After(waitLimit):
+		t.Fatal("the worker took no delivery")
+	}
+	return a
+}
+
+// A task of a packed message is acknowledged once claimed, while its
+// handler still runs: a message holds credit only for tasks waiting to be
+// taken. The packed queues are paused only while every slot runs long, and
+// resumed as soon as one does not.
+func TestWorkerSettlesPackedTasksOnClaimAndPausesOnlyWhenEverySlotRunsLong(t *testing.T) {
+	one, two := newBlocking(), newBlocking()
+	b := setup(t, testConfig{concurrency: 2, longAfter: 50 * time.Millisecond, handlers: []conveyor.Handler{
+		conveyor.Handle("t.one", one.handle), conveyor.Handle("t.two", two.handle)}})
+	first, second := b.store.add("t.one", 3), b.store.add("t.two", 3)
+
+	a := b.deliverPacked(t, first)
+	receive(t, one.entered)
+	receive(t, a.done)
+	require.Equal(t, "ack", a.how(), "settled once claimed, its handler still running")
+	require.Never(t, b.src.paused.Load, 200*time.Millisecond, 5*time.Millisecond,
+		"paused while a slot was free")
+
+	b.deliverPacked(t, second)
+	receive(t, two.entered)
+	require.Eventually(t, b.src.paused.Load, waitLimit, 5*time.Millisecond, "not paused with every slot running long")
+
+	close(one.release)
+	require.Equal(t, "completed", b.finished(t, first))
+	require.Eventually(t, func() bool { return !b.src.paused.Load() }, waitLimit, 5*time.Millisecond,
+		"still paused with a slot free")
+	close(two.release)
+	require.Equal(t, "completed", b.finished(t, second))
+}
