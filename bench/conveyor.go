@@ -340,7 +340,13 @@ func (s *system) submitNoops(n int) error {
 // then the workers start, all at once. The
 // time runs from their start to the last completion.
 func (s *system) burnDown(ctx context.Context, n, procs, concurrency int, vars ...string) (burnResult, error) {
-	if err := s.submitNoops(n); err != nil {
+	return s.burnDownOf(ctx, n, s.submitNoops, procs, concurrency, vars...)
+}
+
+// burnDownOf is burnDown of the n tasks submit submits.
+func (s *system) burnDownOf(ctx context.Context, n int, submit func(int) error, procs, concurrency int,
+	vars ...string) (burnResult, error) {
+	if err := submit(n); err != nil {
 		return burnResult{}, err
 	}
 	if err := s.waitOutboxEmpty(ctx, 5*time.Minute); err != nil {

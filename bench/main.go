@@ -59,6 +59,8 @@ type options struct {
 	// burnTries is how many times each burn-down configuration runs (each
 	// on a fresh database); its best is its figure.
 	burnTries int
+	// mixedN is the mixed workload's backlog.
+	mixedN int
 }
 
 // result is one line of the report.
@@ -95,6 +97,7 @@ func main() {
 	riverWorkers := flag.String("river-workers", "100,500,2000", "River MaxWorkers values of the burn-down sweep, each on a fresh database; the best is River's figure")
 	conveyorWorkers := flag.String("conveyor-workers", "64,256,1024,4096", "Conveyor WORKER_CONCURRENCY values of the tuned burn-down sweep (read-ahead at its default); the best is Conveyor's figure")
 	flag.IntVar(&o.messages, "messages", 100000, "messages for the publish and relay measurements (the consume ceiling drains the burn-down's backlog, -n)")
+	flag.IntVar(&o.mixedN, "mixed-n", 10000, "tasks in the mixed workload's burn-down (1 in 50 runs 5 s, the rest 50 ms)")
 	flag.IntVar(&o.rate, "rate", 200, "offered rate (tasks/s) of the latency measurement")
 	backlogs := flag.String("backlogs", "10000,1000000", "small and large backlogs of the memory measurement")
 	flag.DurationVar(&o.sampleFor, "sample", 20*time.Second, "how long relay and worker RSS is sampled per backlog")
@@ -123,6 +126,7 @@ func main() {
 		quickly("n", func() { o.burnN = 2000 })
 		quickly("burn-tries", func() { o.burnTries = 1 })
 		quickly("messages", func() { o.messages = 10000 })
+		quickly("mixed-n", func() { o.mixedN = 2000 })
 		quickly("sample", func() { o.sampleFor = 3 * time.Second })
 		quickly("backlogs", func() { *backlogs = "10000,100000" })
 		// River's sweep at its two ends (a database each, cheap); one
@@ -137,8 +141,8 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench: -fair-backlog, -fair-ref-backlog, -fair-rate, -fair-seconds and -fair-procs must be positive")
 		os.Exit(2)
 	}
-	if o.stmtBatch < 1 {
-		fmt.Fprintln(os.Stderr, "bench: -statements-batch must be positive")
+	if o.stmtBatch < 1 || o.mixedN < 1 {
+		fmt.Fprintln(os.Stderr, "bench: -statements-batch and -mixed-n must be positive")
 		os.Exit(2)
 	}
 	for _, l := range []struct {
@@ -245,6 +249,7 @@ var steps = []struct {
 	{"burndown", "Conveyor: burn-down, default and tuned", (*bench).burnDown},
 	{"scaleout", "Conveyor: scale-out, worker and relay processes", (*bench).scaleOut},
 	{"latency", "Conveyor: submit-to-start latency at a fixed rate", (*bench).latency},
+	{"mixed", "Conveyor: a mixed workload, tasks packed and a task a message", (*bench).mixed},
 	{"streams", "Conveyor: live streams, progress write to clients", (*bench).streams},
 	{"fairness", "Conveyor: one org's trickle beside another's backlog", (*bench).fairness},
 	{"backlog", "Conveyor: memory against backlog", (*bench).backlog},
@@ -287,6 +292,7 @@ func run(ctx context.Context, o options) error {
 			"messages": o.messages, "rate": o.rate, "backlogs": o.backlogs, "sample": o.sampleFor.String(),
 			"streams": o.streams, "stream_rate": o.streamRate, "fair_backlog": o.fairBacklog, "fair_rate": o.fairRate,
 			"fair_seconds": o.fairSeconds, "fair_procs": o.fairProcs, "fair_ref_backlog": o.fairRef,
+			"mixed_n": o.mixedN,
 		},
 	}
 	printTable(os.Stdout, rep)
