@@ -84,8 +84,8 @@ type Consumer struct {
 // message is acknowledged once every one of its tasks was acknowledged or
 // rejected (a worker acknowledges each once it is claimed), and requeued
 // as soon as one of them is requeued: its other tasks then come back with
-// it, and a task claimed meanwhile is not claimable when it does. Tasks of a settled message not yet yielded are
-// not yielded.
+// it, and a task still running is not claimable when it does. Tasks of a
+// settled message not yet yielded are not yielded.
 func DialConsumer(url, name string, qs Queues, types []string, prefetch, packedPrefetch int) (*Consumer, error) {
 	conn, err := dial(url, name)
 	if err != nil {

@@ -120,7 +120,8 @@ func (e *execution) Progress(_ context.Context, percent int, state string) error
 
 // run calls the handler and, meanwhile, renews the lease, stores progress,
 // listens for cancellation and watches the run time; then it stores the
-// outcome and settles the delivery.
+// outcome and settles the delivery (a packed task's was settled at its
+// claim).
 func (e *execution) run(ctx context.Context) {
 	e.w.metrics.started.WithLabelValues(e.task.Type).Inc()
 	if e.task.StartedAt != nil && e.task.StartedAt.After(e.task.NextRunAt) {
@@ -177,6 +178,13 @@ func (e *execution) run(ctx context.Context) {
 			clock.Reset(time.Until(c.next()))
 		case out := <-done:
 			e.free()
+			if isLong {
+				// The slot is free: the credit need not wait for the
+				// outcome's write.
+				isLong = false
+				e.w.long.Add(-1)
+				e.w.pokeCredit()
+			}
 			if timer != nil {
 				timer.Stop()
 			}
@@ -329,7 +337,8 @@ func (e *execution) runTime() time.Duration {
 }
 
 // ack settles the delivery, once, after the outcome is stored: until then
-// the broker counts it against the worker's prefetch.
+// the broker counts it against the worker's prefetch. A task of a packed
+// message was settled when it was claimed, and this does nothing more.
 func (e *execution) ack() {
 	if !e.acked {
 		e.acked = true

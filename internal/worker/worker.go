@@ -106,7 +106,8 @@ type Config struct {
 	// attempt fails as timed out.
 	MaxRunTime time.Duration
 	// ReadAhead is how many deliveries beyond the free slots the broker may
-	// send ahead while no handler runs longer than LongAfter.
+	// send ahead while no handler runs longer than LongAfter (tasks of
+	// packed messages may take it then too; see prefetch).
 	ReadAhead           int
 	LongAfter           time.Duration
 	ReconnectBackoffMax time.Duration
@@ -327,7 +328,10 @@ func (w *Worker) consume(ctx, runCtx context.Context) Source {
 
 // serve dispatches the deliveries of one source. A delivery is taken once
 // the window has room for it; while a handler runs long and every slot is
-// taken, a delivery that arrives goes back to the queue (see prefetch). It
+// taken, a delivery that arrives goes back to the queue, unless it is a
+// task of a packed message and not every slot runs long: that one waits
+// for a place in the window, and the deliveries behind it with it, for at
+// most about LongAfter (see prefetch). It
 // returns true when ctx ended (the source is still open) and false when the
 // source stopped. applied is the prefetch the source was opened with: the
 // credit may have changed since (an orphan finished), and the first poke

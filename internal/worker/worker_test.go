@@ -588,3 +588,52 @@ func TestWorkerSettlesPackedTasksOnClaimAndPausesOnlyWhenEverySlotRunsLong(t *te
 	close(two.release)
 	require.Equal(t, "completed", b.finished(t, second))
 }
+
+// While a handler runs long and every slot is taken, a task of a packed
+// message waits for a place in the window rather than go back (its
+// message would come back with its tasks already claimed), and runs once
+// a slot frees.
+func TestWorkerHoldsAPackedTaskForAPlaceWhileAHandlerRunsLong(t *testing.T) {
+	long, a, c := newBlocking(), newBlocking(), newBlocking()
+	b := setup(t, testConfig{concurrency: 3, readAhead: 0, longAfter: 300 * time.Millisecond, handlers: []conveyor.Handler{
+		conveyor.Handle("t.long", long.handle), conveyor.Handle("t.a", a.handle), conveyor.Handle("t.c", c.handle)}})
+	first := b.store.add("t.long", 3)
+	b.deliver(t, first)
+	receive(t, long.entered)
+	require.Eventually(t, func() bool { return b.w.long.Load() == 1 }, waitLimit, 5*time.Millisecond)
+	b.deliver(t, b.store.add("t.a", 3))
+	b.deliver(t, b.store.add("t.c", 3))
+	receive(t, a.entered)
+	receive(t, c.entered)
+	b.w.pokeCredit() // serve looks again: every slot taken, one running long
+
+	waiting := b.store.add("t.a", 3)
+	ack := b.deliverPacked(t, waiting)
+	require.Never(t, func() bool { return ack.how() != "" || len(a.entered) > 0 }, 100*time.Millisecond, 5*time.Millisecond,
+		"the packed task was settled or started with no place for it")
+	close(a.release) // frees a slot and a place
+	require.Equal(t, "completed", b.finished(t, waiting))
+	require.Equal(t, "ack", ack.how())
+	close(c.release)
+	close(long.release)
+}
+
+// While every slot runs long, a task of a packed message goes back: the
+// packed queues are paused, so its message goes to another worker.
+func TestWorkerRequeuesAPackedTaskWhileEverySlotRunsLong(t *testing.T) {
+	h := newBlocking()
+	b := setup(t, testConfig{concurrency: 2, readAhead: 0, longAfter: 50 * time.Millisecond,
+		handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	b.deliver(t, b.store.add("t.block", 3))
+	b.deliver(t, b.store.add("t.block", 3))
+	receive(t, h.entered)
+	receive(t, h.entered)
+	require.Eventually(t, b.src.paused.Load, waitLimit, 5*time.Millisecond)
+
+	back := b.store.add("t.block", 3)
+	ack := b.deliverPacked(t, back)
+	receive(t, ack.done)
+	require.Equal(t, "requeue", ack.how())
+	require.Equal(t, task.StatusPending, b.store.get(back).Status, "never claimed")
+	close(h.release)
+}
