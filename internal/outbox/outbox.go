@@ -87,6 +87,9 @@ type Outcome struct {
 	Published  []int64
 	Unroutable map[int64]string
 	Failed     map[int64]string
+	// Messages counts the broker messages that carried Published: fewer
+	// than its ids when tasks were packed together.
+	Messages int
 }
 
 // Fail records a failed message.

@@ -66,6 +66,7 @@ func TestPublisherPacksTasksOfOneTypeAndPriority(t *testing.T) {
 	msgs = append(msgs, outbox.Message{ID: 7, Kind: outbox.KindCancel, TaskID: uuid.New(), TaskType: "a"})
 	out := p.Publish(context.Background(), msgs)
 	require.ElementsMatch(t, []int64{1, 2, 3, 4, 5, 6, 7}, out.Published, "%+v", out)
+	require.Equal(t, 5, out.Messages, "1 2 3 in one message, 4 to 7 each alone")
 	requireStats(t, v, map[string]string{
 		rabbitmq.PackedQueueName("a"): "classic\t0\t1",
 		rabbitmq.QueueName("a"):       "classic\t0\t2",

@@ -232,6 +232,9 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) outbox.O
 			continue
 		}
 		r, wasReturned := returned[i]
+		if !wasReturned {
+			out.Messages++
+		}
 		for _, m := range u {
 			switch {
 			case !wasReturned:

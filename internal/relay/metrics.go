@@ -5,6 +5,7 @@ import "github.com/prometheus/client_golang/prometheus"
 // Metrics are the relay's Prometheus instruments.
 type Metrics struct {
 	published   *prometheus.CounterVec
+	messages    prometheus.Counter
 	failures    prometheus.Counter
 	batchSize   prometheus.Histogram
 	latency     prometheus.Histogram
@@ -22,6 +23,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		published: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "conveyor_relay_published_total", Help: "Outbox messages published and confirmed, by kind.",
 		}, []string{"kind"}),
+		messages: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "conveyor_relay_broker_messages_total",
+			Help: "Broker messages confirmed that carried published outbox messages: fewer than those when tasks are packed.",
+		}),
 		failures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "conveyor_relay_publish_failures_total", Help: "Messages nacked, returned or unconfirmed; their rows are retried.",
 		}),
@@ -52,7 +57,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "conveyor_outbox_parked", Help: "Outbox rows parked until a worker for their type declares its queue.",
 		}),
 	}
-	reg.MustRegister(m.published, m.failures, m.batchSize, m.latency, m.depth, m.oldestAge, m.blocked, m.connected,
+	reg.MustRegister(m.published, m.messages, m.failures, m.batchSize, m.latency, m.depth, m.oldestAge, m.blocked, m.connected,
 		m.parked, m.parkedDepth)
 	return m
 }

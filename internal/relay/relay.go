@@ -290,6 +290,7 @@ func (r *Relay) publish(ctx context.Context, pub Publisher, msgs []outbox.Messag
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.ConfirmTimeout)
 	out := pub.Publish(cctx, msgs)
 	cancel()
+	r.metrics.messages.Add(float64(out.Messages))
 	now := time.Now()
 	for i, m := range msgs {
 		if reason, failed := out.Failed[m.ID]; failed {
