@@ -860,20 +860,32 @@ func (b *bench) conveyorSweep(ctx context.Context, configs []burnConfig) ([]conv
 // conveyorBurn runs one burn-down on a system of its own: procs workers
 // with concurrency slots each (0: the defaults) and one relay.
 func (b *bench) conveyorBurn(ctx context.Context, name string, procs, concurrency int, vars ...string) (conveyorBurnResult, error) {
+	return b.burnOn(ctx, name, func(s *system) error {
+		if err := s.declareFor(vars); err != nil {
+			return err
+		}
+		return s.startRelay()
+	}, func(s *system) (burnResult, error) {
+		return s.burnDown(ctx, b.o.burnN, procs, concurrency, vars...)
+	})
+}
+
+// burnOn runs one burn-down on a system of its own: prepare readies the
+// system (queues, relays), burn burns the backlog down; the first worker's
+// peak RSS and the workers' concurrency come with its figures.
+func (b *bench) burnOn(ctx context.Context, name string, prepare func(*system) error,
+	burn func(*system) (burnResult, error)) (conveyorBurnResult, error) {
 	var r conveyorBurnResult
 	err := b.scope(func() error {
 		s, err := b.e.system(ctx, name, b.o.pool)
 		if err != nil {
 			return err
 		}
-		if err := s.declareFor(vars); err != nil {
-			return err
-		}
-		if err := s.startRelay(); err != nil {
+		if err := prepare(s); err != nil {
 			return err
 		}
 		stop := s.sampleRSS("worker-0")
-		r.burnResult, err = s.burnDown(ctx, b.o.burnN, procs, concurrency, vars...)
+		r.burnResult, err = burn(s)
 		r.rss = stop()["worker-0"]
 		if err != nil {
 			return err

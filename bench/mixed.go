@@ -99,27 +99,17 @@ func (b *bench) mixed(ctx context.Context) error {
 // mixedBurn burns down n tasks of the mixed workload on a system of its
 // own: one worker at the defaults and one relay, both with vars.
 func (b *bench) mixedBurn(ctx context.Context, name string, n int, vars ...string) (conveyorBurnResult, error) {
-	var r conveyorBurnResult
-	err := b.scope(func() error {
-		s, err := b.e.system(ctx, name, b.o.pool)
-		if err != nil {
-			return err
-		}
+	return b.burnOn(ctx, name, func(s *system) error {
 		if err := declareQueues(s.amqpURL, "demo.sleep"); err != nil {
 			return err
 		}
 		if _, err := s.pool.Exec(ctx, `INSERT INTO task_types (name) VALUES ('demo.sleep') ON CONFLICT (name) DO NOTHING`); err != nil {
 			return err
 		}
-		if err := s.startRelays(1, vars...); err != nil {
-			return err
-		}
-		if r.burnResult, err = s.burnDownOf(ctx, n, s.submitMixed, 1, 0, vars...); err != nil {
-			return err
-		}
-		return s.pool.QueryRow(ctx, `SELECT coalesce(max(concurrency), 0) FROM workers`).Scan(&r.concurrency)
+		return s.startRelays(1, vars...)
+	}, func(s *system) (burnResult, error) {
+		return s.burnDownOf(ctx, n, s.submitMixed, 1, 0, vars...)
 	})
-	return r, err
 }
 
 // submitMixed submits n tasks of the mixed workload through the batch

@@ -17,8 +17,9 @@ type Worker struct {
 	// the next one.
 	AMQPURL string `envconfig:"AMQP_URL" default:"amqp://guest:guest@localhost:5672/"`
 	// AMQPQueueType is the type of the task queues the worker declares:
-	// classic (priorities honoured up to AMQP_MAX_PRIORITY) or quorum (replicated over the
-	// cluster; see docs/quorum.md). Every worker of a type must agree.
+	// classic (priorities honoured up to AMQP_MAX_PRIORITY) or quorum
+	// (replicated over the cluster; see docs/quorum.md). Every worker of a
+	// type must agree.
 	AMQPQueueType rabbitmq.QueueType `envconfig:"AMQP_QUEUE_TYPE" default:"classic"`
 	// AMQPMaxPriority is the highest task priority a classic queue keeps
 	// apart (x-max-priority; a higher one counts as it): 9, all of them,

@@ -134,10 +134,10 @@ func (q Queues) String() string {
 	return fmt.Sprintf("%s (max priority %d)", q.Type, q.MaxPriority)
 }
 
-// DeclareTaskQueue declares a type's durable classic queue, whose
+// DeclareTaskQueue declares a type's durable classic queues, whose
 // x-max-priority is task.MaxPriority so that every priority a task may have
-// is honoured, and binds it to the tasks exchange with the type as routing
-// key. It is DeclareTaskQueueOf with ClassicQueues.
+// is honoured, and binds them as DeclareTaskQueueOf does. It is
+// DeclareTaskQueueOf with ClassicQueues.
 func DeclareTaskQueue(ch *amqp.Channel, taskType string) error {
 	return DeclareTaskQueueOf(ch, taskType, ClassicQueues)
 }
