@@ -141,7 +141,7 @@ func (e *env) start(name string, vars ...string) (*proc, error) {
 // benchOwned are the product's (and the Go runtime's) settings the bench
 // decides for each process, or leaves unset to measure the defaults: a
 // value in the bench's own environment must not leak into either.
-var benchOwned = []string{"WORKER_CONCURRENCY", "WORKER_READ_AHEAD", "GOMAXPROCS", "GOGC"}
+var benchOwned = []string{"WORKER_CONCURRENCY", "WORKER_READ_AHEAD", "WORKER_WRITE_FLIGHTS", "GOMAXPROCS", "GOGC"}
 
 // inherited is the bench's environment without the settings it owns.
 func inherited() []string {

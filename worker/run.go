@@ -74,6 +74,7 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 		ShutdownTimeout:     cfg.ShutdownTimeout,
 		MaxRunTime:          cfg.MaxRunTime,
 		ReadAhead:           readAhead(cfg),
+		WriteFlights:        cfg.WriteFlights,
 		LongAfter:           time.Second,
 		ReconnectBackoffMax: cfg.ReconnectBackoffMax,
 	}, runner.Deps{

@@ -75,6 +75,10 @@ type Worker struct {
 	// WORKER_CONCURRENCY (at most 256), or none with AMQP_QUEUE_TYPE=quorum
 	// (see docs/quorum.md); 0 turns read-ahead off.
 	ReadAhead int `envconfig:"WORKER_READ_AHEAD" default:"-1"`
+	// WriteFlights is how many of the worker's writes (its outcomes and
+	// claims of the moment, one commit) may be in flight at once: a
+	// further one starts only once enough calls wait for it.
+	WriteFlights int `envconfig:"WORKER_WRITE_FLIGHTS" default:"2"`
 	// SchedulerInterval is the longest time between two passes of the
 	// scheduler (cron ticks, admission of waiting tasks) on the leader;
 	// writes wake it sooner, but never more often than
@@ -140,6 +144,9 @@ func (c Worker) Validate() error {
 	}
 	if c.ReadAhead < -1 || c.ReadAhead > 10000 {
 		return fmt.Errorf("WORKER_READ_AHEAD: must be -1 (as many as the concurrency), 0 (off) or up to 10000, got %d", c.ReadAhead)
+	}
+	if c.WriteFlights < 1 || c.WriteFlights > 16 {
+		return fmt.Errorf("WORKER_WRITE_FLIGHTS: must be between 1 and 16, got %d", c.WriteFlights)
 	}
 	if c.AdmissionWindow < 0 || c.AdmissionWindow > 1000000 {
 		return fmt.Errorf("ADMISSION_WINDOW: must be between 0 (automatic) and 1000000, got %d", c.AdmissionWindow)

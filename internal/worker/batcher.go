@@ -101,11 +101,16 @@ func answer[Req, Res any](calls []batchCall[Req, Res], res []Res, errs []error) 
 
 // A pair of batchers is written by one loop: whatever both hold when it
 // turns goes in one flush (one round trip and one commit for a worker's
-// completions and its next claims), and one flush at a time is in flight.
+// completions and its next claims). One flush at a time is in flight,
+// unless flights allows more: a further flush starts beside one in flight
+// only once join calls wait, so that an idle moment's small batches do not
+// split into smaller ones.
 type pair[A, RA, B, RB any] struct {
 	a       *batcher[A, RA]
 	b       *batcher[B, RB]
 	timeout time.Duration
+	flights int
+	join    int
 	// flush writes as and bs and answers one result and one error for
 	// each; either may be empty, not both.
 	flush func(ctx context.Context, as []A, bs []B) ([]RA, []error, []RB, []error)
@@ -113,33 +118,73 @@ type pair[A, RA, B, RB any] struct {
 
 // run writes batches until ctx is done. Callers must be finished by then.
 func (p *pair[A, RA, B, RB]) run(ctx context.Context) {
-	as := make([]batchCall[A, RA], 0, p.a.max)
-	bs := make([]batchCall[B, RB], 0, p.b.max)
+	flights := max(p.flights, 1)
+	join := max(p.join, 1)
+	landed := make(chan struct{}, flights)
+	inFlight := 0
+	var as []batchCall[A, RA]
+	var bs []batchCall[B, RB]
 	for {
-		as, bs = as[:0], bs[:0]
+		if len(as)+len(bs) == 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-landed:
+				inFlight--
+				continue
+			case c := <-p.a.in:
+				as = append(as, c)
+			case c := <-p.b.in:
+				bs = append(bs, c)
+			}
+		}
+		if len(as) < p.a.max {
+			as = p.a.take(as)
+		}
+		if len(bs) < p.b.max {
+			bs = p.b.take(bs)
+		}
+		if inFlight == 0 || inFlight < flights && len(as)+len(bs) >= join {
+			inFlight++
+			go p.write(ctx, as, bs, landed)
+			as, bs = nil, nil
+			continue
+		}
+		// Wait for more calls or a flush to land.
+		ain, bin := p.a.in, p.b.in
+		if len(as) >= p.a.max {
+			ain = nil
+		}
+		if len(bs) >= p.b.max {
+			bin = nil
+		}
 		select {
-		case <-ctx.Done():
-			return
-		case c := <-p.a.in:
+		case <-landed:
+			inFlight--
+		case c := <-ain:
 			as = append(as, c)
-		case c := <-p.b.in:
+		case c := <-bin:
 			bs = append(bs, c)
 		}
-		as, bs = p.a.take(as), p.b.take(bs)
-		// The statements' spans hang under the first caller's span: a lone
-		// call (the common case at low load) is traced where it was made.
-		var span trace.Span
-		if len(as) > 0 {
-			span = as[0].span
-		} else {
-			span = bs[0].span
-		}
-		fctx, cancel := context.WithTimeout(trace.ContextWithSpan(context.WithoutCancel(ctx), span), p.timeout)
-		ra, ea, rb, eb := p.flush(fctx, reqs(as), reqs(bs))
-		cancel()
-		answer(as, ra, ea)
-		answer(bs, rb, eb)
 	}
+}
+
+// write flushes one batch and answers its calls.
+func (p *pair[A, RA, B, RB]) write(ctx context.Context, as []batchCall[A, RA], bs []batchCall[B, RB], landed chan<- struct{}) {
+	// The statements' spans hang under the first caller's span: a lone
+	// call (the common case at low load) is traced where it was made.
+	var span trace.Span
+	if len(as) > 0 {
+		span = as[0].span
+	} else {
+		span = bs[0].span
+	}
+	fctx, cancel := context.WithTimeout(trace.ContextWithSpan(context.WithoutCancel(ctx), span), p.timeout)
+	ra, ea, rb, eb := p.flush(fctx, reqs(as), reqs(bs))
+	cancel()
+	answer(as, ra, ea)
+	answer(bs, rb, eb)
+	landed <- struct{}{}
 }
 
 func reqs[Req, Res any](calls []batchCall[Req, Res]) []Req {

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -109,4 +111,117 @@ func TestBatcherBoundsTheWaitForRoomInTheQueue(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	answer([]batchCall[int, int]{c}, []int{10}, []error{nil})
 	require.NoError(t, <-first)
+}
+
+// A second write starts beside one in flight only once join calls wait for
+// it; a third waits for one of the two to land, and no more than flights
+// are ever in flight at once.
+func TestPairStartsAWriteBesideOneInFlightOnlyOnceJoinCallsWait(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const join = 4
+	started := make(chan int, 10)
+	release := make(chan struct{})
+	var inFlight, most atomic.Int32
+	p := &pair[int, int, string, string]{a: newBatcher[int, int](16, 0), b: newBatcher[string, string](16, 0),
+		timeout: time.Minute, flights: 2, join: join,
+		flush: func(_ context.Context, as []int, bs []string) ([]int, []error, []string, []error) {
+			n := inFlight.Add(1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			started <- len(as) + len(bs)
+			<-release
+			inFlight.Add(-1)
+			return make([]int, len(as)), make([]error, len(as)), make([]string, len(bs)), make([]error, len(bs))
+		}}
+	go p.run(ctx)
+
+	var wg sync.WaitGroup
+	call := func(i int) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var err error
+			if i%2 == 0 {
+				_, err = p.a.do(ctx, i)
+			} else {
+				_, err = p.b.do(ctx, "x")
+			}
+			assert.NoError(t, err)
+		}()
+	}
+	call(0)
+	require.Equal(t, 1, <-started, "a lone call is written at once")
+
+	// Fewer than join calls wait for the write in flight.
+	for i := 1; i < join; i++ {
+		call(i)
+	}
+	noWriteStarts(t, started, "beside one in flight")
+	// The join-th starts the second.
+	call(join)
+	select {
+	case n := <-started:
+		require.Equal(t, join, n)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no second write once join calls waited")
+	}
+	// With two in flight, even a full batch waits.
+	for i := join + 1; i < 3*join; i++ {
+		call(i)
+	}
+	noWriteStarts(t, started, "beside two in flight")
+	close(release)
+	wg.Wait()
+	require.Equal(t, int32(2), most.Load())
+}
+
+// With one flight, a write waits for the one in flight however many calls
+// wait, and takes them together.
+func TestPairWritesOneAtATimeWithOneFlight(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	started := make(chan int, 10)
+	release := make(chan struct{}, 10)
+	p := &pair[int, int, string, string]{a: newBatcher[int, int](64, 0), b: newBatcher[string, string](64, 0),
+		timeout: time.Minute, flights: 1, join: 1,
+		flush: func(_ context.Context, as []int, bs []string) ([]int, []error, []string, []error) {
+			started <- len(as) + len(bs)
+			<-release
+			return make([]int, len(as)), make([]error, len(as)), make([]string, len(bs)), make([]error, len(bs))
+		}}
+	go p.run(ctx)
+	var wg sync.WaitGroup
+	var calling atomic.Int32
+	for i := range 21 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			calling.Add(1)
+			_, err := p.a.do(ctx, i)
+			assert.NoError(t, err)
+		}()
+		if i == 0 {
+			require.Equal(t, 1, <-started)
+		}
+	}
+	require.Eventually(t, func() bool { return calling.Load() == 21 && len(p.a.in) == 0 }, 10*time.Second, time.Millisecond,
+		"the calls behind the write in flight are taken up")
+	noWriteStarts(t, started, "beside the one in flight")
+	release <- struct{}{}
+	require.Equal(t, 20, <-started, "the calls that waited go together")
+	release <- struct{}{}
+	wg.Wait()
+}
+
+// noWriteStarts fails if a write starts within 100 ms.
+func noWriteStarts(t *testing.T, started <-chan int, where string) {
+	t.Helper()
+	select {
+	case n := <-started:
+		t.Fatalf("a write of %d calls started %s", n, where)
+	case <-time.After(100 * time.Millisecond):
+	}
 }

@@ -27,7 +27,7 @@ func BenchmarkNoops(b *testing.B) {
 	w, err := New(Config{
 		Info: registry.Worker{ID: "w1"}, Concurrency: 256, ReadAhead: 256, Lease: time.Minute, Heartbeat: 10 * time.Second,
 		ProgressInterval: time.Second, BackoffBase: time.Second, BackoffMax: time.Minute, ShutdownTimeout: time.Second,
-		MaxRunTime: time.Hour, LongAfter: time.Minute, ReconnectBackoffMax: time.Second,
+		MaxRunTime: time.Hour, LongAfter: time.Minute, ReconnectBackoffMax: time.Second, WriteFlights: 2,
 	}, fakeDeps(store, broker), []conveyor.Handler{{Type: "noop", Func: func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) {
 		return nil, nil
 	}}})

@@ -111,7 +111,15 @@ type Config struct {
 	ReadAhead           int
 	LongAfter           time.Duration
 	ReconnectBackoffMax time.Duration
+	// WriteFlights is how many of the worker's writes (a batch of outcomes
+	// and claims, one commit) may be in flight at once; 0 or 1: one.
+	WriteFlights int
 }
+
+// writeJoin is how many calls must wait before a write starts beside one
+// in flight: under it, they wait for the one in flight to land and go
+// together.
+const writeJoin = 64
 
 // Worker runs tasks.
 type Worker struct {
@@ -184,7 +192,8 @@ func New(cfg Config, deps Deps, handlers []conveyor.Handler) (*Worker, error) {
 	}
 	w.claims = newBatcher[uuid.UUID, *task.Task](cfg.Concurrency+cfg.ReadAhead, 0)
 	w.changes = newBatcher[task.Change, task.Applied](cfg.Concurrency, cfg.Lease)
-	w.writes = &pair[task.Change, task.Applied, uuid.UUID, *task.Task]{a: w.changes, b: w.claims, timeout: cfg.Lease, flush: w.flush}
+	w.writes = &pair[task.Change, task.Applied, uuid.UUID, *task.Task]{a: w.changes, b: w.claims, timeout: cfg.Lease, flush: w.flush,
+		flights: cfg.WriteFlights, join: writeJoin}
 	for _, h := range handlers {
 		if _, dup := w.handlers[h.Type]; dup {
 			return nil, fmt.Errorf("worker: two handlers for type %q", h.Type)
