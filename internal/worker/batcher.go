@@ -25,6 +25,8 @@ type batchCall[Req, Res any] struct {
 	req  Req
 	span trace.Span
 	done chan batchResult[Res]
+	// linked: writing req may lock rows other than its own (see pair).
+	linked bool
 }
 
 type batchResult[Res any] struct {
@@ -47,7 +49,17 @@ var errQueueFull = errors.New("no room in the batch queue")
 // happens to ctx; ctx and the batcher's wait only bound the wait to get
 // into one, and a timer is made only when the queue is full.
 func (b *batcher[Req, Res]) do(ctx context.Context, req Req) (Res, error) {
-	c := batchCall[Req, Res]{req: req, span: trace.SpanFromContext(ctx), done: make(chan batchResult[Res], 1)}
+	return b.call(ctx, req, false)
+}
+
+// doLinked is do for a request whose write may lock rows other than its
+// own: a pair writes no two batches holding such requests at once.
+func (b *batcher[Req, Res]) doLinked(ctx context.Context, req Req) (Res, error) {
+	return b.call(ctx, req, true)
+}
+
+func (b *batcher[Req, Res]) call(ctx context.Context, req Req, linked bool) (Res, error) {
+	c := batchCall[Req, Res]{req: req, span: trace.SpanFromContext(ctx), done: make(chan batchResult[Res], 1), linked: linked}
 	select {
 	case b.in <- c:
 	default:
@@ -102,9 +114,14 @@ func answer[Req, Res any](calls []batchCall[Req, Res], res []Res, errs []error) 
 // A pair of batchers is written by one loop: whatever both hold when it
 // turns goes in one flush (one round trip and one commit for a worker's
 // completions and its next claims). One flush at a time is in flight,
-// unless flights allows more: a further flush starts beside one in flight
-// only once join calls wait, so that an idle moment's small batches do not
-// split into smaller ones.
+// unless flights allows more: a further flush starts beside those in
+// flight only once join calls wait, so that an idle moment's small
+// batches do not split into smaller ones, and, if it holds a linked call,
+// only while no write in flight holds one. Two writes in flight lock their
+// own rows, which no two share, but a linked call may lock others too
+// (settling a child locks its parent and its workflow run, in the order
+// of the children): two such writes at once could each wait for the
+// other.
 type pair[A, RA, B, RB any] struct {
 	a       *batcher[A, RA]
 	b       *batcher[B, RB]
@@ -120,17 +137,20 @@ type pair[A, RA, B, RB any] struct {
 func (p *pair[A, RA, B, RB]) run(ctx context.Context) {
 	flights := max(p.flights, 1)
 	join := max(p.join, 1)
-	landed := make(chan struct{}, flights)
-	inFlight := 0
+	// landed tells a write's end, and whether it held linked calls.
+	landed := make(chan bool, flights)
+	inFlight, linkedInFlight := 0, false
 	var as []batchCall[A, RA]
 	var bs []batchCall[B, RB]
+	linked, seenA, seenB := false, 0, 0
 	for {
 		if len(as)+len(bs) == 0 {
 			select {
 			case <-ctx.Done():
 				return
-			case <-landed:
+			case l := <-landed:
 				inFlight--
+				linkedInFlight = linkedInFlight && !l
 				continue
 			case c := <-p.a.in:
 				as = append(as, c)
@@ -138,16 +158,19 @@ func (p *pair[A, RA, B, RB]) run(ctx context.Context) {
 				bs = append(bs, c)
 			}
 		}
-		if len(as) < p.a.max {
-			as = p.a.take(as)
+		as, bs = p.a.take(as), p.b.take(bs)
+		for _, c := range as[seenA:] {
+			linked = linked || c.linked
 		}
-		if len(bs) < p.b.max {
-			bs = p.b.take(bs)
+		for _, c := range bs[seenB:] {
+			linked = linked || c.linked
 		}
-		if inFlight == 0 || inFlight < flights && len(as)+len(bs) >= join {
+		seenA, seenB = len(as), len(bs)
+		if inFlight == 0 || inFlight < flights && len(as)+len(bs) >= join && (!linked || !linkedInFlight) {
 			inFlight++
-			go p.write(ctx, as, bs, landed)
-			as, bs = nil, nil
+			linkedInFlight = linkedInFlight || linked
+			go p.write(ctx, as, bs, linked, landed)
+			as, bs, linked, seenA, seenB = nil, nil, false, 0, 0
 			continue
 		}
 		// Wait for more calls or a flush to land.
@@ -159,8 +182,9 @@ func (p *pair[A, RA, B, RB]) run(ctx context.Context) {
 			bin = nil
 		}
 		select {
-		case <-landed:
+		case l := <-landed:
 			inFlight--
+			linkedInFlight = linkedInFlight && !l
 		case c := <-ain:
 			as = append(as, c)
 		case c := <-bin:
@@ -170,7 +194,7 @@ func (p *pair[A, RA, B, RB]) run(ctx context.Context) {
 }
 
 // write flushes one batch and answers its calls.
-func (p *pair[A, RA, B, RB]) write(ctx context.Context, as []batchCall[A, RA], bs []batchCall[B, RB], landed chan<- struct{}) {
+func (p *pair[A, RA, B, RB]) write(ctx context.Context, as []batchCall[A, RA], bs []batchCall[B, RB], linked bool, landed chan<- bool) {
 	// The statements' spans hang under the first caller's span: a lone
 	// call (the common case at low load) is traced where it was made.
 	var span trace.Span
@@ -184,7 +208,7 @@ func (p *pair[A, RA, B, RB]) write(ctx context.Context, as []batchCall[A, RA], b
 	cancel()
 	answer(as, ra, ea)
 	answer(bs, rb, eb)
-	landed <- struct{}{}
+	landed <- linked
 }
 
 func reqs[Req, Res any](calls []batchCall[Req, Res]) []Req {

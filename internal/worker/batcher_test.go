@@ -58,10 +58,12 @@ func TestPairGroupsConcurrentCallsOfBothKindsAndAnswersEach(t *testing.T) {
 			require.NoError(t, err)
 		}()
 	}
-	// The first flush holds its calls until the queues behind it are full:
-	// the next flush then surely takes calls of both kinds.
+	// The first flush holds its calls until calls of both kinds queue
+	// behind the batch the loop gathers meanwhile (which stops taking a
+	// kind once it holds a batch's worth): the next flush then surely
+	// takes calls of both kinds.
 	deadline := time.Now().Add(10 * time.Second)
-	for (len(p.a.in) < cap(p.a.in) || len(p.b.in) < cap(p.b.in)) && time.Now().Before(deadline) {
+	for (len(p.a.in) == 0 || len(p.b.in) == 0) && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
 	close(release)
@@ -193,27 +195,29 @@ func TestPairWritesOneAtATimeWithOneFlight(t *testing.T) {
 			return make([]int, len(as)), make([]error, len(as)), make([]string, len(bs)), make([]error, len(bs))
 		}}
 	go p.run(ctx)
-	var wg sync.WaitGroup
-	var calling atomic.Int32
-	for i := range 21 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			calling.Add(1)
-			_, err := p.a.do(ctx, i)
-			assert.NoError(t, err)
-		}()
-		if i == 0 {
-			require.Equal(t, 1, <-started)
-		}
+	first := make(chan error, 1)
+	go func() {
+		_, err := p.a.do(ctx, 0)
+		first <- err
+	}()
+	require.Equal(t, 1, <-started)
+	// The calls behind it are queued here, so that all are queued before
+	// the loop is watched taking them up.
+	done := make([]chan batchResult[int], 20)
+	for i := range done {
+		done[i] = make(chan batchResult[int], 1)
+		p.a.in <- batchCall[int, int]{req: i + 1, done: done[i]}
 	}
-	require.Eventually(t, func() bool { return calling.Load() == 21 && len(p.a.in) == 0 }, 10*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return len(p.a.in) == 0 }, 10*time.Second, time.Millisecond,
 		"the calls behind the write in flight are taken up")
 	noWriteStarts(t, started, "beside the one in flight")
 	release <- struct{}{}
+	require.NoError(t, <-first)
 	require.Equal(t, 20, <-started, "the calls that waited go together")
 	release <- struct{}{}
-	wg.Wait()
+	for _, d := range done {
+		require.NoError(t, (<-d).err)
+	}
 }
 
 // noWriteStarts fails if a write starts within 100 ms.
@@ -224,4 +228,52 @@ func noWriteStarts(t *testing.T, started <-chan int, where string) {
 		t.Fatalf("a write of %d calls started %s", n, where)
 	case <-time.After(100 * time.Millisecond):
 	}
+}
+
+// A batch holding a linked call (one whose write locks rows beyond its
+// own) starts beside a write in flight only if that write holds none.
+func TestPairWritesNoTwoBatchesOfLinkedCallsAtOnce(t *testing.T) {
+	t.Parallel()
+	newPair := func() (*pair[int, int, string, string], chan int, chan struct{}) {
+		started, release := make(chan int, 10), make(chan struct{})
+		return &pair[int, int, string, string]{a: newBatcher[int, int](16, 0), b: newBatcher[string, string](16, 0),
+			timeout: time.Minute, flights: 2, join: 1,
+			flush: func(_ context.Context, as []int, bs []string) ([]int, []error, []string, []error) {
+				started <- len(as) + len(bs)
+				<-release
+				return make([]int, len(as)), make([]error, len(as)), make([]string, len(bs)), make([]error, len(bs))
+			}}, started, release
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	call := func(do func(context.Context, int) (int, error)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := do(ctx, 1)
+			assert.NoError(t, err)
+		}()
+	}
+
+	// Linked beside unlinked, either way round.
+	p, started, release := newPair()
+	go p.run(ctx)
+	call(p.a.doLinked)
+	require.Equal(t, 1, <-started)
+	call(p.a.do)
+	require.Equal(t, 1, <-started, "an unlinked call is written beside a linked one")
+	close(release)
+	wg.Wait()
+
+	// Linked beside linked: the second waits for the first to land.
+	p, started, release = newPair()
+	go p.run(ctx)
+	call(p.a.doLinked)
+	require.Equal(t, 1, <-started)
+	call(p.a.doLinked)
+	noWriteStarts(t, started, "beside a write of a linked call, with a linked call")
+	close(release)
+	require.Equal(t, 1, <-started, "the linked call goes once the first lands")
+	wg.Wait()
 }

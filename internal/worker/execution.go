@@ -443,7 +443,12 @@ func (e *execution) write(ctx context.Context, c task.Change) error {
 	if c.Lease == 0 {
 		c.Lease = e.w.cfg.Lease
 	}
-	applied, err := e.w.changes.do(ctx, c)
+	do := e.w.changes.do
+	if e.task.ParentID != nil || e.task.RunID != nil {
+		// Settling the task locks its parent or its run as well.
+		do = e.w.changes.doLinked
+	}
+	applied, err := do(ctx, c)
 	if err != nil {
 		return err
 	}
