@@ -144,36 +144,28 @@ func (p *pair[A, RA, B, RB]) run(ctx context.Context) {
 	var bs []batchCall[B, RB]
 	linked, seenA, seenB := false, 0, 0
 	for {
-		if len(as)+len(bs) == 0 {
-			select {
-			case <-ctx.Done():
-				return
-			case l := <-landed:
-				inFlight--
-				linkedInFlight = linkedInFlight && !l
-				continue
-			case c := <-p.a.in:
-				as = append(as, c)
-			case c := <-p.b.in:
-				bs = append(bs, c)
+		if len(as)+len(bs) > 0 {
+			as, bs = p.a.take(as), p.b.take(bs)
+			for _, c := range as[seenA:] {
+				linked = linked || c.linked
+			}
+			for _, c := range bs[seenB:] {
+				linked = linked || c.linked
+			}
+			seenA, seenB = len(as), len(bs)
+			if inFlight == 0 || inFlight < flights && len(as)+len(bs) >= join && (!linked || !linkedInFlight) {
+				inFlight++
+				linkedInFlight = linkedInFlight || linked
+				go p.write(ctx, as, bs, linked, landed)
+				as, bs, linked, seenA, seenB = nil, nil, false, 0, 0
 			}
 		}
-		as, bs = p.a.take(as), p.b.take(bs)
-		for _, c := range as[seenA:] {
-			linked = linked || c.linked
+		// Wait for calls or a write to land; calls gathered are written
+		// whatever happens to ctx.
+		var stop <-chan struct{}
+		if len(as)+len(bs) == 0 {
+			stop = ctx.Done()
 		}
-		for _, c := range bs[seenB:] {
-			linked = linked || c.linked
-		}
-		seenA, seenB = len(as), len(bs)
-		if inFlight == 0 || inFlight < flights && len(as)+len(bs) >= join && (!linked || !linkedInFlight) {
-			inFlight++
-			linkedInFlight = linkedInFlight || linked
-			go p.write(ctx, as, bs, linked, landed)
-			as, bs, linked, seenA, seenB = nil, nil, false, 0, 0
-			continue
-		}
-		// Wait for more calls or a flush to land.
 		ain, bin := p.a.in, p.b.in
 		if len(as) >= p.a.max {
 			ain = nil
@@ -182,6 +174,8 @@ func (p *pair[A, RA, B, RB]) run(ctx context.Context) {
 			bin = nil
 		}
 		select {
+		case <-stop:
+			return
 		case l := <-landed:
 			inFlight--
 			linkedInFlight = linkedInFlight && !l
