@@ -211,11 +211,12 @@ func (s *system) launchWorker(name string, concurrency int, vars ...string) (str
 	return addr, s.start(name, vars...)
 }
 
-// workerPrefetch is the broker prefetch of a worker with concurrency slots
-// and the default read-ahead: as many as the concurrency, at most 256
-// (worker/run.go, readAhead).
+// workerPrefetch is the most broker prefetch of a worker with concurrency
+// slots and the default read-ahead, which follows the pace of the slots up
+// to four times as many as the concurrency, itself at most 256
+// (worker/run.go, readAhead): quick tasks, as the burn-downs run, take it.
 func workerPrefetch(concurrency int) int {
-	return concurrency + min(concurrency, 256)
+	return concurrency + 4*min(concurrency, 256)
 }
 
 func (s *system) count(ctx context.Context, sql string) (int, error) {

@@ -71,9 +71,11 @@ type Worker struct {
 	NotifyInterval time.Duration `envconfig:"WORKER_NOTIFY_INTERVAL" default:"20ms"`
 	// ReadAhead is how many deliveries beyond its free slots a worker lets
 	// the broker send it ahead, while no handler runs long: a freed slot
-	// then finds its next task at once. -1 means as many as
-	// WORKER_CONCURRENCY (at most 256), or none with AMQP_QUEUE_TYPE=quorum
-	// (see docs/quorum.md); 0 turns read-ahead off.
+	// then finds its next task at once. -1 means a read-ahead that follows
+	// the pace of the slots, from as many as WORKER_CONCURRENCY (at most
+	// 256) up to four times that, or none with AMQP_QUEUE_TYPE=quorum (see
+	// docs/quorum.md); 0 turns read-ahead off; any other value is kept as
+	// it is.
 	ReadAhead int `envconfig:"WORKER_READ_AHEAD" default:"-1"`
 	// WriteFlights is how many of the worker's writes (its outcomes and
 	// claims of the moment, one commit) may be in flight at once: a
@@ -143,7 +145,7 @@ func (c Worker) Validate() error {
 		}
 	}
 	if c.ReadAhead < -1 || c.ReadAhead > 10000 {
-		return fmt.Errorf("WORKER_READ_AHEAD: must be -1 (as many as the concurrency), 0 (off) or up to 10000, got %d", c.ReadAhead)
+		return fmt.Errorf("WORKER_READ_AHEAD: must be -1 (following the pace of the slots), 0 (off) or up to 10000, got %d", c.ReadAhead)
 	}
 	if c.WriteFlights < 1 || c.WriteFlights > 16 {
 		return fmt.Errorf("WORKER_WRITE_FLIGHTS: must be between 1 and 16, got %d", c.WriteFlights)

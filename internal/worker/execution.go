@@ -323,6 +323,7 @@ func (e *execution) takeSlot() bool {
 func (e *execution) free() {
 	if e.slotted {
 		<-e.w.slots
+		e.w.freed.Add(1)
 	}
 	e.release()
 }

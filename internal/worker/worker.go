@@ -108,7 +108,11 @@ type Config struct {
 	// ReadAhead is how many deliveries beyond the free slots the broker may
 	// send ahead while no handler runs longer than LongAfter (tasks of
 	// packed messages may take it then too; see prefetch).
-	ReadAhead           int
+	ReadAhead int
+	// ReadAheadMax, when above ReadAhead, lets the read-ahead follow the
+	// pace of the slots, up to ReadAheadMax (pace); ReadAhead is then
+	// the least it falls to.
+	ReadAheadMax        int
 	LongAfter           time.Duration
 	ReconnectBackoffMax time.Duration
 	// WriteFlights is how many of the worker's writes (a batch of outcomes
@@ -143,8 +147,12 @@ type Worker struct {
 	// handler returns, and a slot while its handler runs: the window
 	// (concurrency plus read-ahead) lets the deliveries read ahead be
 	// claimed with the rest, before a slot is free for them.
-	window   chan struct{}
-	slots    chan struct{}
+	window chan struct{}
+	slots  chan struct{}
+	// ahead is the read-ahead in force; freed counts the slots freed
+	// (pace).
+	ahead    atomic.Int32
+	freed    atomic.Int64
 	inflight sync.WaitGroup
 	mu       sync.Mutex
 	running  map[uuid.UUID]*execution
@@ -184,13 +192,19 @@ func New(cfg Config, deps Deps, handlers []conveyor.Handler) (*Worker, error) {
 		cfg: cfg, store: deps.Store, broker: deps.Broker, handlers: map[string]conveyor.HandlerFunc{},
 		log: deps.Log, metrics: deps.Metrics, propagator: deps.Propagator,
 		tracer:   deps.TracerProvider.Tracer("github.com/conveyorhq/conveyor/internal/worker"),
-		window:   make(chan struct{}, cfg.Concurrency+cfg.ReadAhead),
+		window:   make(chan struct{}, cfg.Concurrency+max(cfg.ReadAhead, cfg.ReadAheadMax)),
 		slots:    make(chan struct{}, cfg.Concurrency),
 		running:  map[uuid.UUID]*execution{},
 		stopping: make(chan struct{}),
 		credit:   make(chan struct{}, 1),
 	}
-	w.claims = newBatcher[uuid.UUID, *task.Task](cfg.Concurrency+cfg.ReadAhead, 0)
+	// The window has room for the largest read-ahead; pace holds the
+	// places beyond the one in force, all of them to begin with.
+	for range cap(w.window) - cfg.Concurrency - cfg.ReadAhead {
+		w.window <- struct{}{}
+	}
+	w.ahead.Store(int32(cfg.ReadAhead))
+	w.claims = newBatcher[uuid.UUID, *task.Task](cap(w.window), 0)
 	w.changes = newBatcher[task.Change, task.Applied](cfg.Concurrency, cfg.Lease)
 	w.writes = &pair[task.Change, task.Applied, uuid.UUID, *task.Task]{a: w.changes, b: w.claims, timeout: cfg.Lease, flush: w.flush,
 		flights: cfg.WriteFlights, join: writeJoin}
@@ -234,6 +248,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	runCtx, stopHandlers := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer stopHandlers(nil)
 	go w.heartbeat(ctx)
+	if w.cfg.ReadAheadMax > w.cfg.ReadAhead && w.cfg.LongAfter > 0 {
+		go w.pace(ctx)
+	}
 
 	src := w.consume(ctx, runCtx)
 	close(w.stopping)
@@ -275,11 +292,89 @@ func (w *Worker) Run(ctx context.Context) error {
 // no slot frees in time. Only while every slot runs long are the packed
 // queues paused, and what they still yield goes back.
 func (w *Worker) prefetch() int {
-	p := w.cfg.Concurrency + w.cfg.ReadAhead
+	p := w.cfg.Concurrency + int(w.ahead.Load())
 	if w.long.Load() > 0 {
 		p = w.cfg.Concurrency - int(w.packedHeld.Load())
 	}
 	return max(1, p-int(w.orphans.Load()))
+}
+
+// paceTicks is how many times in half of LongAfter pace sets the
+// read-ahead.
+const paceTicks = 5
+
+// pace sets the read-ahead in force, paceTicks times in half of LongAfter,
+// to as many tasks as slots freed in the last half of LongAfter
+// (aheadFor): a task claimed ahead then waits for its slot about half of
+// LongAfter at most, well before it would be handed back, while quick
+// handlers get a read-ahead deep enough to keep every write's batches
+// full: tasks wait in the window for their claim's commit, not for a slot.
+// The read-ahead shrinks by holding places of the window as they free, and
+// grows by giving them back; the pace waits while it holds too few.
+func (w *Worker) pace(ctx context.Context) {
+	base, most := w.cfg.ReadAhead, w.cfg.ReadAheadMax
+	t := time.NewTicker(w.cfg.LongAfter / (2 * paceTicks))
+	defer t.Stop()
+	// before is the count of slots freed paceTicks ticks ago, and when (at
+	// first, the pace's start). The count is scaled to half of LongAfter:
+	// the first ticks look back over less (a backlog that arrives finds
+	// the read-ahead it needs within a tick or two), and a tick comes late
+	// while the pace waits for places.
+	type count struct {
+		n  int64
+		at time.Time
+	}
+	var before [paceTicks]count
+	for i := range before {
+		before[i].at = time.Now()
+	}
+	half := w.cfg.LongAfter / 2
+	held := most - base
+	for i := 0; ; i = (i + 1) % paceTicks {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := count{w.freed.Load(), time.Now()}
+		freed := float64(now.n-before[i].n) * float64(half) / float64(max(now.at.Sub(before[i].at), time.Millisecond))
+		ahead := aheadFor(int(freed), base, most)
+		before[i] = now
+		if int32(ahead) == w.ahead.Load() {
+			continue
+		}
+		// The broker's credit shrinks before the window, and grows after.
+		if int32(ahead) < w.ahead.Load() {
+			w.ahead.Store(int32(ahead))
+			w.pokeCredit()
+		}
+		for ; held > most-ahead; held-- {
+			<-w.window
+		}
+		for ; held < most-ahead; held++ {
+			// Places are held as they free, in turn with the deliveries
+			// waiting for one (a channel serves its senders in order).
+			select {
+			case w.window <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+		}
+		if int32(ahead) > w.ahead.Load() {
+			w.ahead.Store(int32(ahead))
+			w.pokeCredit()
+		}
+	}
+}
+
+// aheadFor is the read-ahead for freed slots in half of LongAfter: as
+// many, in whole steps of base (so that the broker's credit changes
+// seldom), at least base and at most most. Slots that fill at once do not
+// raise it (a backlog's first tasks start together), slots that free do:
+// each frees for a task claimed ahead.
+func aheadFor(freed, base, most int) int {
+	step := max(base, 1)
+	return min(most, max(base, freed/step*step))
 }
 
 // pokeCredit tells the serve loop that the credit may have changed.

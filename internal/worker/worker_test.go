@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -44,8 +45,10 @@ type testConfig struct {
 	concurrency int
 	maxRunTime  time.Duration
 	readAhead   int
-	longAfter   time.Duration
-	handlers    []conveyor.Handler
+	// readAheadMax is Config.ReadAheadMax: 0, the read-ahead stays.
+	readAheadMax int
+	longAfter    time.Duration
+	handlers     []conveyor.Handler
 }
 
 // fakeDeps are a worker's collaborators in memory, with no logs, traces
@@ -76,7 +79,8 @@ func setup(t *testing.T, tc testConfig) *testBundle {
 		Info:        registry.Worker{ID: "w1"},
 		Concurrency: tc.concurrency, Lease: 2 * time.Second, Heartbeat: 100 * time.Millisecond,
 		ProgressInterval: 10 * time.Millisecond, BackoffBase: time.Millisecond, BackoffMax: 10 * time.Millisecond,
-		ShutdownTimeout: time.Second, MaxRunTime: tc.maxRunTime, ReadAhead: tc.readAhead, LongAfter: tc.longAfter,
+		ShutdownTimeout: time.Second, MaxRunTime: tc.maxRunTime, ReadAhead: tc.readAhead, ReadAheadMax: tc.readAheadMax,
+		LongAfter:           tc.longAfter,
 		ReconnectBackoffMax: 10 * time.Millisecond,
 	}, fakeDeps(b.store, b.broker), tc.handlers)
 	require.NoError(t, err)
@@ -473,6 +477,72 @@ func TestWorkerClaimsWhatItReadsAhead(t *testing.T) {
 	for _, a := range acks {
 		receive(t, a.done)
 		require.Equal(t, "ack", a.how())
+	}
+}
+
+// With quick handlers the read-ahead grows to its most, so that the claims
+// fill the writes' batches; once the handlers slow down, it falls back to
+// its least, so that a task claimed ahead finds its slot well before it
+// would be handed back.
+func TestWorkerPacesItsReadAheadWithItsSlots(t *testing.T) {
+	var slow atomic.Bool
+	handle := func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) {
+		if slow.Load() {
+			time.Sleep(150 * time.Millisecond)
+		}
+		return nil, nil
+	}
+	b := setup(t, testConfig{concurrency: 2, readAhead: 2, readAheadMax: 8, longAfter: 200 * time.Millisecond,
+		handlers: []conveyor.Handler{conveyor.Handle("t.pace", handle)}})
+	require.EqualValues(t, 4, b.src.prefetch.Load(), "the least read-ahead to begin with")
+	stop, fed := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(fed)
+		for {
+			d := outbox.Delivery{Body: outbox.Body{TaskID: b.store.add("t.pace", 3), Type: "t.pace"}, Acknowledger: newAcker()}
+			select {
+			case b.src.deliveries <- d:
+			case <-stop:
+				return
+			}
+		}
+	}()
+	defer func() { close(stop); <-fed }()
+
+	waitPrefetch(t, b, 2+8, "quick handlers: the most read-ahead")
+	slow.Store(true)
+	// A slot frees every 150 ms: at most 2 in the 100 ms the pace looks
+	// back over.
+	waitPrefetch(t, b, 2+2, "slow handlers: the least read-ahead again")
+}
+
+// waitPrefetch waits until the worker gives its source the prefetch want.
+func waitPrefetch(t *testing.T, b *testBundle, want int, msg string) {
+	t.Helper()
+	deadline := time.After(waitLimit)
+	for {
+		select {
+		case p := <-b.w.signals.prefetch:
+			if p == want {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("%s: no prefetch of %d within %s (now %d)", msg, want, waitLimit, b.src.prefetch.Load())
+		}
+	}
+}
+
+func TestAheadForFollowsTheFreedSlotsInWholeSteps(t *testing.T) {
+	for _, tc := range []struct{ freed, base, most, want int }{
+		{0, 256, 1024, 256},
+		{300, 256, 1024, 256},
+		{512, 256, 1024, 512},
+		{1000, 256, 1024, 768},
+		{6000, 256, 1024, 1024},
+		{5, 0, 8, 5},
+		{50, 0, 8, 8},
+	} {
+		require.Equal(t, tc.want, aheadFor(tc.freed, tc.base, tc.most), "%+v", tc)
 	}
 }
 
