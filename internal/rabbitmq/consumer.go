@@ -547,6 +547,15 @@ func (c *Consumer) SetPrefetch(n int) error {
 	return nil
 }
 
+// SetPackedPrefetch changes how many packed messages may be unacknowledged
+// at once, as SetPrefetch does for single messages.
+func (c *Consumer) SetPackedPrefetch(n int) error {
+	if err := c.qos(c.packed, n); err != nil {
+		return fmt.Errorf("set packed prefetch %d: %w", n, err)
+	}
+	return nil
+}
+
 // qos sets a task channel's prefetch: channel-wide (global) on classic
 // queues, per consumer on quorum queues, which support nothing else.
 func (c *Consumer) qos(ch *amqp.Channel, n int) error {

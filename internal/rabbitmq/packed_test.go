@@ -197,3 +197,34 @@ func TestConsumerPausesAndResumesThePackedQueues(t *testing.T) {
 	requireStats(t, v, map[string]string{rabbitmq.PackedQueueName("a"): "classic\t0\t0"})
 	requireOpen(t, c)
 }
+
+// The packed queues' prefetch changes while their consumers run, as the
+// single messages' does: a worker's read-ahead moves it.
+func TestConsumerSetsThePackedPrefetchWhileConsuming(t *testing.T) {
+	t.Parallel()
+	v := newVhost(t)
+	c, err := rabbitmq.DialConsumer(v.url, "test-consumer", rabbitmq.ClassicQueues, []string{"a"}, 4, 1)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	p := dialPacking(t, v, 2)
+	for i := range 3 {
+		require.Len(t, p.Publish(context.Background(), runMessages(int64(1+2*i), 2, "a", 5)).Published, 2)
+	}
+	var held []outbox.Delivery
+	for range 2 {
+		held = append(held, next(t, c, c.Deliveries(), "a task of the first packed message"))
+	}
+	requireStats(t, v, map[string]string{rabbitmq.PackedQueueName("a"): "classic\t2\t1"})
+
+	require.NoError(t, c.SetPackedPrefetch(3))
+	for range 4 {
+		held = append(held, next(t, c, c.Deliveries(), "a task of the packed messages the new prefetch lets through"))
+	}
+	requireStats(t, v, map[string]string{rabbitmq.PackedQueueName("a"): "classic\t0\t3"})
+	for _, d := range held {
+		require.True(t, d.Packed)
+		require.NoError(t, d.Ack())
+	}
+	requireStats(t, v, map[string]string{rabbitmq.PackedQueueName("a"): "classic\t0\t0"})
+	requireOpen(t, c)
+}

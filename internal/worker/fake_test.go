@@ -207,7 +207,8 @@ func (b *fakeBroker) Consume(_ context.Context, _ []string, prefetch int) (Sourc
 
 type fakeSource struct {
 	prefetch   atomic.Int32
-	paused     atomic.Bool // the packed queues
+	packed     atomic.Int32 // the packed messages' prefetch
+	paused     atomic.Bool  // the packed queues
 	deliveries chan outbox.Delivery
 	cancels    chan outbox.Cancel
 	done       chan struct{}
@@ -221,6 +222,7 @@ func (s *fakeSource) Done() <-chan struct{}              { return s.done }
 func (s *fakeSource) Err() error                         { return s.err }
 func (s *fakeSource) StopConsuming()                     {}
 func (s *fakeSource) SetPrefetch(n int) error            { s.prefetch.Store(int32(n)); return nil }
+func (s *fakeSource) SetPackedPrefetch(n int) error      { s.packed.Store(int32(n)); return nil }
 func (s *fakeSource) PausePacked() error                 { s.paused.Store(true); return nil }
 func (s *fakeSource) ResumePacked() error                { s.paused.Store(false); return nil }
 func (s *fakeSource) Close() error                       { s.stop(errors.New("closed")); return nil }

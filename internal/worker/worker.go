@@ -81,8 +81,11 @@ type Source interface {
 	// SetPrefetch changes how many deliveries of single messages may be
 	// unacknowledged at once.
 	SetPrefetch(n int) error
-	// PausePacked asks for no more packed messages (whose prefetch is
-	// fixed); ResumePacked asks for them again.
+	// SetPackedPrefetch changes how many packed messages may be
+	// unacknowledged at once (a worker whose read-ahead follows the pace
+	// of its slots makes it follow too). PausePacked asks for no more
+	// packed messages; ResumePacked asks for them again.
+	SetPackedPrefetch(n int) error
 	PausePacked() error
 	ResumePacked() error
 	// StopConsuming asks for no more deliveries; cancels still arrive.
@@ -111,8 +114,10 @@ type Config struct {
 	ReadAhead int
 	// ReadAheadMax, when above ReadAhead, lets the read-ahead follow the
 	// pace of the slots, up to ReadAheadMax (pace); ReadAhead is then
-	// the least it falls to.
+	// the least it falls to. The packed messages' prefetch follows it:
+	// the window divided by TasksPerMessage.
 	ReadAheadMax        int
+	TasksPerMessage     int
 	LongAfter           time.Duration
 	ReconnectBackoffMax time.Duration
 	// WriteFlights is how many of the worker's writes (a batch of outcomes
@@ -146,16 +151,22 @@ type Worker struct {
 	// A delivery holds a place in the window from its arrival until its
 	// handler returns, and a slot while its handler runs: the window
 	// (concurrency plus read-ahead) lets the deliveries read ahead be
-	// claimed with the rest, before a slot is free for them.
+	// claimed with the rest, before a slot is free for them. The channel
+	// has room for the most read-ahead; pace holds the places above the
+	// read-ahead in force.
 	window chan struct{}
 	slots  chan struct{}
-	// ahead is the read-ahead in force; freed counts the slots freed
-	// (pace).
-	ahead    atomic.Int32
-	freed    atomic.Int64
-	inflight sync.WaitGroup
-	mu       sync.Mutex
-	running  map[uuid.UUID]*execution
+	// ahead is the read-ahead in force, held the places pace holds;
+	// freed counts the slots freed (pace).
+	ahead atomic.Int32
+	held  atomic.Int32
+	freed atomic.Int64
+	// packedApplied is the packed messages' prefetch given the live
+	// source, -1 when not yet (the consume loop's goroutine only).
+	packedApplied int
+	inflight      sync.WaitGroup
+	mu            sync.Mutex
+	running       map[uuid.UUID]*execution
 
 	// The credit the broker gets (see prefetch): long counts running
 	// handlers past LongAfter; orphans counts running tasks whose
@@ -202,6 +213,7 @@ func New(cfg Config, deps Deps, handlers []conveyor.Handler) (*Worker, error) {
 	// places beyond the one in force, all of them to begin with.
 	for range cap(w.window) - cfg.Concurrency - cfg.ReadAhead {
 		w.window <- struct{}{}
+		w.held.Add(1)
 	}
 	w.ahead.Store(int32(cfg.ReadAhead))
 	w.claims = newBatcher[uuid.UUID, *task.Task](cap(w.window), 0)
@@ -305,21 +317,23 @@ const paceTicks = 5
 
 // pace sets the read-ahead in force, paceTicks times in half of LongAfter,
 // to as many tasks as slots freed in the last half of LongAfter
-// (aheadFor): a task claimed ahead then waits for its slot about half of
-// LongAfter at most, well before it would be handed back, while quick
-// handlers get a read-ahead deep enough to keep every write's batches
-// full: tasks wait in the window for their claim's commit, not for a slot.
-// The read-ahead shrinks by holding places of the window as they free, and
-// grows by giving them back; the pace waits while it holds too few.
+// (aheadFor): at a steady pace a task claimed ahead then waits for its
+// slot about half of LongAfter at most, well before it would be handed
+// back, while quick handlers get a read-ahead deep enough to keep every
+// write's batches full: tasks wait in the window for their claim's
+// commit, not for a slot. The broker's credit follows at once; the window
+// follows through hold. When quick handlers turn slow, the tasks already
+// claimed ahead may wait past LongAfter and be handed back.
 func (w *Worker) pace(ctx context.Context) {
 	base, most := w.cfg.ReadAhead, w.cfg.ReadAheadMax
-	t := time.NewTicker(w.cfg.LongAfter / (2 * paceTicks))
+	retarget := make(chan struct{}, 1)
+	go w.hold(ctx, retarget)
+	t := time.NewTicker(max(w.cfg.LongAfter/(2*paceTicks), time.Millisecond))
 	defer t.Stop()
 	// before is the count of slots freed paceTicks ticks ago, and when (at
 	// first, the pace's start). The count is scaled to half of LongAfter:
-	// the first ticks look back over less (a backlog that arrives finds
-	// the read-ahead it needs within a tick or two), and a tick comes late
-	// while the pace waits for places.
+	// the first ticks look back over less, so a backlog that arrives finds
+	// the read-ahead it needs within a tick or two.
 	type count struct {
 		n  int64
 		at time.Time
@@ -329,7 +343,6 @@ func (w *Worker) pace(ctx context.Context) {
 		before[i].at = time.Now()
 	}
 	half := w.cfg.LongAfter / 2
-	held := most - base
 	for i := 0; ; i = (i + 1) % paceTicks {
 		select {
 		case <-ctx.Done():
@@ -338,31 +351,43 @@ func (w *Worker) pace(ctx context.Context) {
 		}
 		now := count{w.freed.Load(), time.Now()}
 		freed := float64(now.n-before[i].n) * float64(half) / float64(max(now.at.Sub(before[i].at), time.Millisecond))
-		ahead := aheadFor(int(freed), base, most)
 		before[i] = now
-		if int32(ahead) == w.ahead.Load() {
-			continue
-		}
-		// The broker's credit shrinks before the window, and grows after.
-		if int32(ahead) < w.ahead.Load() {
-			w.ahead.Store(int32(ahead))
+		if ahead := int32(aheadFor(int(freed), base, most)); ahead != w.ahead.Load() {
+			w.ahead.Store(ahead)
 			w.pokeCredit()
-		}
-		for ; held > most-ahead; held-- {
-			<-w.window
-		}
-		for ; held < most-ahead; held++ {
-			// Places are held as they free, in turn with the deliveries
-			// waiting for one (a channel serves its senders in order).
 			select {
-			case w.window <- struct{}{}:
-			case <-ctx.Done():
-				return
+			case retarget <- struct{}{}:
+			default:
 			}
 		}
-		if int32(ahead) > w.ahead.Load() {
-			w.ahead.Store(int32(ahead))
-			w.pokeCredit()
+	}
+}
+
+// hold keeps as many places of the window as the read-ahead in force
+// leaves above it, until ctx ends: it gives places back at once, and
+// takes them as they free, waiting in turn with the deliveries that wait
+// for one (a channel serves its senders in order; a wait given up on
+// every tick would lose its turn each time). retarget says the read-ahead
+// changed.
+func (w *Worker) hold(ctx context.Context, retarget <-chan struct{}) {
+	held := int(w.held.Load())
+	for {
+		want := w.cfg.ReadAheadMax - int(w.ahead.Load())
+		for ; held > want; held-- {
+			<-w.window
+			w.held.Add(-1)
+		}
+		take := w.window
+		if held == want {
+			take = nil
+		}
+		select {
+		case take <- struct{}{}:
+			held++
+			w.held.Add(1)
+		case <-retarget:
+		case <-ctx.Done():
+			return
 		}
 	}
 }
@@ -375,6 +400,17 @@ func (w *Worker) pace(ctx context.Context) {
 func aheadFor(freed, base, most int) int {
 	step := max(base, 1)
 	return min(most, max(base, freed/step*step))
+}
+
+// packedPrefetch is the packed messages' prefetch for the read-ahead in
+// force, when it follows the pace (else 0: it stays as the source was
+// opened with).
+func (w *Worker) packedPrefetch() int {
+	if w.cfg.ReadAheadMax <= w.cfg.ReadAhead || w.cfg.TasksPerMessage <= 0 {
+		return 0
+	}
+	window := w.cfg.Concurrency + int(w.ahead.Load())
+	return max(1, (window+w.cfg.TasksPerMessage-1)/w.cfg.TasksPerMessage)
 }
 
 // pokeCredit tells the serve loop that the credit may have changed.
@@ -400,6 +436,7 @@ func (w *Worker) consume(ctx, runCtx context.Context) Source {
 			return nil
 		}
 		w.adoptOrphans()
+		w.packedApplied = -1
 		prefetch := w.prefetch()
 		src, err := w.broker.Consume(ctx, w.Types(), prefetch)
 		if err != nil {
@@ -559,6 +596,13 @@ func (w *Worker) setPrefetch(ctx context.Context, src Source, applied int) int {
 	}
 	if err := pause(); err != nil {
 		w.log.WarnContext(ctx, "pause or resume packed messages", "error", err)
+	}
+	if n := w.packedPrefetch(); n > 0 && n != w.packedApplied {
+		if err := src.SetPackedPrefetch(n); err != nil {
+			w.log.WarnContext(ctx, "set packed prefetch", "prefetch", n, "error", err)
+		} else {
+			w.packedApplied = n
+		}
 	}
 	p := w.prefetch()
 	if p == applied {

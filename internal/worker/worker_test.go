@@ -46,9 +46,10 @@ type testConfig struct {
 	maxRunTime  time.Duration
 	readAhead   int
 	// readAheadMax is Config.ReadAheadMax: 0, the read-ahead stays.
-	readAheadMax int
-	longAfter    time.Duration
-	handlers     []conveyor.Handler
+	readAheadMax    int
+	tasksPerMessage int
+	longAfter       time.Duration
+	handlers        []conveyor.Handler
 }
 
 // fakeDeps are a worker's collaborators in memory, with no logs, traces
@@ -79,7 +80,7 @@ func setup(t *testing.T, tc testConfig) *testBundle {
 		Info:        registry.Worker{ID: "w1"},
 		Concurrency: tc.concurrency, Lease: 2 * time.Second, Heartbeat: 100 * time.Millisecond,
 		ProgressInterval: 10 * time.Millisecond, BackoffBase: time.Millisecond, BackoffMax: 10 * time.Millisecond,
-		ShutdownTimeout: time.Second, MaxRunTime: tc.maxRunTime, ReadAhead: tc.readAhead, ReadAheadMax: tc.readAheadMax,
+		ShutdownTimeout: time.Second, MaxRunTime: tc.maxRunTime, ReadAhead: tc.readAhead, ReadAheadMax: tc.readAheadMax, TasksPerMessage: tc.tasksPerMessage,
 		LongAfter:           tc.longAfter,
 		ReconnectBackoffMax: 10 * time.Millisecond,
 	}, fakeDeps(b.store, b.broker), tc.handlers)
@@ -483,7 +484,8 @@ func TestWorkerClaimsWhatItReadsAhead(t *testing.T) {
 // With quick handlers the read-ahead grows to its most, so that the claims
 // fill the writes' batches; once the handlers slow down, it falls back to
 // its least, so that a task claimed ahead finds its slot well before it
-// would be handed back.
+// would be handed back. The window and the packed messages' prefetch
+// follow it.
 func TestWorkerPacesItsReadAheadWithItsSlots(t *testing.T) {
 	var slow atomic.Bool
 	handle := func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) {
@@ -493,8 +495,11 @@ func TestWorkerPacesItsReadAheadWithItsSlots(t *testing.T) {
 		return nil, nil
 	}
 	b := setup(t, testConfig{concurrency: 2, readAhead: 2, readAheadMax: 8, longAfter: 200 * time.Millisecond,
-		handlers: []conveyor.Handler{conveyor.Handle("t.pace", handle)}})
+		tasksPerMessage: 2, handlers: []conveyor.Handler{conveyor.Handle("t.pace", handle)}})
 	require.EqualValues(t, 4, b.src.prefetch.Load(), "the least read-ahead to begin with")
+	require.Eventually(t, func() bool { return b.src.packed.Load() == 2 }, waitLimit, time.Millisecond,
+		"packed messages of two tasks fill a window of 4")
+	require.EqualValues(t, 6, b.w.held.Load(), "the window's places above the least read-ahead are held")
 	stop, fed := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(fed)
@@ -510,10 +515,16 @@ func TestWorkerPacesItsReadAheadWithItsSlots(t *testing.T) {
 	defer func() { close(stop); <-fed }()
 
 	waitPrefetch(t, b, 2+8, "quick handlers: the most read-ahead")
+	require.EqualValues(t, 5, b.src.packed.Load(), "packed messages of two tasks fill a window of 10")
+	require.Eventually(t, func() bool { return b.w.held.Load() == 0 }, waitLimit, time.Millisecond,
+		"every place of the window is given back")
 	slow.Store(true)
 	// A slot frees every 150 ms: at most 2 in the 100 ms the pace looks
 	// back over.
 	waitPrefetch(t, b, 2+2, "slow handlers: the least read-ahead again")
+	require.EqualValues(t, 2, b.src.packed.Load())
+	// The places above it are held as they free.
+	require.Eventually(t, func() bool { return b.w.held.Load() == 6 }, waitLimit, time.Millisecond)
 }
 
 // waitPrefetch waits until the worker gives its source the prefetch want.
