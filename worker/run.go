@@ -60,7 +60,7 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 	// queues get as many messages as fill the window (the worker follows
 	// its read-ahead's pace with it).
 	base, most := readAhead(cfg)
-	packedPrefetch := max(1, (cfg.Concurrency+base+cfg.TasksPerMessage-1)/cfg.TasksPerMessage)
+	packedPrefetch := runner.PackedPrefetch(cfg.Concurrency+base, cfg.TasksPerMessage)
 	w, err := runner.New(runner.Config{
 		Info: registry.Worker{
 			ID: cfg.ID, Hostname: hostname, PID: os.Getpid(), Concurrency: cfg.Concurrency,

@@ -370,20 +370,17 @@ func (w *Worker) pace(ctx context.Context) {
 // every tick would lose its turn each time). retarget says the read-ahead
 // changed.
 func (w *Worker) hold(ctx context.Context, retarget <-chan struct{}) {
-	held := int(w.held.Load())
 	for {
-		want := w.cfg.ReadAheadMax - int(w.ahead.Load())
-		for ; held > want; held-- {
+		want := int32(w.cfg.ReadAheadMax) - w.ahead.Load()
+		for ; w.held.Load() > want; w.held.Add(-1) {
 			<-w.window
-			w.held.Add(-1)
 		}
 		take := w.window
-		if held == want {
+		if w.held.Load() == want {
 			take = nil
 		}
 		select {
 		case take <- struct{}{}:
-			held++
 			w.held.Add(1)
 		case <-retarget:
 		case <-ctx.Done():
@@ -409,8 +406,13 @@ func (w *Worker) packedPrefetch() int {
 	if w.cfg.ReadAheadMax <= w.cfg.ReadAhead || w.cfg.TasksPerMessage <= 0 {
 		return 0
 	}
-	window := w.cfg.Concurrency + int(w.ahead.Load())
-	return max(1, (window+w.cfg.TasksPerMessage-1)/w.cfg.TasksPerMessage)
+	return PackedPrefetch(w.cfg.Concurrency+int(w.ahead.Load()), w.cfg.TasksPerMessage)
+}
+
+// PackedPrefetch is the packed messages' prefetch of a window: as many
+// messages of perMessage tasks as fill it.
+func PackedPrefetch(window, perMessage int) int {
+	return max(1, (window+perMessage-1)/perMessage)
 }
 
 // pokeCredit tells the serve loop that the credit may have changed.
