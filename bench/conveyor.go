@@ -383,7 +383,10 @@ func (s *system) burnDownOf(ctx context.Context, n int, submit func(int) error, 
 		}
 	}
 	profileWorkers(addrs)
-	elapsed, err := awaitBurnDown(ctx, s.pool, n, start, `SELECT count(*) FROM tasks WHERE org_id = `+benchOrg+` AND status = 'COMPLETED'`,
+	elapsed, err := awaitBurnDown(ctx, s.pool, n, start,
+		`SELECT EXISTS (SELECT 1 FROM tasks WHERE org_id = `+benchOrg+` AND status = 'PENDING')
+			OR EXISTS (SELECT 1 FROM tasks WHERE org_id = `+benchOrg+` AND status = 'IN_PROGRESS')`,
+		`SELECT count(*) FROM tasks WHERE org_id = `+benchOrg+` AND status = 'COMPLETED'`,
 		`SELECT max(completed_at) FROM tasks`)
 	if err != nil {
 		return burnResult{}, fmt.Errorf("burn-down: %w", err)

@@ -113,7 +113,9 @@ func riverBurnDown(ctx context.Context, pool *pgxpool.Pool, n, workers int) (bur
 	if err := client.Start(ctx); err != nil {
 		return burnResult{}, 0, err
 	}
-	elapsed, err := awaitBurnDown(ctx, pool, n, start, `SELECT count(*) FROM river_job WHERE state = 'completed'`,
+	elapsed, err := awaitBurnDown(ctx, pool, n, start,
+		`SELECT EXISTS (SELECT 1 FROM river_job WHERE state IN ('available', 'running', 'retryable', 'scheduled', 'pending'))`,
+		`SELECT count(*) FROM river_job WHERE state = 'completed'`,
 		`SELECT max(finalized_at) FROM river_job`)
 	cpu(fmt.Sprintf("River burn-down, %.0f jobs/s (River runs in bench)", float64(n)/elapsed.Seconds()), float64(n))
 	conns := pool.Stat().TotalConns()

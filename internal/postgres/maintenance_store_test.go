@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/conveyorhq/conveyor/internal/postgres"
@@ -30,15 +31,30 @@ func statementSQL(t *testing.T, name string) string {
 // explain returns the plan PostgreSQL picks for sql with args.
 func (b *storeBundle) explain(t *testing.T, sql string, args ...any) string {
 	t.Helper()
-	rows, err := b.db.Pool.Query(context.Background(), "EXPLAIN "+sql, args...)
+	return explainOn(t, b.db.Pool, sql, args...)
+}
+
+// explainUnder returns the plan PostgreSQL picks for sql with args in a
+// transaction that the named statement set up first.
+func (b *storeBundle) explainUnder(t *testing.T, settings, sql string, args ...any) string {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := b.db.Pool.Begin(ctx)
 	require.NoError(t, err)
-	var lines []string
-	for rows.Next() {
-		var line string
-		require.NoError(t, rows.Scan(&line))
-		lines = append(lines, line)
-	}
-	require.NoError(t, rows.Err())
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, statementSQL(t, settings))
+	require.NoError(t, err)
+	return explainOn(t, tx, sql, args...)
+}
+
+func explainOn(t *testing.T, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, sql string, args ...any) string {
+	t.Helper()
+	rows, err := q.Query(context.Background(), "EXPLAIN "+sql, args...)
+	require.NoError(t, err)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
 	return strings.Join(lines, "\n")
 }
 
@@ -161,6 +177,41 @@ func TestTypeLoadCountsQueuedTasksThroughTheirIndex(t *testing.T) {
 	plan := b.explain(t, statementSQL(t, "scheduler.type_load"), 0, int64(60000), 64, []string{})
 	require.Contains(t, plan, "using tasks_ready on tasks", plan)
 	require.NotContains(t, plan, "Seq Scan on tasks", plan)
+}
+
+// Nor does a fresh backlog, which no statistics have seen yet: the planner
+// expects one matching row, and would count by walking every open task of
+// the type, fetching each from the table, then sorting them.
+func TestTypeLoadCountsAFreshBacklogThroughItsIndex(t *testing.T) {
+	b := setupStores(t)
+	b.exec(t, `INSERT INTO task_types (name) VALUES ('demo.noop')`)
+	b.exec(t, `ANALYZE tasks`)
+	b.exec(t, `INSERT INTO tasks (id, org_id, type, next_run_at)
+		SELECT gen_random_uuid(), `+testdb.OrgSQL+`, 'demo.noop', now() - interval '1 hour' FROM generate_series(1, 20000)`)
+	plan := b.explainUnder(t, "scheduler.settings", statementSQL(t, "scheduler.type_load"), 0, int64(60000), 64, []string{})
+	require.Contains(t, plan, "using tasks_ready on tasks", plan)
+	require.NotContains(t, plan, "Sort", plan)
+}
+
+// The reaper reads running tasks entry by entry, so that the entries of
+// tasks finished since the last vacuum are marked dead once and skipped
+// by later passes; a bitmap scan would visit every one of those rows on
+// every pass.
+func TestReaperReadsRunningTasksEntryByEntry(t *testing.T) {
+	b := setupStores(t)
+	b.exec(t, `INSERT INTO tasks (id, org_id, type, next_run_at)
+		SELECT gen_random_uuid(), `+testdb.OrgSQL+`, 'demo.noop', now() - interval '1 hour' FROM generate_series(1, 20000)`)
+	b.exec(t, `UPDATE tasks SET status = 'IN_PROGRESS', attempt = 1, lease_expires_at = now() + interval '1 minute',
+		heartbeat_timeout_ms = 60000, heartbeat_at = now() WHERE id IN (SELECT id FROM tasks LIMIT 400)`)
+	b.exec(t, `ANALYZE tasks`)
+	b.exec(t, `UPDATE tasks SET status = 'IN_PROGRESS', attempt = 1, lease_expires_at = now() + interval '1 minute',
+		heartbeat_timeout_ms = 60000, heartbeat_at = now() WHERE status = 'PENDING'`)
+	b.exec(t, `UPDATE tasks SET status = 'COMPLETED', completed_at = now() WHERE id IN (SELECT id FROM tasks LIMIT 19600)`)
+	for _, name := range []string{"tasks.expired_leases", "tasks.heartbeat_expired"} {
+		plan := b.explainUnder(t, "maintenance.index_scans", statementSQL(t, name), 1000)
+		require.Contains(t, plan, "Index Scan using tasks_running on tasks", name+"\n"+plan)
+		require.NotContains(t, plan, "Bitmap", name+"\n"+plan)
+	}
 }
 
 func TestRetentionDeletesOldTerminalTasksWithTheirHistory(t *testing.T) {
