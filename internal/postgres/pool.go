@@ -130,37 +130,23 @@ func Open(ctx context.Context, cfg PoolConfig) (*pgxpool.Pool, error) {
 
 // warmUps are the hot statements of the worker and the relay, each with an
 // input that makes it change nothing (empty arrays, a zero limit).
-var warmUps = func() map[string][]any {
-	apply := []any{[]uuid.UUID{}, []int{}, []string{}, []int{}, []string{}, []string{}, []string{},
-		[]int64{}, []int64{}, []string{}, []string{}, []string{}}
-	m := map[string][]any{
-		"tasks.claim":           {[]uuid.UUID{}, "", 0, "", "", ""},
-		"tasks.apply":           apply,
-		"outbox.delete":         {[]int64{}},
-		"tasks.stamp_published": {[]uuid.UUID{}},
-	}
-	for _, tr := range workerOutcomes {
-		m["tasks.apply."+string(tr)] = apply
-	}
-	return m
-}()
-
-// workerOutcomes are the transitions a worker applies as its handlers run
-// and return; a batch of one of them runs its own statement, a batch that
-// mixes them tasks.apply.
-var workerOutcomes = []task.Transition{task.Progress, task.Renew, task.Complete, task.Fail, task.RetryLater}
+var warmUps = map[string][]any{
+	"tasks.claim": {[]uuid.UUID{}, "", 0, "", "", ""},
+	"tasks.apply." + string(task.Complete): {[]uuid.UUID{}, []int{}, []string{}, []int{}, []string{}, []string{},
+		[]string{}, []int64{}, []int64{}, []string{}, []string{}, []string{}},
+	"outbox.delete":         {[]int64{}},
+	"tasks.stamp_published": {[]uuid.UUID{}},
+}
 
 // WorkerHotStatements and RelayHotStatements name what PoolConfig.WarmUp
-// plans for each.
+// plans for each: what every task or every batch runs. A worker's other
+// writes (progress, renewals, failures, batches that mix transitions) are
+// planned on a connection when it first needs them: planning them all as
+// well (the mixed batch's statement alone about 20 ms) held up each
+// worker process's first tasks, on the cores those tasks needed.
 var (
-	WorkerHotStatements = func() []string {
-		names := []string{"tasks.claim", "tasks.apply"}
-		for _, tr := range workerOutcomes {
-			names = append(names, "tasks.apply."+string(tr))
-		}
-		return names
-	}()
-	RelayHotStatements = []string{"outbox.delete", "tasks.stamp_published"}
+	WorkerHotStatements = []string{"tasks.claim", "tasks.apply." + string(task.Complete)}
+	RelayHotStatements  = []string{"outbox.delete", "tasks.stamp_published"}
 )
 
 // warmUp runs the named statements once on a new connection, with an input
