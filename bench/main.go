@@ -33,6 +33,7 @@ type options struct {
 	pool        int
 	dur         time.Duration
 	burnN       int
+	scaleN      int
 	stmtBatch   int
 	workers     int
 	messages    int
@@ -91,6 +92,7 @@ func main() {
 	flag.IntVar(&o.pool, "pool", 16, "database connections of the API and of the direct-pgx ceiling")
 	flag.DurationVar(&o.dur, "duration", 10*time.Second, "length of each timed measurement")
 	flag.IntVar(&o.burnN, "n", 20000, "tasks (and River jobs) in each burn-down, and tasks claimed and completed in the statements step")
+	flag.IntVar(&o.scaleN, "scale-n", 100000, "tasks in each scale-out burn-down: long enough that the processes' start, which its clock includes, weighs little")
 	flag.IntVar(&o.stmtBatch, "statements-batch", 100, "tasks per claim and per completion in the statements step (about what a busy worker's batches hold)")
 	flag.IntVar(&o.burnTries, "burn-tries", 2, "runs of each burn-down configuration (River's and Conveyor's alike), each on a fresh database; the best is its figure")
 	flag.IntVar(&o.workers, "workers", 64, "handler concurrency of the fairness measurement's workers (WORKER_CONCURRENCY, shared by -fair-procs)")
@@ -124,6 +126,7 @@ func main() {
 		}
 		quickly("duration", func() { o.dur = 2 * time.Second })
 		quickly("n", func() { o.burnN = 2000 })
+		quickly("scale-n", func() { o.scaleN = 2000 })
 		quickly("burn-tries", func() { o.burnTries = 1 })
 		quickly("messages", func() { o.messages = 10000 })
 		quickly("mixed-n", func() { o.mixedN = 2000 })
@@ -287,7 +290,7 @@ func run(ctx context.Context, o options) error {
 		Started: started, Results: b.results, Duration: time.Since(started).Round(time.Second).String(),
 		Machine: machine(ctx, e),
 		Options: map[string]any{
-			"concurrency": o.conc, "pool": o.pool, "duration": o.dur.String(), "n": o.burnN, "workers": o.workers,
+			"concurrency": o.conc, "pool": o.pool, "duration": o.dur.String(), "n": o.burnN, "scale_n": o.scaleN, "workers": o.workers,
 			"river_workers": o.riverWorkers, "conveyor_workers": o.conveyorWorkers, "burn_tries": o.burnTries,
 			"messages": o.messages, "rate": o.rate, "backlogs": o.backlogs, "sample": o.sampleFor.String(),
 			"streams": o.streams, "stream_rate": o.streamRate, "fair_backlog": o.fairBacklog, "fair_rate": o.fairRate,
@@ -750,21 +753,21 @@ func (b *bench) headToHead(ctx context.Context, conc int) (headToHeadResult, err
 	type entrant func(try int) (float64, error)
 	entrants := []entrant{
 		func(try int) (float64, error) {
-			r, err := b.conveyorBurn(ctx, fmt.Sprintf("bench_h2h_%d_%d", conc, try), 1, conc)
+			r, err := b.conveyorBurn(ctx, fmt.Sprintf("bench_h2h_%d_%d", conc, try), b.o.burnN, 1, conc)
 			if err == nil && r.perSec > h.best.perSec {
 				h.best = r
 			}
 			return r.perSec, err
 		},
 		func(try int) (float64, error) {
-			r, err := b.conveyorBurn(ctx, fmt.Sprintf("bench_h2h_default_%d", try), 1, 0)
+			r, err := b.conveyorBurn(ctx, fmt.Sprintf("bench_h2h_default_%d", try), b.o.burnN, 1, 0)
 			if err == nil && r.perSec > h.def.perSec {
 				h.def = r
 			}
 			return r.perSec, err
 		},
 		func(try int) (float64, error) {
-			r, err := b.conveyorBurn(ctx, fmt.Sprintf("bench_h2h_fifo_%d", try), 1, 0, noPriorities)
+			r, err := b.conveyorBurn(ctx, fmt.Sprintf("bench_h2h_fifo_%d", try), b.o.burnN, 1, 0, noPriorities)
 			if err == nil && r.perSec > h.fifo.perSec {
 				h.fifo = r
 			}
@@ -810,6 +813,7 @@ type conveyorBurnResult struct {
 // their environment.
 type burnConfig struct {
 	name               string
+	n                  int // tasks in the backlog; 0: -n
 	procs, concurrency int
 	vars               []string
 }
@@ -853,20 +857,24 @@ func (b *bench) conveyorSweep(ctx context.Context, configs []burnConfig) ([]conv
 	return sweep(b.o.burnTries, len(configs), func(r conveyorBurnResult) float64 { return r.perSec },
 		func(i, try int) (conveyorBurnResult, error) {
 			c := configs[i]
-			return b.conveyorBurn(ctx, fmt.Sprintf("%s_%d", c.name, try), c.procs, c.concurrency, c.vars...)
+			n := c.n
+			if n == 0 {
+				n = b.o.burnN
+			}
+			return b.conveyorBurn(ctx, fmt.Sprintf("%s_%d", c.name, try), n, c.procs, c.concurrency, c.vars...)
 		})
 }
 
-// conveyorBurn runs one burn-down on a system of its own: procs workers
-// with concurrency slots each (0: the defaults) and one relay.
-func (b *bench) conveyorBurn(ctx context.Context, name string, procs, concurrency int, vars ...string) (conveyorBurnResult, error) {
+// conveyorBurn runs one burn-down of n tasks on a system of its own: procs
+// workers with concurrency slots each (0: the defaults) and one relay.
+func (b *bench) conveyorBurn(ctx context.Context, name string, n, procs, concurrency int, vars ...string) (conveyorBurnResult, error) {
 	return b.burnOn(ctx, name, func(s *system) error {
 		if err := s.declareFor(vars); err != nil {
 			return err
 		}
 		return s.startRelay()
 	}, func(s *system) (burnResult, error) {
-		return s.burnDown(ctx, b.o.burnN, procs, concurrency, vars...)
+		return s.burnDown(ctx, n, procs, concurrency, vars...)
 	})
 }
 
@@ -900,9 +908,10 @@ func (b *bench) burnOn(ctx context.Context, name string, prepare func(*system) e
 const scaleOutWhy = "must not fall as processes are added: 0.95 less noise"
 
 // scaleOut measures whether throughput holds as processes are added: the
-// same burn-down with 1, 2 and 4 worker processes in the default
-// configuration, and sized for a shared machine (GOMAXPROCS), and the same
-// outbox backlog published by 1 and 2 relays.
+// same burn-down (of -scale-n tasks, so that the processes' start, which
+// the clock includes, weighs little) with 1, 2 and 4 worker processes in
+// the default configuration, and sized for a shared machine (GOMAXPROCS),
+// and the same outbox backlog published by 1 and 2 relays.
 func (b *bench) scaleOut(ctx context.Context) error {
 	workerName := func(n int) string {
 		return fmt.Sprintf("Conveyor: burn-down, %d worker %s (default configuration)", n, processes(n))
@@ -910,14 +919,14 @@ func (b *bench) scaleOut(ctx context.Context) error {
 	counts := []int{1, 2, 4}
 	var configs []burnConfig
 	for _, n := range counts {
-		configs = append(configs, burnConfig{name: fmt.Sprintf("bench_scale_workers_%d", n), procs: n})
+		configs = append(configs, burnConfig{name: fmt.Sprintf("bench_scale_workers_%d", n), n: b.o.scaleN, procs: n})
 	}
 	// The same, with the processes sized as the README says for several
 	// on one machine: the cores shared out between them (GOMAXPROCS), so
 	// that their schedulers do not spin for CPUs they do not have.
 	sized := []int{2, 4}
 	for _, n := range sized {
-		configs = append(configs, burnConfig{name: fmt.Sprintf("bench_scale_sized_%d", n), procs: n,
+		configs = append(configs, burnConfig{name: fmt.Sprintf("bench_scale_sized_%d", n), n: b.o.scaleN, procs: n,
 			vars: []string{fmt.Sprintf("GOMAXPROCS=%d", max(1, runtime.NumCPU()/n))}})
 	}
 	runs, err := b.conveyorSweep(ctx, configs)
