@@ -666,7 +666,7 @@ func (b *bench) relay(ctx context.Context) error {
 func (b *bench) burnDown(ctx context.Context) error {
 	configs := make([]burnConfig, len(b.o.conveyorWorkers))
 	for i, c := range b.o.conveyorWorkers {
-		configs[i] = burnConfig{name: fmt.Sprintf("bench_burn_%d", c), procs: 1, concurrency: c}
+		configs[i] = burnConfig{name: fmt.Sprintf("bench_burn_%d", c), n: b.o.burnN, procs: 1, concurrency: c}
 	}
 	runs, err := b.conveyorSweep(ctx, configs)
 	if err != nil {
@@ -813,7 +813,7 @@ type conveyorBurnResult struct {
 // their environment.
 type burnConfig struct {
 	name               string
-	n                  int // tasks in the backlog; 0: -n
+	n                  int // tasks in the backlog
 	procs, concurrency int
 	vars               []string
 }
@@ -857,11 +857,7 @@ func (b *bench) conveyorSweep(ctx context.Context, configs []burnConfig) ([]conv
 	return sweep(b.o.burnTries, len(configs), func(r conveyorBurnResult) float64 { return r.perSec },
 		func(i, try int) (conveyorBurnResult, error) {
 			c := configs[i]
-			n := c.n
-			if n == 0 {
-				n = b.o.burnN
-			}
-			return b.conveyorBurn(ctx, fmt.Sprintf("%s_%d", c.name, try), n, c.procs, c.concurrency, c.vars...)
+			return b.conveyorBurn(ctx, fmt.Sprintf("%s_%d", c.name, try), c.n, c.procs, c.concurrency, c.vars...)
 		})
 }
 

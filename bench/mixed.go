@@ -65,13 +65,13 @@ func (d *durations) Pop() any {
 func (b *bench) mixed(ctx context.Context) error {
 	n := b.o.mixedN
 	configs := []burnConfig{
-		{name: "bench_mixed_packed", procs: 1},
-		{name: "bench_mixed_single", procs: 1, vars: []string{unpacked}},
+		{name: "bench_mixed_packed", n: n, procs: 1},
+		{name: "bench_mixed_single", n: n, procs: 1, vars: []string{unpacked}},
 	}
 	runs, err := sweep(b.o.burnTries, len(configs), func(r conveyorBurnResult) float64 { return r.perSec },
 		func(i, try int) (conveyorBurnResult, error) {
 			c := configs[i]
-			return b.mixedBurn(ctx, fmt.Sprintf("%s_%d", c.name, try), n, c.vars...)
+			return b.mixedBurn(ctx, fmt.Sprintf("%s_%d", c.name, try), c.n, c.vars...)
 		})
 	if err != nil {
 		return err
