@@ -709,6 +709,12 @@ func (b *bench) burnDown(ctx context.Context) error {
 		b.vs(l.name, h.best.perSec, "tasks/s", l.baseline, l.min)
 		b.last().Config = config
 	}
+	if h.river > 0 {
+		// What the bare consumer's target asks, set beside a peer that
+		// keeps its jobs in PostgreSQL and has no broker in its path.
+		b.vs(river+", vs bare consumer (jobs against messages)", h.river, "jobs/s", bare, 0)
+		b.last().Config = fmt.Sprintf("MaxWorkers %d", b.riverBest)
+	}
 	b.vs("Conveyor: burn-down, default configuration", h.def.perSec, "tasks/s", name, 0.8)
 	b.last().Config = fmt.Sprintf("defaults: WORKER_CONCURRENCY %d, prefetch %d", h.def.concurrency, workerPrefetch(h.def.concurrency))
 	const fifo = "Conveyor: burn-down, default configuration, queues without priorities"
@@ -945,28 +951,34 @@ func (b *bench) scaleOut(ctx context.Context) error {
 	relayName := func(n int) string {
 		return fmt.Sprintf("Conveyor: relay publish throughput, %d relay %s", n, processes(n))
 	}
-	for _, n := range []int{1, 2} {
-		err := b.scope(func() error {
-			s, err := b.e.system(ctx, fmt.Sprintf("bench_scale_relays_%d", n), b.o.pool)
+	// One relay and two in turns (1 2, 2 1, ...), each on a fresh
+	// database and keeping its best, as the burn-downs do: one run each,
+	// one after the other, set the first's draw of the machine against
+	// the second's.
+	best := map[int]float64{}
+	for try := range b.o.burnTries {
+		order := []int{1, 2}
+		if try%2 == 1 {
+			order = []int{2, 1}
+		}
+		for _, n := range order {
+			err := b.scope(func() error {
+				s, err := b.e.system(ctx, fmt.Sprintf("bench_scale_relays_%d_%d", n, try), b.o.pool)
+				if err != nil {
+					return err
+				}
+				perSec, _, err := s.relayThroughput(ctx, b.o.messages, n, unpacked)
+				best[n] = max(best[n], perSec)
+				return err
+			})
 			if err != nil {
 				return err
 			}
-			perSec, _, err := s.relayThroughput(ctx, b.o.messages, n, unpacked)
-			if err != nil {
-				return err
-			}
-			if n == 1 {
-				b.add(result{Name: relayName(n), Value: perSec, Unit: "msgs/s"})
-				return nil
-			}
-			b.vs(relayName(n), perSec, "msgs/s", relayName(1), 0)
-			b.last().atLeast(0.9, scaleOutWhy)
-			return nil
-		})
-		if err != nil {
-			return err
 		}
 	}
+	b.add(result{Name: relayName(1), Value: best[1], Unit: "msgs/s"})
+	b.vs(relayName(2), best[2], "msgs/s", relayName(1), 0)
+	b.last().atLeast(0.9, scaleOutWhy)
 	return nil
 }
 
