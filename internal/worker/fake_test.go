@@ -29,6 +29,9 @@ type fakeStore struct {
 	refuse func(task.Change) error
 	// typesGate, when set, holds TypesReady until it is closed.
 	typesGate chan struct{}
+	// writeTime, when set, is how long each ApplyAndClaim takes, as a
+	// commit does.
+	writeTime time.Duration
 }
 
 func newFakeStore() *fakeStore {
@@ -42,6 +45,19 @@ func (s *fakeStore) add(typ string, maxAttempts int) uuid.UUID {
 	s.tasks[id] = &task.Task{ID: id, Type: typ, Status: task.StatusPending, State: task.StateQueued,
 		Version: 1, MaxAttempts: maxAttempts, Payload: json.RawMessage(`{}`), NextRunAt: time.Now()}
 	return id
+}
+
+// running counts the tasks in progress.
+func (s *fakeStore) running() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, t := range s.tasks {
+		if t.Status == task.StatusInProgress {
+			n++
+		}
+	}
+	return n
 }
 
 func (s *fakeStore) get(id uuid.UUID) task.Task {
@@ -63,6 +79,7 @@ func (s *fakeStore) requestCancel(id uuid.UUID) int {
 
 func (s *fakeStore) ApplyAndClaim(ctx context.Context, changes []task.Change, ids []uuid.UUID, workerID string,
 	lease time.Duration) ([]task.Applied, []error, []task.Task, error) {
+	time.Sleep(s.writeTime)
 	out, errs, err := s.Apply(ctx, changes)
 	if err != nil {
 		out, errs = make([]task.Applied, len(changes)), slices.Repeat([]error{err}, len(changes))

@@ -217,7 +217,11 @@ func New(cfg Config, deps Deps, handlers []conveyor.Handler) (*Worker, error) {
 	}
 	w.ahead.Store(int32(cfg.ReadAhead))
 	w.claims = newBatcher[uuid.UUID, *task.Task](cap(w.window), 0)
-	w.changes = newBatcher[task.Change, task.Applied](cfg.Concurrency, cfg.Lease)
+	// A write takes as many outcomes as it may claim tasks: a packed task
+	// holds neither the broker's credit nor its place in the window while
+	// its outcome waits to be written, so with room for fewer, quick tasks
+	// would be claimed faster than their outcomes are written, and pile up.
+	w.changes = newBatcher[task.Change, task.Applied](cap(w.window), cfg.Lease)
 	w.writes = &pair[task.Change, task.Applied, uuid.UUID, *task.Task]{a: w.changes, b: w.claims, timeout: cfg.Lease, flush: w.flush,
 		flights: cfg.WriteFlights, join: writeJoin}
 	for _, h := range handlers {

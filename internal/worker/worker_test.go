@@ -670,6 +670,30 @@ func TestWorkerSettlesPackedTasksOnClaimAndPausesOnlyWhenEverySlotRunsLong(t *te
 	require.Equal(t, "completed", b.finished(t, second))
 }
 
+// A packed task is acknowledged once claimed and frees its place in the
+// window once its handler returns, so neither the broker's credit nor the
+// window holds the outcomes still to be written: each write must take as
+// many outcomes as it claims tasks. With room for fewer, quick tasks
+// claimed faster than their outcomes were written piled up without bound
+// (a worker of 16 slots on a backlog of 100,000 grew to 46,000 goroutines
+// and 1 GiB).
+func TestWorkerWritesOutcomesAsFastAsItClaimsTasks(t *testing.T) {
+	const tasks = 400
+	b := setup(t, testConfig{concurrency: 2, readAhead: 8, handlers: []conveyor.Handler{
+		conveyor.Handle("t.quick", func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) { return nil, nil })}})
+	b.store.mu.Lock()
+	b.store.writeTime = 5 * time.Millisecond
+	b.store.mu.Unlock()
+	window := 2 + 8
+	most := 0
+	for range tasks {
+		b.deliverPacked(t, b.store.add("t.quick", 1))
+		most = max(most, b.store.running())
+	}
+	require.LessOrEqual(t, most, 2*window, "claimed tasks whose outcome waits to be written")
+	require.Eventually(t, func() bool { return b.store.running() == 0 }, waitLimit, 5*time.Millisecond)
+}
+
 // While a handler runs long and every slot is taken, a task of a packed
 // message waits for a place in the window rather than go back (its
 // message would come back with its tasks already claimed), and runs once
