@@ -79,7 +79,10 @@ func (s *fakeStore) requestCancel(id uuid.UUID) int {
 
 func (s *fakeStore) ApplyAndClaim(ctx context.Context, changes []task.Change, ids []uuid.UUID, workerID string,
 	lease time.Duration) ([]task.Applied, []error, []task.Task, error) {
-	time.Sleep(s.writeTime)
+	s.mu.Lock()
+	wait := s.writeTime
+	s.mu.Unlock()
+	time.Sleep(wait)
 	out, errs, err := s.Apply(ctx, changes)
 	if err != nil {
 		out, errs = make([]task.Applied, len(changes)), slices.Repeat([]error{err}, len(changes))
