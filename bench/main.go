@@ -619,19 +619,44 @@ func (b *bench) submits(ctx context.Context) error {
 
 func (b *bench) relay(ctx context.Context) error {
 	return b.scope(func() error {
-		s, err := b.e.system(ctx, "bench_relay", b.o.pool)
+		// Message for message against the bare publisher (one task a
+		// message, as the relay publishes a trickle), in turns, each run
+		// on a fresh vhost (the relay's on a fresh database too), keeping
+		// each one's best: the ceilings step's publisher ran minutes
+		// earlier, on another draw of the machine.
+		const bare, relay = 0, 1
+		var rss int64
+		best, err := sweep(b.o.burnTries, 2, func(v float64) float64 { return v },
+			func(i, try int) (float64, error) {
+				var perSec float64
+				err := b.scope(func() error {
+					if i == bare {
+						amqpURL, err := b.e.vhost(fmt.Sprintf("bench_relay_bare_%d", try))
+						if err != nil {
+							return err
+						}
+						perSec, err = publishCeiling(amqpURL, b.o.messages, 500)
+						return err
+					}
+					s, err := b.e.system(ctx, fmt.Sprintf("bench_relay_%d", try), b.o.pool)
+					if err != nil {
+						return err
+					}
+					var peak map[string]int64
+					perSec, peak, err = s.relayThroughput(ctx, b.o.messages, 1, unpacked)
+					rss = max(rss, peak["relay"])
+					return err
+				})
+				return perSec, err
+			})
 		if err != nil {
 			return err
 		}
-		// Message for message against the bare publisher: one task a
-		// message, as the relay publishes a trickle.
-		perSec, rss, err := s.relayThroughput(ctx, b.o.messages, 1, unpacked)
-		if err != nil {
-			return err
-		}
-		b.vs("Conveyor: relay publish throughput", perSec, "msgs/s", "ceiling: publish, bare amqp091 (confirms, 500/batch)", 0.8)
+		const ceiling = "ceiling: publish, bare amqp091 (confirms, 500/batch), in turns with the relay"
+		b.add(result{Name: ceiling, Value: best[bare], Unit: "msgs/s"})
+		b.vs("Conveyor: relay publish throughput", best[relay], "msgs/s", ceiling, 0.8)
 		b.last().Config = unpacked
-		b.add(result{Name: "Conveyor: relay peak RSS (publishing)", Value: mib(rss["relay"]), Unit: "MiB"})
+		b.add(result{Name: "Conveyor: relay peak RSS (publishing)", Value: mib(rss), Unit: "MiB"})
 
 		// The same relay with one lane: what keeping batches in flight
 		// on several connections at once is worth.
@@ -639,7 +664,7 @@ func (b *bench) relay(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		perSec, _, err = one.relayThroughput(ctx, b.o.messages, 1, "RELAY_LANES=1", unpacked)
+		perSec, _, err := one.relayThroughput(ctx, b.o.messages, 1, "RELAY_LANES=1", unpacked)
 		if err != nil {
 			return err
 		}

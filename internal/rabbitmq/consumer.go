@@ -1,7 +1,6 @@
 package rabbitmq
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -350,8 +349,8 @@ func (c *Consumer) forwardCancels(queue string, msgs <-chan amqp.Delivery) {
 				c.lost <- queue
 				return
 			}
-			var b outbox.Body
-			if json.Unmarshal(m.Body, &b) != nil || b.TaskID == uuid.Nil {
+			b, err := outbox.DecodeBody(m.Body)
+			if err != nil || b.TaskID == uuid.Nil {
 				continue
 			}
 			select {
@@ -367,8 +366,7 @@ func (c *Consumer) forwardCancels(queue string, msgs <-chan amqp.Delivery) {
 // delivery of its own, until the message is settled (one of its tasks was
 // requeued). It reports false when the consumer stopped.
 func (c *Consumer) forwardPacked(queue string, m amqp.Delivery, s *settler) bool {
-	var tasks []outbox.Packed
-	err := json.Unmarshal(m.Body, &tasks)
+	tasks, err := outbox.DecodePacked(m.Body)
 	if err == nil && len(tasks) == 0 {
 		err = errors.New("no task")
 	}
@@ -482,7 +480,8 @@ func toDelivery(queue string, m amqp.Delivery, s *settler) outbox.Delivery {
 			d.Headers[k] = s
 		}
 	}
-	if err := json.Unmarshal(m.Body, &d.Body); err != nil {
+	var err error
+	if d.Body, err = outbox.DecodeBody(m.Body); err != nil {
 		d.Err = fmt.Errorf("read message body: %w", err)
 	} else if d.Body.TaskID == uuid.Nil {
 		d.Err = errors.New("message body has no task_id")
