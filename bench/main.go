@@ -618,71 +618,72 @@ func (b *bench) submits(ctx context.Context) error {
 }
 
 func (b *bench) relay(ctx context.Context) error {
-	return b.scope(func() error {
-		// Message for message against the bare publisher (one task a
-		// message, as the relay publishes a trickle), in turns, each run
-		// on a fresh vhost (the relay's on a fresh database too), keeping
-		// each one's best: the ceilings step's publisher ran minutes
-		// earlier, on another draw of the machine.
-		const bare, relay = 0, 1
-		var rss int64
-		best, err := sweep(b.o.burnTries, 2, func(v float64) float64 { return v },
-			func(i, try int) (float64, error) {
-				var perSec float64
-				err := b.scope(func() error {
-					if i == bare {
-						amqpURL, err := b.e.vhost(fmt.Sprintf("bench_relay_bare_%d", try))
-						if err != nil {
-							return err
-						}
-						perSec, err = publishCeiling(amqpURL, b.o.messages, 500)
-						return err
-					}
-					s, err := b.e.system(ctx, fmt.Sprintf("bench_relay_%d", try), b.o.pool)
-					if err != nil {
-						return err
-					}
-					var peak map[string]int64
-					perSec, peak, err = s.relayThroughput(ctx, b.o.messages, 1, unpacked)
-					rss = max(rss, peak["relay"])
-					return err
-				})
+	// Message for message against the bare publisher (one task a message,
+	// as the relay publishes a trickle), in turns, each run on a fresh
+	// vhost (the relay's on a fresh database too), keeping each one's
+	// best: the ceilings step's publisher ran minutes earlier, on another
+	// draw of the machine.
+	const bare, relay = 0, 1
+	var rss int64
+	best, err := sweep(b.o.burnTries, 2, func(v float64) float64 { return v },
+		func(i, try int) (float64, error) {
+			if i == relay {
+				perSec, peak, err := b.relayRun(ctx, fmt.Sprintf("bench_relay_%d", try), 1, unpacked)
+				rss = max(rss, peak)
 				return perSec, err
+			}
+			var perSec float64
+			err := b.scope(func() error {
+				amqpURL, err := b.e.vhost(fmt.Sprintf("bench_relay_bare_%d", try))
+				if err != nil {
+					return err
+				}
+				perSec, err = publishCeiling(amqpURL, b.o.messages, 500)
+				return err
 			})
-		if err != nil {
-			return err
-		}
-		const ceiling = "ceiling: publish, bare amqp091 (confirms, 500/batch), in turns with the relay"
-		b.add(result{Name: ceiling, Value: best[bare], Unit: "msgs/s"})
-		b.vs("Conveyor: relay publish throughput", best[relay], "msgs/s", ceiling, 0.8)
-		b.last().Config = unpacked
-		b.add(result{Name: "Conveyor: relay peak RSS (publishing)", Value: mib(rss), Unit: "MiB"})
+			return perSec, err
+		})
+	if err != nil {
+		return err
+	}
+	const ceiling = "ceiling: publish, bare amqp091 (confirms, 500/batch), in turns with the relay"
+	b.add(result{Name: ceiling, Value: best[bare], Unit: "msgs/s"})
+	b.vs("Conveyor: relay publish throughput", best[relay], "msgs/s", ceiling, 0.8)
+	b.last().Config = unpacked
+	b.add(result{Name: "Conveyor: relay peak RSS (publishing)", Value: mib(rss), Unit: "MiB"})
 
-		// The same relay with one lane: what keeping batches in flight
-		// on several connections at once is worth.
-		one, err := b.e.system(ctx, "bench_relay_one_lane", b.o.pool)
-		if err != nil {
-			return err
-		}
-		perSec, _, err := one.relayThroughput(ctx, b.o.messages, 1, "RELAY_LANES=1", unpacked)
-		if err != nil {
-			return err
-		}
-		b.vs("Conveyor: relay publish throughput, one lane", perSec, "msgs/s", "Conveyor: relay publish throughput", 0)
-		b.last().Config = unpacked
+	// The same relay with one lane: what keeping batches in flight on
+	// several connections at once is worth.
+	perSec, _, err := b.relayRun(ctx, "bench_relay_one_lane", 1, "RELAY_LANES=1", unpacked)
+	if err != nil {
+		return err
+	}
+	b.vs("Conveyor: relay publish throughput, one lane", perSec, "msgs/s", "Conveyor: relay publish throughput", 0)
+	b.last().Config = unpacked
 
-		// And as installed: the backlog's tasks packed.
-		packed, err := b.e.system(ctx, "bench_relay_packed", b.o.pool)
+	// And as installed: the backlog's tasks packed.
+	if perSec, _, err = b.relayRun(ctx, "bench_relay_packed", 1); err != nil {
+		return err
+	}
+	b.vs("Conveyor: relay publish throughput, tasks packed (defaults)", perSec, "tasks/s", "Conveyor: relay publish throughput", 0)
+	return nil
+}
+
+// relayRun publishes -messages outbox rows with relays relay processes
+// on a fresh system named name, torn down after, and returns the rate
+// and the first relay's peak RSS.
+func (b *bench) relayRun(ctx context.Context, name string, relays int, vars ...string) (perSec float64, rss int64, err error) {
+	err = b.scope(func() error {
+		s, err := b.e.system(ctx, name, b.o.pool)
 		if err != nil {
 			return err
 		}
-		perSec, _, err = packed.relayThroughput(ctx, b.o.messages, 1)
-		if err != nil {
-			return err
-		}
-		b.vs("Conveyor: relay publish throughput, tasks packed (defaults)", perSec, "tasks/s", "Conveyor: relay publish throughput", 0)
-		return nil
+		var peak map[string]int64
+		perSec, peak, err = s.relayThroughput(ctx, b.o.messages, relays, vars...)
+		rss = peak["relay"]
+		return err
 	})
+	return perSec, rss, err
 }
 
 // burnDown measures one worker process burning down n tasks at each tuned
@@ -984,15 +985,7 @@ func (b *bench) scaleOut(ctx context.Context) error {
 	relays := []int{1, 2}
 	best, err := sweep(b.o.burnTries, len(relays), func(v float64) float64 { return v },
 		func(i, try int) (float64, error) {
-			var perSec float64
-			err := b.scope(func() error {
-				s, err := b.e.system(ctx, fmt.Sprintf("bench_scale_relays_%d_%d", relays[i], try), b.o.pool)
-				if err != nil {
-					return err
-				}
-				perSec, _, err = s.relayThroughput(ctx, b.o.messages, relays[i], unpacked)
-				return err
-			})
+			perSec, _, err := b.relayRun(ctx, fmt.Sprintf("bench_scale_relays_%d_%d", relays[i], try), relays[i], unpacked)
 			return perSec, err
 		})
 	if err != nil {
