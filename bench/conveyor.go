@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -402,8 +403,12 @@ func (s *system) burnDownOf(ctx context.Context, n int, submit func(int) error, 
 
 // latency submits single tasks at a fixed rate for d to an idle system and
 // returns the submit→handler-start latency percentiles (from the task's
-// created_at to its started_at, both the database's clock).
-func (s *system) latency(ctx context.Context, rate int, d time.Duration) (p50, p99 time.Duration, err error) {
+// created_at to its started_at, both the database's clock), and the share
+// of the machine's CPU time that was busy while the tasks were submitted:
+// whatever else runs on the machine, a pipeline's every hop waits longer
+// for a core when the cores are busy.
+func (s *system) latency(ctx context.Context, rate int, d time.Duration) (p50, p99 time.Duration, busy float64, err error) {
+	busyNow := machineBusy()
 	tick := time.NewTicker(time.Second / time.Duration(rate))
 	defer tick.Stop()
 	end := time.Now().Add(d)
@@ -429,31 +434,66 @@ func (s *system) latency(ctx context.Context, rate int, d time.Duration) (p50, p
 		}(sent)
 	}
 	wg.Wait()
+	busy = busyNow()
 	select {
 	case err := <-errs:
-		return 0, 0, err
+		return 0, 0, 0, err
 	default:
 	}
 	if err := waitFor(time.Minute, 20*time.Millisecond, func() (bool, error) {
 		n, err := s.count(ctx, `SELECT count(*) FROM tasks WHERE status = 'COMPLETED' AND payload ? 'latency'`)
 		return n >= sent, err
 	}); err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	rows, err := s.pool.Query(ctx, `SELECT extract(epoch FROM started_at - created_at) FROM tasks WHERE payload ? 'latency'`)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	defer rows.Close()
 	var lat []time.Duration
 	for rows.Next() {
 		var sec float64
 		if err := rows.Scan(&sec); err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		lat = append(lat, time.Duration(sec*float64(time.Second)))
 	}
-	return percentile(lat, 0.5), percentile(lat, 0.99), rows.Err()
+	return percentile(lat, 0.5), percentile(lat, 0.99), busy, rows.Err()
+}
+
+// machineBusy starts measuring the machine's CPU time (every core's, from
+// /proc/stat) and returns the function that reports the share of it that
+// was busy since: neither idle nor waiting for I/O. It reports 0 where
+// /proc/stat cannot be read.
+func machineBusy() func() float64 {
+	read := func() (busy, total uint64) {
+		b, err := os.ReadFile("/proc/stat")
+		if err != nil {
+			return 0, 0
+		}
+		line, _, _ := strings.Cut(string(b), "\n")
+		fields := strings.Fields(line)
+		if len(fields) < 6 || fields[0] != "cpu" {
+			return 0, 0
+		}
+		for i, f := range fields[1:] {
+			v, _ := strconv.ParseUint(f, 10, 64)
+			total += v
+			if i != 3 && i != 4 { // idle, iowait
+				busy += v
+			}
+		}
+		return busy, total
+	}
+	busy0, total0 := read()
+	return func() float64 {
+		busy1, total1 := read()
+		if total1 <= total0 {
+			return 0
+		}
+		return float64(busy1-busy0) / float64(total1-total0)
+	}
 }
 
 // relayThroughput starts relays relay processes, fills the outbox with n

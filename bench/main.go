@@ -1010,12 +1010,13 @@ func (b *bench) latency(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		p50, p99, err := s.latency(ctx, b.o.rate, b.o.dur)
+		p50, p99, busy, err := s.latency(ctx, b.o.rate, b.o.dur)
 		if err != nil {
 			return err
 		}
 		b.atMost(fmt.Sprintf("Conveyor: submit→handler start p50 at %d/s", b.o.rate), ms(p50), "ms", 10)
 		b.atMost(fmt.Sprintf("Conveyor: submit→handler start p99 at %d/s", b.o.rate), ms(p99), "ms", 50)
+		b.add(result{Name: fmt.Sprintf("machine: CPU busy while submitting at %d/s", b.o.rate), Value: 100 * busy, Unit: "%"})
 		pub, err := s.relayPublishP50()
 		if err != nil {
 			return err
@@ -1035,12 +1036,13 @@ func (b *bench) latency(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		p50, p99, err := s.latency(ctx, quarter, b.o.dur)
+		p50, p99, busy, err := s.latency(ctx, quarter, b.o.dur)
 		if err != nil {
 			return err
 		}
 		b.add(result{Name: fmt.Sprintf("Conveyor: submit→handler start p50 at %d/s", quarter), Value: ms(p50), Unit: "ms"})
 		b.add(result{Name: fmt.Sprintf("Conveyor: submit→handler start p99 at %d/s", quarter), Value: ms(p99), Unit: "ms"})
+		b.add(result{Name: fmt.Sprintf("machine: CPU busy while submitting at %d/s", quarter), Value: 100 * busy, Unit: "%"})
 		return nil
 	})
 }

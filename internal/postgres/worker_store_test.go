@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
 
@@ -216,6 +217,45 @@ func TestRenewalsAndProgressAreHOTUpdates(t *testing.T) {
 	require.Eventually(t, func() bool { u, _ := stats(); return u-u0 >= 20 }, 10*time.Second, 50*time.Millisecond)
 	u1, h1 := stats()
 	require.Equal(t, u1-u0, h1-h0, "every renewal and progress report was a HOT update")
+}
+
+// The same on a backlog submitted at once and claimed in one batch, as a
+// busy worker claims it: the claimed versions land on pages with room
+// left, so the renewals that follow stay on them.
+func TestRenewalsOfABatchClaimedFromADenseBacklogAreHOTUpdates(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	const n = 300
+	rows, err := b.db.Pool.Query(ctx, `INSERT INTO tasks (id, org_id, type, payload)
+		SELECT gen_random_uuid(), `+testdb.OrgSQL+`, 'demo.noop', jsonb_build_object('i', i)
+		FROM generate_series(1, $1) i RETURNING id`, n)
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	require.NoError(t, err)
+	claimed, err := b.worker.Claim(ctx, ids, "w1", time.Hour)
+	require.NoError(t, err)
+	require.Len(t, claimed, n)
+
+	counts := func() (updates, hot int) {
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT pg_stat_get_tuples_updated(c.oid), pg_stat_get_tuples_hot_updated(c.oid)
+			FROM pg_class c WHERE c.relname = 'tasks'`).Scan(&updates, &hot))
+		return updates, hot
+	}
+	require.Eventually(t, func() bool { u, _ := counts(); return u >= n }, 10*time.Second, 50*time.Millisecond)
+	u0, h0 := counts()
+	renewals := make([]task.Change, n)
+	for i, c := range claimed {
+		renewals[i] = task.Change{TaskID: c.ID, Version: c.Version, Transition: task.Renew, Lease: time.Hour}
+	}
+	_, errs, err := b.worker.Apply(ctx, renewals)
+	require.NoError(t, err)
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool { u, _ := counts(); return u-u0 >= n }, 10*time.Second, 50*time.Millisecond)
+	u1, h1 := counts()
+	require.GreaterOrEqual(t, float64(h1-h0)/float64(u1-u0), 0.9,
+		"renewals of a batch's tasks are heap-only (%d of %d)", h1-h0, u1-u0)
 }
 
 func TestScheduledRetryWaitsForItsTime(t *testing.T) {
