@@ -74,6 +74,18 @@ func (b *storeBundle) claim(t *testing.T, id uuid.UUID, worker string) task.Leas
 }
 
 // apply applies one change and returns its outcome.
+// taskUpdates counts the updates of tasks' rows so far, and the heap-only
+// ones among them (the shared counters, which backends report with a lag,
+// and this session's own).
+func (b *storeBundle) taskUpdates(t *testing.T) (updates, hot int) {
+	t.Helper()
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT
+		pg_stat_get_tuples_updated(c.oid) + pg_stat_get_xact_tuples_updated(c.oid),
+		pg_stat_get_tuples_hot_updated(c.oid) + pg_stat_get_xact_tuples_hot_updated(c.oid)
+		FROM pg_class c WHERE c.relname = 'tasks'`).Scan(&updates, &hot))
+	return updates, hot
+}
+
 func (b *storeBundle) apply(t *testing.T, c task.Change) task.Applied {
 	t.Helper()
 	out, errs, err := b.worker.Apply(context.Background(), []task.Change{c})
@@ -194,19 +206,12 @@ func TestProgressNeverGoesBackwards(t *testing.T) {
 // PostgreSQL makes them heap-only (HOT) updates: no index grows with them.
 func TestRenewalsAndProgressAreHOTUpdates(t *testing.T) {
 	b := setupStores(t)
-	ctx := context.Background()
 	id := b.pending(t, 3)
 	l := b.claim(t, id, "w1")
-	stats := func() (updates, hot int) {
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT pg_stat_get_tuples_updated(c.oid) + pg_stat_get_xact_tuples_updated(c.oid),
-			pg_stat_get_tuples_hot_updated(c.oid) + pg_stat_get_xact_tuples_hot_updated(c.oid)
-			FROM pg_class c WHERE c.relname = 'tasks'`).Scan(&updates, &hot))
-		return updates, hot
-	}
 	// Statistics reach the shared counters when a backend reports them;
 	// wait until the claim's update is counted before taking the baseline.
-	require.Eventually(t, func() bool { u, _ := stats(); return u >= 1 }, 10*time.Second, 50*time.Millisecond)
-	u0, h0 := stats()
+	require.Eventually(t, func() bool { u, _ := b.taskUpdates(t); return u >= 1 }, 10*time.Second, 50*time.Millisecond)
+	u0, h0 := b.taskUpdates(t)
 	for i := range 20 {
 		tr := task.Renew
 		if i%2 == 1 {
@@ -214,8 +219,8 @@ func TestRenewalsAndProgressAreHOTUpdates(t *testing.T) {
 		}
 		l.Version = b.apply(t, task.Change{TaskID: id, Version: l.Version, Transition: tr, Progress: i, Lease: time.Hour}).Version
 	}
-	require.Eventually(t, func() bool { u, _ := stats(); return u-u0 >= 20 }, 10*time.Second, 50*time.Millisecond)
-	u1, h1 := stats()
+	require.Eventually(t, func() bool { u, _ := b.taskUpdates(t); return u-u0 >= 20 }, 10*time.Second, 50*time.Millisecond)
+	u1, h1 := b.taskUpdates(t)
 	require.Equal(t, u1-u0, h1-h0, "every renewal and progress report was a HOT update")
 }
 
@@ -235,14 +240,13 @@ func TestRenewalsOfABatchClaimedFromADenseBacklogAreHOTUpdates(t *testing.T) {
 	claimed, err := b.worker.Claim(ctx, ids, "w1", time.Hour)
 	require.NoError(t, err)
 	require.Len(t, claimed, n)
+	// The claim's dead versions go when a visit to their page prunes it,
+	// once no snapshot can see them; other tests' transactions (in other
+	// databases) can delay that test by seconds, so vacuum takes them now.
+	b.exec(t, `VACUUM tasks`)
 
-	counts := func() (updates, hot int) {
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT pg_stat_get_tuples_updated(c.oid), pg_stat_get_tuples_hot_updated(c.oid)
-			FROM pg_class c WHERE c.relname = 'tasks'`).Scan(&updates, &hot))
-		return updates, hot
-	}
-	require.Eventually(t, func() bool { u, _ := counts(); return u >= n }, 10*time.Second, 50*time.Millisecond)
-	u0, h0 := counts()
+	require.Eventually(t, func() bool { u, _ := b.taskUpdates(t); return u >= n }, 10*time.Second, 50*time.Millisecond)
+	u0, h0 := b.taskUpdates(t)
 	renewals := make([]task.Change, n)
 	for i, c := range claimed {
 		renewals[i] = task.Change{TaskID: c.ID, Version: c.Version, Transition: task.Renew, Lease: time.Hour}
@@ -252,8 +256,8 @@ func TestRenewalsOfABatchClaimedFromADenseBacklogAreHOTUpdates(t *testing.T) {
 	for _, err := range errs {
 		require.NoError(t, err)
 	}
-	require.Eventually(t, func() bool { u, _ := counts(); return u-u0 >= n }, 10*time.Second, 50*time.Millisecond)
-	u1, h1 := counts()
+	require.Eventually(t, func() bool { u, _ := b.taskUpdates(t); return u-u0 >= n }, 10*time.Second, 50*time.Millisecond)
+	u1, h1 := b.taskUpdates(t)
 	require.GreaterOrEqual(t, float64(h1-h0)/float64(u1-u0), 0.9,
 		"renewals of a batch's tasks are heap-only (%d of %d)", h1-h0, u1-u0)
 }
