@@ -3,6 +3,6 @@ package postgres
 // ApplyArgs lets the tests run the lifecycle statements by hand.
 var ApplyArgs = applyArgs
 
-// ClaimOutbox lets the tests claim as the relay does, in a transaction of
-// their own.
-var ClaimOutbox = claimOutbox
+// LockOutbox lets the tests lock a batch as the relay does: it begins a
+// transaction on the connection and leaves it open.
+var LockOutbox = lockOutbox

@@ -98,18 +98,24 @@ func TestTheRelayClaimIsPlannedForTheOutboxOfTheMoment(t *testing.T) {
 
 	// scans claims a batch on the relay's connection, the way claim
 	// does, and returns how many scans of the whole outbox that took.
-	scans := func(claim func(pgx.Tx) error) int64 {
-		tx, err := pool.Begin(ctx)
+	scans := func(claim func(*pgx.Conn) error) int64 {
+		conn, err := pool.Acquire(ctx)
 		require.NoError(t, err)
-		defer func() { _ = tx.Rollback(ctx) }()
-		return grew(t, tx, "seq_scan", "outbox", func() error { return claim(tx) })
+		defer conn.Release()
+		n := grew(t, conn.Conn(), "seq_scan", "outbox", func() error { return claim(conn.Conn()) })
+		_, err = conn.Exec(ctx, "ROLLBACK")
+		require.NoError(t, err)
+		return n
 	}
-	relayClaim := func(tx pgx.Tx) error {
-		_, err := postgres.ClaimOutbox(ctx, tx, 500)
+	relayClaim := func(conn *pgx.Conn) error {
+		_, err := postgres.LockOutbox(ctx, conn, 500)
 		return err
 	}
-	kept := func(tx pgx.Tx) error { // the claim as a statement planned once
-		rows, err := tx.Query(ctx, statementSQL(t, "outbox.claim"), 500)
+	kept := func(conn *pgx.Conn) error { // the claim as a statement planned once
+		if _, err := conn.Exec(ctx, "BEGIN"); err != nil {
+			return err
+		}
+		rows, err := conn.Query(ctx, statementSQL(t, "outbox.claim"), 500)
 		if err == nil {
 			rows.Close()
 			err = rows.Err()
@@ -130,8 +136,11 @@ func TestTheRelayClaimIsPlannedForTheOutboxOfTheMoment(t *testing.T) {
 
 // grew runs run in tx and returns how much a counter of table's grew
 // meanwhile, read from the statistics the backend has not reported yet
-// (within one transaction, they only grow).
-func grew(t *testing.T, tx pgx.Tx, counter, table string, run func() error) int64 {
+// (within one transaction, they only grow; before a transaction begins,
+// they are zero).
+func grew(t *testing.T, tx interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, counter, table string, run func() error) int64 {
 	t.Helper()
 	read := func() int64 {
 		var n int64

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -29,9 +30,8 @@ var sqlDeleteOutbox = statement("outbox.delete", `DELETE FROM outbox WHERE id = 
 
 // sqlStampPublished records the broker's confirmation on the tasks whose
 // task.run message it confirmed. It is bookkeeping, not a change of the
-// task's lifecycle: the version stays. It runs after the relay's commit, on
-// its own, and skips tasks a worker holds locked (it is claiming them: no
-// stamp needed), so a claim never waits for a relay.
+// task's lifecycle: the version stays. It skips tasks a worker holds locked
+// (it is claiming them: no stamp needed).
 var sqlStampPublished = statement("tasks.stamp_published", `
 UPDATE tasks SET published_at = now()
 FROM (SELECT id AS locked_id FROM tasks WHERE id = ANY($1) AND `+isPending+` ORDER BY id FOR UPDATE SKIP LOCKED) l
@@ -73,17 +73,42 @@ func scanOutboxStats(row pgx.Row) (outbox.Stats, error) {
 	return st, nil
 }
 
-// claimOutbox locks up to limit due rows on tx. The claim is planned at
-// each call, for the outbox as it is: the outbox is empty most of the
-// time, and a plan kept from then (a scan of the whole table and a sort)
-// made every batch of an outage's backlog read and sort all of it. The
-// relay's other statements are keyed by ids, and keep their plans.
-func claimOutbox(ctx context.Context, tx pgx.Tx, limit int) ([]outbox.Message, error) {
-	rows, err := tx.Query(ctx, sqlClaimOutbox, pgx.QueryExecModeExec, limit)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, scanMessage)
+// sqlPlansPerCall and sqlAfterLock set the rest of a relay's transaction.
+//
+// The relay's connections keep one generic plan per statement, as its
+// statements are keyed by ids; the lock of a batch is planned at each call
+// instead, for the outbox as it is: the outbox is empty most of the time,
+// and a plan kept from then (a scan of the whole table and a sort) made
+// every batch of an outage's backlog read and sort all of it.
+//
+// The relay's commit does not wait for its WAL to reach the disk. It
+// records only that rows were published (deleted, their tasks stamped),
+// parked or put off: if PostgreSQL crashes before the WAL is flushed, the
+// rows are still there after recovery and are published again, a duplicate
+// message that a worker's claim discards. Nothing a client was told is
+// lost, and the next commit that waits for its flush (a submission, a
+// claim) flushes the relay's with it: the WAL is written in order. At low
+// rates, where a pass carries one row, this is one flush a task fewer.
+var (
+	sqlPlansPerCall = statement("relay.plans_per_call", `SELECT set_config('plan_cache_mode', 'force_custom_plan', true)`)
+	sqlAfterLock    = statement("relay.after_lock", `SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
+	set_config('synchronous_commit', 'off', true)`)
+)
+
+// lockOutbox begins a transaction on conn and locks up to limit due rows
+// in it, in one round trip: the BEGIN and the lock are pipelined.
+func lockOutbox(ctx context.Context, conn *pgx.Conn, limit int) ([]outbox.Message, error) {
+	var msgs []outbox.Message
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(sqlPlansPerCall)
+	b.Queue(sqlClaimOutbox, limit).Query(func(rows pgx.Rows) error {
+		var err error
+		msgs, err = pgx.CollectRows(rows, scanMessage)
+		return err
+	})
+	b.Queue(sqlAfterLock)
+	return msgs, conn.SendBatch(ctx, b).Close()
 }
 
 // RelayStore runs the relay's statements.
@@ -100,29 +125,58 @@ func NewRelayStore(pool *pgxpool.Pool, backoffBase, backoffMax time.Duration) *R
 
 // Relay locks up to limit due rows in a short transaction, hands them to
 // publish, then — in the same transaction — deletes the rows publish
-// confirmed, parks the rows no queue took, schedules the failed ones for a
-// later try, and commits; then it stamps the tasks whose message was
-// confirmed. It returns the number of
-// rows locked. publish must not hold on for long: it runs inside the
-// transaction. If the process dies before the commit, the rows are still
-// there and are published again: at least once, never lost.
+// confirmed, stamps their tasks as published, parks the rows no queue took,
+// schedules the failed ones for a later try, and commits. It returns the
+// number of rows locked. publish must not hold on for long: it runs inside
+// the transaction. If the process dies before the commit, the rows are
+// still there and are published again: at least once, never lost.
+//
+// A pass is two round trips to PostgreSQL, whatever its size: the BEGIN
+// with the lock, and the writes with the COMMIT. At low rates a pass
+// carries one row, and each round trip is a wake-up of the relay and of
+// its backend.
 func (s *RelayStore) Relay(ctx context.Context, limit int, publish func(context.Context, []outbox.Message) outbox.Outcome) (int, error) {
-	var n int
-	var ran []uuid.UUID
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		msgs, err := claimOutbox(ctx, tx, limit)
-		if err != nil {
-			return err
-		}
-		n = len(msgs)
-		if n == 0 {
-			return nil
-		}
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("relay outbox batch: %w", err)
+	}
+	defer conn.Release()
+	n, err := s.relay(ctx, conn.Conn(), limit, publish)
+	if err != nil {
+		rollBack(ctx, conn.Conn())
+		return n, fmt.Errorf("relay outbox batch: %w", err)
+	}
+	return n, nil
+}
+
+// rollBack ends the transaction a failure left open on conn, so that the
+// connection goes back to the pool. Where that fails too, the pool closes
+// the connection on its release rather than reuse it mid-transaction.
+func rollBack(ctx context.Context, conn *pgx.Conn) {
+	if conn.IsClosed() || conn.PgConn().TxStatus() == 'I' {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_, _ = conn.Exec(ctx, "ROLLBACK")
+}
+
+func (s *RelayStore) relay(ctx context.Context, conn *pgx.Conn, limit int, publish func(context.Context, []outbox.Message) outbox.Outcome) (int, error) {
+	msgs, err := lockOutbox(ctx, conn, limit)
+	if err != nil {
+		return 0, err
+	}
+	batch := &pgx.Batch{}
+	if len(msgs) > 0 {
 		out := publish(ctx, msgs)
-		batch := &pgx.Batch{}
 		if len(out.Published) > 0 {
 			batch.Queue(sqlDeleteOutbox, out.Published)
-			ran = runTasks(msgs, out.Published)
+			// The stamp skips the tasks a worker holds locked (it is
+			// claiming them: no stamp needed), so a claim never waits for
+			// more than this batch's commit.
+			if ran := runTasks(msgs, out.Published); len(ran) > 0 {
+				batch.Queue(sqlStampPublished, ran)
+			}
 		}
 		if len(out.Unroutable) > 0 {
 			ids, reasons := splitReasons(out.Unroutable)
@@ -132,21 +186,16 @@ func (s *RelayStore) Relay(ctx context.Context, limit int, publish func(context.
 			ids, reasons := splitReasons(out.Failed)
 			batch.Queue(sqlRetryOutbox, ids, reasons, s.backoffBase.Seconds(), s.backoffMax.Seconds())
 		}
-		if batch.Len() == 0 {
-			return nil
-		}
-		return tx.SendBatch(ctx, batch).Close()
-	})
-	if err != nil {
-		return n, fmt.Errorf("relay outbox batch: %w", err)
 	}
-	if len(ran) > 0 {
-		// Best effort: a stamp lost to a failure here only makes the task
-		// look older to the republisher, which republishes only tasks whose
-		// queue is empty — at worst one duplicate message.
-		_, _ = s.pool.Exec(ctx, sqlStampPublished, ran)
+	batch.Queue("COMMIT")
+	if err := conn.SendBatch(ctx, batch).Close(); err != nil {
+		return len(msgs), err
 	}
-	return n, nil
+	if conn.PgConn().TxStatus() != 'I' {
+		// A statement failed: PostgreSQL skipped the rest, the COMMIT too.
+		return len(msgs), errors.New("relay transaction did not commit")
+	}
+	return len(msgs), nil
 }
 
 // runTasks lists the tasks of the published task.run messages.
