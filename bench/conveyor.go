@@ -407,8 +407,13 @@ func (s *system) burnDownOf(ctx context.Context, n int, submit func(int) error, 
 // of the machine's CPU time that was busy while the tasks were submitted:
 // whatever else runs on the machine, a pipeline's every hop waits longer
 // for a core when the cores are busy.
-func (s *system) latency(ctx context.Context, rate int, d time.Duration) (p50, p99 time.Duration, busy float64, err error) {
+func (s *system) latency(ctx context.Context, rate int, d time.Duration) (lr latencyResult, err error) {
 	busyNow := machineBusy()
+	before, err := pgCounters(ctx, s.pool)
+	if err != nil {
+		return lr, err
+	}
+	cpu := meterCPU(ctx, s.pool)
 	tick := time.NewTicker(time.Second / time.Duration(rate))
 	defer tick.Stop()
 	end := time.Now().Add(d)
@@ -434,32 +439,52 @@ func (s *system) latency(ctx context.Context, rate int, d time.Duration) (p50, p
 		}(sent)
 	}
 	wg.Wait()
-	busy = busyNow()
+	lr.busy = busyNow()
 	select {
 	case err := <-errs:
-		return 0, 0, 0, err
+		return lr, err
 	default:
 	}
 	if err := waitFor(time.Minute, 20*time.Millisecond, func() (bool, error) {
 		n, err := s.count(ctx, `SELECT count(*) FROM tasks WHERE status = 'COMPLETED' AND payload ? 'latency'`)
 		return n >= sent, err
 	}); err != nil {
-		return 0, 0, 0, err
+		return lr, err
 	}
+	// Beyond the submissions: the last tasks' completions, and the
+	// system's background statements of that second.
+	cpu(fmt.Sprintf("latency at %d/s", rate), float64(sent))
+	after, err := pgCounters(ctx, s.pool)
+	if err != nil {
+		return lr, err
+	}
+	lr.txsPerTask = float64(after.commits-before.commits) / float64(sent)
 	rows, err := s.pool.Query(ctx, `SELECT extract(epoch FROM started_at - created_at) FROM tasks WHERE payload ? 'latency'`)
 	if err != nil {
-		return 0, 0, 0, err
+		return lr, err
 	}
 	defer rows.Close()
 	var lat []time.Duration
 	for rows.Next() {
 		var sec float64
 		if err := rows.Scan(&sec); err != nil {
-			return 0, 0, 0, err
+			return lr, err
 		}
 		lat = append(lat, time.Duration(sec*float64(time.Second)))
 	}
-	return percentile(lat, 0.5), percentile(lat, 0.99), busy, rows.Err()
+	lr.p50, lr.p99 = percentile(lat, 0.5), percentile(lat, 0.99)
+	return lr, rows.Err()
+}
+
+// latencyResult is what a latency run measured.
+type latencyResult struct {
+	p50, p99 time.Duration
+	// busy is the share of the machine's CPU time that was busy while the
+	// tasks were submitted.
+	busy float64
+	// txsPerTask counts the write transactions PostgreSQL committed (the
+	// transaction ids it handed out), by task submitted.
+	txsPerTask float64
 }
 
 // machineBusy starts measuring the machine's CPU time (every core's, from

@@ -1010,13 +1010,13 @@ func (b *bench) latency(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		p50, p99, busy, err := s.latency(ctx, b.o.rate, b.o.dur)
+		lr, err := s.latency(ctx, b.o.rate, b.o.dur)
 		if err != nil {
 			return err
 		}
-		b.atMost(fmt.Sprintf("Conveyor: submit→handler start p50 at %d/s", b.o.rate), ms(p50), "ms", 10)
-		b.atMost(fmt.Sprintf("Conveyor: submit→handler start p99 at %d/s", b.o.rate), ms(p99), "ms", 50)
-		b.add(result{Name: fmt.Sprintf("machine: CPU busy while submitting at %d/s", b.o.rate), Value: 100 * busy, Unit: "%"})
+		b.atMost(fmt.Sprintf("Conveyor: submit→handler start p50 at %d/s", b.o.rate), ms(lr.p50), "ms", 10)
+		b.atMost(fmt.Sprintf("Conveyor: submit→handler start p99 at %d/s", b.o.rate), ms(lr.p99), "ms", 50)
+		b.latencyLoad(b.o.rate, lr)
 		pub, err := s.relayPublishP50()
 		if err != nil {
 			return err
@@ -1036,15 +1036,25 @@ func (b *bench) latency(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		p50, p99, busy, err := s.latency(ctx, quarter, b.o.dur)
+		lr, err := s.latency(ctx, quarter, b.o.dur)
 		if err != nil {
 			return err
 		}
-		b.add(result{Name: fmt.Sprintf("Conveyor: submit→handler start p50 at %d/s", quarter), Value: ms(p50), Unit: "ms"})
-		b.add(result{Name: fmt.Sprintf("Conveyor: submit→handler start p99 at %d/s", quarter), Value: ms(p99), Unit: "ms"})
-		b.add(result{Name: fmt.Sprintf("machine: CPU busy while submitting at %d/s", quarter), Value: 100 * busy, Unit: "%"})
+		b.add(result{Name: fmt.Sprintf("Conveyor: submit→handler start p50 at %d/s", quarter), Value: ms(lr.p50), Unit: "ms"})
+		b.add(result{Name: fmt.Sprintf("Conveyor: submit→handler start p99 at %d/s", quarter), Value: ms(lr.p99), Unit: "ms"})
+		b.latencyLoad(quarter, lr)
 		return nil
 	})
+}
+
+// latencyLoad reports what a latency run cost the machine: the share of
+// its CPU that was busy while the tasks were submitted, that CPU time per
+// task, and PostgreSQL's write transactions per task.
+func (b *bench) latencyLoad(rate int, lr latencyResult) {
+	b.add(result{Name: fmt.Sprintf("machine: CPU busy while submitting at %d/s", rate), Value: 100 * lr.busy, Unit: "%"})
+	b.add(result{Name: fmt.Sprintf("machine: CPU time per task at %d/s", rate),
+		Value: lr.busy * float64(runtime.NumCPU()) / float64(rate) * 1e3, Unit: "ms"})
+	b.add(result{Name: fmt.Sprintf("Conveyor: write transactions per task at %d/s", rate), Value: lr.txsPerTask, Unit: "txs"})
 }
 
 // startLatencySystem starts an API, a relay and a worker of 16 slots on
