@@ -189,6 +189,37 @@ func TestRelaySurvivesPostgresRestart(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, func() error { return testenv.WantStatus("http://"+b.admin+"/readyz", http.StatusOK) })
 }
 
+// A relay's commit does not wait for its WAL to reach the disk, so a
+// PostgreSQL crash can undo its last passes: their rows are in the outbox
+// again after recovery, and are published again. Duplicates, nothing lost.
+// This server flushes every other commit before it answers, as a
+// production one does; the crash loses what its WAL writer had not yet
+// written out.
+func TestRelayPassesUndoneByAPostgresCrashArePublishedAgain(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	pg := testenv.StartPG(t, "synchronous_commit=on")
+	dbURL, pool := pg.Migrated(t, "conveyor")
+	b := &faultBundle{dbURL: dbURL, pool: pool, amqpURL: testenv.NewVhost(t), admin: testenv.FreeAddr(t)}
+
+	ids := b.fill(t, 20000)
+	relay := b.startRelay(t, "relay")
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if n := b.outboxCount(t); n > len(ids)-2000 {
+			return fmt.Errorf("%d rows published", len(ids)-n)
+		}
+		return nil
+	})
+	pg.Crash(t)
+	pg.Start(t)
+	pool.Reset()
+
+	b.waitOutboxEmpty(t, 60*time.Second)
+	dups := b.requireAllDelivered(t, ids)
+	t.Logf("duplicates after the crash: %d of %d", dups, len(ids))
+	require.False(t, relay.Exited(), relay.Output())
+}
+
 func TestRelaySurvivesBrokerRestartAndAlarm(t *testing.T) {
 	skipShort(t)
 	t.Parallel()

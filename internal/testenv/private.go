@@ -28,15 +28,20 @@ import (
 type PGServer struct {
 	Port int
 	dir  string
+	// settings are the server's -c settings beyond the defaults.
+	settings []string
 }
 
 const pgBin = "/usr/lib/postgresql/15/bin"
 
 // StartPG initialises and starts a private PostgreSQL, removed when t ends.
-func StartPG(t testing.TB) *PGServer {
+// It syncs nothing to disk (fsync and synchronous_commit off), which a test
+// that stops the server cleanly never notices; settings ("name=value")
+// override those and add others.
+func StartPG(t testing.TB, settings ...string) *PGServer {
 	t.Helper()
 	dir := ownedTempDir(t, "postgres")
-	s := &PGServer{Port: FreePort(t), dir: dir}
+	s := &PGServer{Port: FreePort(t), dir: dir, settings: settings}
 	asUser(t, "postgres", filepath.Join(pgBin, "initdb"), "-D", s.dataDir(), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8")
 	s.Start(t)
 	t.Cleanup(func() {
@@ -57,6 +62,9 @@ func (s *PGServer) URL(database string) string {
 func (s *PGServer) Start(t testing.TB) {
 	t.Helper()
 	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off", s.Port, s.dir)
+	for _, setting := range s.settings {
+		opts += " -c " + setting
+	}
 	asUser(t, "postgres", filepath.Join(pgBin, "pg_ctl"), "-D", s.dataDir(), "-o", opts, "-l", filepath.Join(s.dir, "log"), "-w", "-t", "60", "start")
 }
 
@@ -64,6 +72,14 @@ func (s *PGServer) Start(t testing.TB) {
 func (s *PGServer) Stop(t testing.TB) {
 	t.Helper()
 	s.stop(t, "fast")
+}
+
+// Crash stops the server as a crash would: every process quits at once,
+// and what sat in its shared memory (the WAL not yet written out among
+// it) is gone. The next Start recovers from the WAL on disk.
+func (s *PGServer) Crash(t testing.TB) {
+	t.Helper()
+	s.stop(t, "immediate")
 }
 
 func (s *PGServer) stop(t testing.TB, mode string) {
