@@ -45,7 +45,7 @@ func StartPG(t testing.TB, settings ...string) *PGServer {
 	asUser(t, "postgres", filepath.Join(pgBin, "initdb"), "-D", s.dataDir(), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8")
 	s.Start(t)
 	t.Cleanup(func() {
-		s.stop(t, "immediate")
+		s.Crash(t)
 		_ = os.RemoveAll(dir)
 	})
 	return s
