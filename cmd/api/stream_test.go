@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/conveyorhq/conveyor/internal/config"
+	"github.com/conveyorhq/conveyor/internal/httpapi"
+	"github.com/conveyorhq/conveyor/internal/testenv"
 )
 
 // The live streams as the API serves them, without workers: submissions
@@ -21,11 +23,18 @@ import (
 // a reader of its lines; both end with the test.
 func (b *testBundle) openStream(t *testing.T, path, token string) (*http.Response, *bufio.Scanner) {
 	t.Helper()
+	return b.openStreamWith(t, path, "Authorization", "Bearer "+token)
+}
+
+// openStreamWith is openStream with the credentials in the given header
+// (the dashboard's cookie, say).
+func (b *testBundle) openStreamWith(t *testing.T, path, header, value string) (*http.Response, *bufio.Scanner) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.base+path, nil)
 	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set(header, value)
 	resp, err := (&http.Client{}).Do(req)
 	require.NoError(t, err)
 	t.Cleanup(func() { resp.Body.Close() })
@@ -117,6 +126,13 @@ func TestStreamOfARevokedKeyEnds(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodDelete, "/v1/keys/"+key.json(t)["id"].(string), "", "").status)
+	require.Contains(t, streamComments(t, lines, "the stream of a revoked key is still open"), ": credentials no longer valid")
+}
+
+// streamComments reads the stream to its end and returns its comment
+// lines, failing if it is still open after 5s.
+func streamComments(t *testing.T, lines *bufio.Scanner, why string) []string {
+	t.Helper()
 	ended := make(chan []string, 1)
 	go func() {
 		var comments []string
@@ -129,8 +145,44 @@ func TestStreamOfARevokedKeyEnds(t *testing.T) {
 	}()
 	select {
 	case comments := <-ended:
-		require.Contains(t, comments, ": credentials no longer valid")
+		return comments
 	case <-time.After(5 * time.Second):
-		t.Fatal("the stream of a revoked key is still open")
+		t.Fatal(why)
+		return nil
 	}
+}
+
+// The dashboard's streams carry its session cookie, not an Authorization
+// header; the check at each heartbeat takes the cookie, as the request's
+// own authentication did, and the stream stays open.
+func TestAStreamOfTheDashboardsCookieOutlivesItsHeartbeats(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *config.API) { c.StreamHeartbeat = 50 * time.Millisecond })
+	resp, lines := b.openStreamWith(t, "/v1/events/stream?type=stream.cookie", "Cookie", httpapi.SessionCookie+"="+b.token)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	time.Sleep(500 * time.Millisecond) // ten heartbeats
+	created := b.post(t, "/v1/tasks", `{"type":"stream.cookie","payload":{}}`)
+	require.Equal(t, http.StatusCreated, created.status)
+	require.Contains(t, nextData(t, lines), created.json(t)["id"].(string))
+}
+
+// A stream filters by the scope it opened with; when its caller's scope
+// changes (here an admin, who sees every task, demoted to reader), it ends
+// at the next heartbeat, and the client's reconnect opens one in the new
+// scope.
+func TestAStreamEndsWhenItsCallersScopeChanges(t *testing.T) {
+	t.Parallel()
+	iss := testenv.NewIssuer(t)
+	b := setup(t, withOIDC(iss), func(c *config.API) {
+		c.StreamHeartbeat, c.AuthCacheTTL = 50*time.Millisecond, 50*time.Millisecond
+	})
+	user := b.post(t, "/v1/users", `{"external_id":"watcher","email":"watcher@example.com","role":"admin"}`)
+	require.Equal(t, http.StatusCreated, user.status, string(user.body))
+	resp, lines := b.openStream(t, "/v1/events/stream", iss.Token(t, map[string]any{"sub": "watcher", "aud": oidcAudience}))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	time.Sleep(200 * time.Millisecond) // heartbeats that find the scope unchanged
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodPatch, "/v1/users/"+user.json(t)["id"].(string),
+		"application/json", `{"role":"reader"}`).status)
+	require.Contains(t, streamComments(t, lines, "the stream of a demoted admin is still open"),
+		": the credentials' scope changed; reconnect")
 }

@@ -96,6 +96,21 @@ type Scope struct {
 	SeeAll bool
 }
 
+// Equal reports whether s and o take in the same tasks: the same org,
+// both seeing all of it or both the same roles, in any order.
+func (s Scope) Equal(o Scope) bool {
+	if s.OrgID != o.OrgID || s.SeeAll != o.SeeAll {
+		return false
+	}
+	if s.SeeAll {
+		return true
+	}
+	a, b := slices.Clone(s.Roles), slices.Clone(o.Roles)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(slices.Compact(a), slices.Compact(b))
+}
+
 // Sees reports whether the scope takes in a task of org restricted to
 // visibility (no roles: the whole org). It is the row-level security
 // policy on tasks (migrations/003_orgs.sql), for rows read outside it.

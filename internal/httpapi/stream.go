@@ -187,7 +187,11 @@ func (s *server) serveStream(w http.ResponseWriter, r *http.Request, p auth.Prin
 		_ = out.end()
 		return
 	}
-	out.live(ctx, r.Header.Get("Authorization"), sub)
+	// The credentials the request was let in with: its Authorization
+	// header, or the dashboard's session cookie (an EventSource sends no
+	// header).
+	cred, _ := credentials(r)
+	out.live(ctx, cred, sub)
 }
 
 // sse writes one stream's frames.
@@ -275,7 +279,9 @@ func (o *sse) end() error {
 
 // live sends what the hub delivers, and a heartbeat comment when idle; at
 // each heartbeat the caller's credentials are checked again, so a revoked
-// key's streams end too.
+// key's streams end too, and so do those whose scope changed (a new role,
+// a team left): the hub filters by the scope the stream opened with, and
+// the client's reconnect opens one with the new scope.
 func (o *sse) live(ctx context.Context, authorization string, sub *stream.Subscription) {
 	ticker := time.NewTicker(o.heartbeat())
 	defer ticker.Stop()
@@ -284,8 +290,13 @@ func (o *sse) live(ctx context.Context, authorization string, sub *stream.Subscr
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
-			if _, err := o.s.Auth.Authenticate(ctx, authorization); err != nil && auth.ReasonOf(err) != auth.ReasonLookup {
+			p, err := o.s.Auth.Authenticate(ctx, authorization)
+			if err != nil && auth.ReasonOf(err) != auth.ReasonLookup {
 				_ = o.write([]byte(": credentials no longer valid\n\n"))
+				return
+			}
+			if err == nil && !p.Scope().Equal(o.p.Scope()) {
+				_ = o.write([]byte(": the credentials' scope changed; reconnect\n\n"))
 				return
 			}
 			o.extendDeadline()
