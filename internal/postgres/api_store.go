@@ -527,8 +527,7 @@ SELECT n FROM total`)
 func (s *APIStore) AdmitTypes(ctx context.Context, p auth.Principal, types []string, max int) error {
 	var n int
 	// The count covers the org's tasks whatever their visibility.
-	sc := auth.Scope{OrgID: p.OrgID, SeeAll: true}
-	if err := scopedRow(ctx, s.pool, sc, sqlAdmitTypes, p.OrgID, types, max).Scan(&n); err != nil {
+	if err := scopedRow(ctx, s.pool, orgWide(p), sqlAdmitTypes, p.OrgID, types, max).Scan(&n); err != nil {
 		return translate(err)
 	}
 	if n > max {

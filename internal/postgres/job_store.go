@@ -300,11 +300,17 @@ func writeJob(ctx context.Context, tx pgx.Tx, org uuid.UUID, d job.Definition, o
 	return err
 }
 
+// orgWide is the scope of an act on the whole org that p may take: a
+// pause holds back every task of its job or type, those restricted to
+// roles p does not hold among them, or they would run on while the rest
+// wait.
+func orgWide(p auth.Principal) auth.Scope { return auth.Scope{OrgID: p.OrgID, SeeAll: true} }
+
 // PauseJob pauses (or, with pause false, resumes) a job: while paused its
 // schedule does not tick and its tasks not yet started wait; running ones
 // finish.
 func (s *JobStore) PauseJob(ctx context.Context, p auth.Principal, name string, pause bool) error {
-	err := inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
+	err := inScope(ctx, s.pool, orgWide(p), func(tx pgx.Tx) error {
 		var id uuid.UUID
 		if err := tx.QueryRow(ctx, sqlJobPause, p.OrgID, name, pause).Scan(&id); err != nil {
 			return err
@@ -328,7 +334,7 @@ func (s *JobStore) PauseType(ctx context.Context, p auth.Principal, typ string, 
 	if err := task.ValidateType(typ); err != nil {
 		return err
 	}
-	err := inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
+	err := inScope(ctx, s.pool, orgWide(p), func(tx pgx.Tx) error {
 		if !pause {
 			if _, err := tx.Exec(ctx, sqlTypeResume, p.OrgID, typ); err != nil {
 				return err

@@ -200,3 +200,32 @@ func TestMigrationMovesExistingRowsIntoAnOrg(t *testing.T) {
 		Scan(&orgs, &tasks, &events, &results, &keys, &messages, &orphans))
 	require.Equal(t, []int{1, 50, 50, 10, 50, 50, 0}, []int{orgs, tasks, events, results, keys, messages, orphans})
 }
+
+// A pause is the org's, whoever asks for it: a writer's pause of a type
+// withdraws its tasks restricted to roles the writer does not hold too,
+// which would otherwise stay admitted and run while the rest wait.
+func TestAWritersPauseHoldsBackTasksItCannotSee(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	store := postgres.NewAPIStore(db.Pool, nil)
+	_, admin := db.Key(t, "org-a", auth.Admin)
+	_, writer := db.Key(t, "org-a", auth.Writer)
+	restricted := submit(t, store, admin, `{"n":1}`, "finance")
+	open := submit(t, store, admin, `{"n":2}`)
+	admitted := func() map[uuid.UUID]bool {
+		rows, err := db.Pool.Query(ctx, `SELECT id, admitted FROM tasks WHERE id = ANY ($1)`, []uuid.UUID{restricted.ID, open.ID})
+		require.NoError(t, err)
+		m := map[uuid.UUID]bool{}
+		var id uuid.UUID
+		var a bool
+		_, err = pgx.ForEachRow(rows, []any{&id, &a}, func() error { m[id] = a; return nil })
+		require.NoError(t, err)
+		return m
+	}
+	require.Equal(t, map[uuid.UUID]bool{restricted.ID: true, open.ID: true}, admitted())
+
+	require.NoError(t, postgres.NewJobStore(tenantPool(t, db)).PauseType(ctx, writer, "demo.noop", true))
+	require.Equal(t, map[uuid.UUID]bool{restricted.ID: false, open.ID: false}, admitted(),
+		"every pending task of the type waits, the one the writer cannot see too")
+}
