@@ -70,7 +70,9 @@ func newSubmitGroup(pool *pgxpool.Pool, flushers, max int) *submitGroup {
 // submit writes sub in scope sc and reports whether it made a new task (or
 // found its input already a task's, when sub dedupes). ctx bounds the wait
 // for a group; a caller that leaves before its group is taken writes
-// nothing.
+// nothing. Once a group has taken the call, its outcome is the answer,
+// even after ctx ends: the group's transaction does not end with one
+// caller, and an error answered meanwhile could hide a task it wrote.
 func (g *submitGroup) submit(ctx context.Context, sc auth.Scope, sub task.Submission, by *task.Principal,
 	trace task.Carrier) (task.Task, bool, error) {
 	c := &submitCall{ctx: ctx, scope: sc, key: groupKey(sc), sub: sub, by: by, trace: trace, done: make(chan struct{})}
@@ -86,11 +88,16 @@ func (g *submitGroup) submit(ctx context.Context, sc auth.Scope, sub task.Submis
 		return c.task, c.created, c.err
 	case <-ctx.Done():
 		g.mu.Lock()
-		if i := slices.Index(g.queue, c); i >= 0 {
+		i := slices.Index(g.queue, c)
+		if i >= 0 {
 			g.queue = slices.Delete(g.queue, i, i+1)
 		}
 		g.mu.Unlock()
-		return task.Task{}, false, context.Cause(ctx)
+		if i >= 0 {
+			return task.Task{}, false, context.Cause(ctx)
+		}
+		<-c.done
+		return c.task, c.created, c.err
 	}
 }
 
@@ -130,16 +137,29 @@ func (g *submitGroup) flush(calls []*submitCall) {
 		g.alone(calls[0])
 		return
 	}
-	if err := g.together(calls); err != nil {
+	sent, err := g.together(calls)
+	switch {
+	case err == nil:
+	case !sent || pgCode(err) != "":
+		// Refused whole, before it was sent or by PostgreSQL, which
+		// rolled it back: each call again alone, so that a bad one fails
+		// alone.
 		for _, c := range calls {
 			g.alone(c)
+		}
+	default:
+		// The connection failed: the transaction may have committed,
+		// and writing the calls again could make their tasks twice.
+		for _, c := range calls {
+			c.err = err
 		}
 	}
 }
 
 // together writes calls in one transaction: the scope, then one submit
-// statement for all of them, pipelined.
-func (g *submitGroup) together(calls []*submitCall) error {
+// statement for all of them, pipelined. sent tells whether it reached
+// PostgreSQL.
+func (g *submitGroup) together(calls []*submitCall) (sent bool, err error) {
 	slices.SortStableFunc(calls, func(a, b *submitCall) int {
 		if n := strings.Compare(a.sub.Type, b.sub.Type); n != 0 {
 			return n
@@ -149,7 +169,7 @@ func (g *submitGroup) together(calls []*submitCall) error {
 	var rows submitRows
 	for _, c := range calls {
 		if err := rows.add(c.sub, c.by, c.trace); err != nil {
-			return err
+			return false, err
 		}
 	}
 	b := &pgx.Batch{}
@@ -165,12 +185,12 @@ func (g *submitGroup) together(calls []*submitCall) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(calls[0].ctx), groupTimeout)
 	defer cancel()
 	if err := g.pool.SendBatch(ctx, b).Close(); err != nil {
-		return err
+		return true, err
 	}
 	for i, c := range calls {
 		c.task, c.created = made[rows.ids[i]]
 	}
-	return nil
+	return true, nil
 }
 
 // alone writes c in a transaction of its own, under its caller's context.

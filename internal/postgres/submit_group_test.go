@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -168,4 +169,63 @@ func TestConcurrentSubmitsOfTwoOrgs(t *testing.T) {
 	// A group of two orgs would fail row-level security's check and run
 	// each submission again alone: groups formed, so they held one org.
 	require.Less(t, transactions, n)
+}
+
+// A caller whose context ends after a group has taken its submission gets
+// the group's outcome, not an error that would hide a task written after
+// it: a group's transaction outlives any one caller.
+func TestASubmitTakenByAGroupAnswersWhatTheGroupWrote(t *testing.T) {
+	t.Parallel()
+	db, p, store := adminStore(t)
+	ctx := context.Background()
+	a1, a2, b, c := noop(t, `{"a": 1}`), noop(t, `{"a": 2}`), noop(t, `{"b": 1}`), noop(t, `{"c": 1}`)
+	// hold keeps the inputs' hashes taken, uncommitted, until it rolls
+	// back: a submission of one of them waits for it.
+	hold := func(subs ...task.Submission) func() {
+		tx, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		for _, s := range subs {
+			_, err := tx.Exec(ctx, `INSERT INTO task_input_hashes (org_id, type, input_hash, task_id) VALUES ($1, $2, $3, $4)`,
+				p.OrgID, s.Type, s.InputHash, uuid.New())
+			require.NoError(t, err)
+		}
+		return func() { require.NoError(t, tx.Rollback(ctx)) }
+	}
+	releaseA, releaseB := hold(a1, a2), hold(b)
+	type outcome struct {
+		res task.Submitted
+		err error
+	}
+	submitIn := func(ctx context.Context, sub task.Submission) chan outcome {
+		done := make(chan outcome, 1)
+		go func() {
+			res, err := store.Submit(ctx, p, sub, nil)
+			done <- outcome{res, err}
+		}()
+		return done
+	}
+	// Both of the store's groups in flight wait for the a's...
+	doneA1, doneA2 := submitIn(ctx, a1), submitIn(ctx, a2)
+	time.Sleep(100 * time.Millisecond)
+	// ...while b, whose caller gives up soon, and c queue up. Once the a's
+	// are written, b and c go together and wait for b's hash, past b's
+	// caller's deadline.
+	bctx, cancel := context.WithTimeout(ctx, 400*time.Millisecond)
+	defer cancel()
+	doneB, doneC := submitIn(bctx, b), submitIn(ctx, c)
+	time.Sleep(100 * time.Millisecond)
+	releaseA()
+	for _, d := range []chan outcome{doneA1, doneA2} {
+		require.NoError(t, (<-d).err)
+	}
+	<-bctx.Done()
+	time.Sleep(100 * time.Millisecond)
+	releaseB()
+	gotB, gotC := <-doneB, <-doneC
+	require.NoError(t, gotC.err)
+	require.NoError(t, gotB.err, "b's group wrote it; its caller must hear so")
+	require.True(t, gotB.res.Created)
+	var n int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE id = $1`, gotB.res.Task.ID).Scan(&n))
+	require.Equal(t, 1, n)
 }
