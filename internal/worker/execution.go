@@ -501,8 +501,12 @@ func (e *execution) check(ctx context.Context, err error) {
 
 // reclaim reads the task after a fenced write missed. If it is still ours
 // because a cancel was requested, it adopts the new version, stops the
-// handler and reports owned; otherwise the task is lost and the handler
-// stopped. err is a failed read: nothing is decided.
+// handler and reports owned. If it is still ours, one version on, with no
+// cancel pending, a write of ours landed though its answer said it failed
+// (a commit whose reply was lost, a batch reported failed after its
+// changes committed): it adopts that version and reports owned, and the
+// handler runs on. Otherwise the task is lost and the handler stopped.
+// err is a failed read: nothing is decided.
 func (e *execution) reclaim(ctx context.Context) (owned bool, err error) {
 	rctx, cancel := context.WithTimeout(ctx, e.w.cfg.Lease)
 	hold, err := e.w.store.Inspect(rctx, e.lease.TaskID)
@@ -513,6 +517,14 @@ func (e *execution) reclaim(ctx context.Context) (owned bool, err error) {
 	if err == nil && hold.Owns(e.lease) && hold.CancelRequested {
 		e.lease.Version = hold.Version
 		e.markCancelled(ctx)
+		return true, nil
+	}
+	// Exactly one version on: any other writer's change (a cancel, the
+	// reaper's expiry) would show, and a later run of the task would have
+	// a new attempt.
+	if err == nil && hold.Owns(e.lease) && hold.Version == e.lease.Version+1 {
+		e.log.InfoContext(ctx, "a write reported failed had landed; the task is still ours", "version", hold.Version)
+		e.lease.Version = hold.Version
 		return true, nil
 	}
 	if !e.lost {
@@ -628,7 +640,9 @@ func (e *execution) store(ctx context.Context, outcome string, c task.Change) {
 				return
 			}
 			if rerr == nil {
-				outcome, c = "cancelled", task.Change{Transition: task.HonourCancel}
+				if e.cancelled {
+					outcome, c = "cancelled", task.Change{Transition: task.HonourCancel}
+				}
 				continue
 			}
 			err = rerr

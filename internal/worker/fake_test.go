@@ -27,6 +27,9 @@ type fakeStore struct {
 	applied []task.Change
 	// refuse makes Apply refuse a change for its data, as PostgreSQL does.
 	refuse func(task.Change) error
+	// loseReply makes Apply write a change and then answer an error, as a
+	// commit whose reply is lost does.
+	loseReply func(task.Change) bool
 	// typesGate, when set, holds TypesReady until it is closed.
 	typesGate chan struct{}
 	// writeTime, when set, is how long each ApplyAndClaim takes, as a
@@ -158,6 +161,9 @@ func (s *fakeStore) Apply(_ context.Context, changes []task.Change) ([]task.Appl
 		}
 		t.Version++
 		out[i].Version = t.Version
+		if s.loseReply != nil && s.loseReply(c) {
+			out[i], errs[i] = task.Applied{}, errors.New("the connection closed before the commit's reply")
+		}
 	}
 	return out, errs, nil
 }

@@ -728,7 +728,11 @@ func (w *Worker) process(ctx context.Context, d outbox.Delivery, release func())
 	w.mu.Unlock()
 	defer func() {
 		w.mu.Lock()
-		delete(w.running, e.task.ID)
+		// A handler that ignored its context may return after the
+		// task's next attempt started here: that entry is the next's.
+		if w.running[e.task.ID] == e {
+			delete(w.running, e.task.ID)
+		}
 		orphan := e.orphan
 		if orphan {
 			w.orphans.Add(-1)

@@ -294,6 +294,34 @@ func TestWorkerRenewsTheLeaseEveryHeartbeat(t *testing.T) {
 	require.Equal(t, after, renewals(), "no renewal after the outcome")
 }
 
+// A renewal that landed though the worker was told it failed (a commit
+// whose reply was lost) moves the task one version on: the next renewal is
+// fenced, and the worker, finding the task still its own and no cancel
+// pending, runs on at that version instead of giving the task up as lost.
+func TestWorkerKeepsATaskWhoseWriteLandedUnbeknownToIt(t *testing.T) {
+	h := newBlocking()
+	b := setup(t, testConfig{handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	var lost atomic.Bool
+	b.store.mu.Lock()
+	b.store.loseReply = func(c task.Change) bool { return c.Transition == task.Renew && lost.CompareAndSwap(false, true) }
+	b.store.mu.Unlock()
+	id := b.store.add("t.block", 3)
+	b.deliver(t, id)
+	receive(t, h.entered)
+	require.Eventually(t, func() bool {
+		n := 0
+		for _, tr := range b.store.transitions(id) {
+			if tr == task.Renew {
+				n++
+			}
+		}
+		return n >= 3
+	}, waitLimit, 10*time.Millisecond, "renewals go on after the lost reply")
+	close(h.release)
+	require.Equal(t, "completed", b.finished(t, id))
+	require.Equal(t, task.StatusCompleted, b.store.get(id).Status)
+}
+
 // A handler that honours its context times out as a failed attempt too.
 func TestWorkerTimesOutAHandler(t *testing.T) {
 	h := newBlocking()
