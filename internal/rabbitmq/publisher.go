@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -44,6 +45,14 @@ func DialPublisher(url string, returnBuffer int, name string, pack int) (*Publis
 }
 
 func (p *Publisher) open(returnBuffer int) error {
+	// Listened for first: the broker may block the connection before the
+	// channel is ready.
+	blocking := p.conn.NotifyBlocked(make(chan amqp.Blocking, 4))
+	go func() {
+		for b := range blocking {
+			p.blocked.Store(b.Active)
+		}
+	}()
 	ch, err := p.conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
@@ -58,12 +67,6 @@ func (p *Publisher) open(returnBuffer int) error {
 	p.returns = ch.NotifyReturn(make(chan amqp.Return, returnBuffer))
 	connClosed := p.conn.NotifyClose(make(chan *amqp.Error, 1))
 	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
-	blocking := p.conn.NotifyBlocked(make(chan amqp.Blocking, 4))
-	go func() {
-		for b := range blocking {
-			p.blocked.Store(b.Active)
-		}
-	}()
 	go func() {
 		var e *amqp.Error
 		select {
@@ -109,8 +112,13 @@ func (p *Publisher) Err() error {
 // disk alarm).
 func (p *Publisher) Blocked() bool { return p.blocked.Load() }
 
+// closeWait bounds the wait for the broker's answer to a close: a broker
+// under a resource alarm reads nothing from a connection it blocked, and
+// would hold a relay that is stopping until the alarm clears.
+const closeWait = 5 * time.Second
+
 // Close closes the connection.
-func (p *Publisher) Close() error { return p.conn.Close() }
+func (p *Publisher) Close() error { return p.conn.CloseDeadline(time.Now().Add(closeWait)) }
 
 // Publish sends every message persistent, waits for the broker's confirms
 // (at most until ctx ends) and says what became of each message, which is
@@ -144,7 +152,9 @@ func (p *Publisher) Close() error { return p.conn.Close() }
 // take a message, and a channel may not recover: on RabbitMQ 3.10.8 a
 // channel that first published to a quorum queue while the queue's leader
 // node was down had every later publish to it nacked, long after a new
-// leader was elected, while a new channel's publishes were confirmed.
+// leader was elected, while a new channel's publishes were confirmed. So
+// does a confirm that did not come before ctx ended: its late confirm and
+// return would come on the channel during the next batches.
 func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) outbox.Outcome {
 	var out outbox.Outcome
 	units := pack(msgs, p.pack)
@@ -188,7 +198,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) outbox.O
 		}
 	}
 	confirmed := make([]bool, len(units))
-	nacked := false
+	nacked, late := false, false
 	for i, dc := range pending {
 		if dc == nil {
 			continue
@@ -207,6 +217,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) outbox.O
 		switch {
 		case !isDone(dc):
 			failUnit(units[i], "confirm: "+ctx.Err().Error())
+			late = true
 		case dc.Acked():
 			confirmed[i] = true
 		case p.ch.IsClosed():
@@ -246,12 +257,26 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) outbox.O
 			}
 		}
 	}
-	if nacked {
-		p.err.CompareAndSwap(nil, &amqp.Error{Code: amqp.InternalError,
-			Reason: "a publish was nacked by the broker: publishing on a new channel"})
-		_ = p.ch.Close()
+	switch {
+	case nacked:
+		p.giveUp("a publish was nacked by the broker: publishing on a new channel")
+	case late:
+		// The late confirms and returns would still come on this channel
+		// and meet the next batches: a return that came late could pass a
+		// message of a later batch for returned, or crowd out a return of
+		// its own.
+		p.giveUp("confirms came too late: publishing on a new channel")
 	}
 	return out
+}
+
+// giveUp gives up the channel for reason: Done closes once it is closed,
+// and the owner dials again. The close is not waited for: a broker under
+// a resource alarm may not answer it, and the batch's rows must not stay
+// locked meanwhile.
+func (p *Publisher) giveUp(reason string) {
+	p.err.CompareAndSwap(nil, &amqp.Error{Code: amqp.InternalError, Reason: reason})
+	go func() { _ = p.ch.Close() }()
 }
 
 // pack splits msgs into the messages that go out: each task.run message
