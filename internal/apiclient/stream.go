@@ -93,7 +93,9 @@ var errEnded = errors.New("stream ended")
 // run connects and reconnects until the stream's end frame (it returns
 // the final status) or a 204 (it returns ""), or an error. Failures in a
 // row are retried with a growing delay, up to ReconnectTries; a connection
-// that delivered an event starts the count again.
+// that the server opened (its ready frame) or that delivered an event
+// starts the count again: a quiet stream that a proxy or a restart closes
+// now and then has not failed.
 func (f *follower) run(ctx context.Context) (string, error) {
 	failures := 0
 	for {
@@ -158,8 +160,8 @@ func retryable(err error) bool {
 }
 
 // connect reads one connection of the stream to its close. It returns the
-// end frame's status if one came, whether any event was passed to fn, and
-// why the connection ended.
+// end frame's status if one came, whether the server opened the stream or
+// any event was passed to fn, and why the connection ended.
 func (f *follower) connect(ctx context.Context) (end string, progressed bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -207,6 +209,7 @@ func (f *follower) connect(ctx context.Context) (end string, progressed bool, er
 			if n, err := strconv.ParseInt(frame.LastEventID, 10, 64); err == nil && (f.lastID == "" || n > f.last) {
 				f.lastID, f.last = frame.LastEventID, n
 			}
+			progressed = true
 		case "task", "":
 			passed, err := f.deliver(frame)
 			if err != nil {

@@ -325,6 +325,43 @@ func TestFollowEventsResumesAndStops(t *testing.T) {
 	require.Equal(t, []string{"", "7", "9"}, seen)
 }
 
+// A quiet stream that the server opens and a proxy or a restart closes,
+// again and again, has not failed: each opened connection starts the count
+// of failed reconnects again, and the follower is still there when an
+// event comes.
+func TestFollowEventsOutlastsQuietStreamsClosedManyTimes(t *testing.T) {
+	t.Parallel()
+	const closes = 12 // more than the client's ReconnectTries
+	var mu sync.Mutex
+	conns := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		conns++
+		conn := conns
+		mu.Unlock()
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprintf(w, "id: 7\nevent: ready\ndata: {\"last_event_id\":7}\n\n")
+		if conn <= closes {
+			return
+		}
+		fmt.Fprintf(w, "id: 8\nevent: task\ndata: {\"id\":8,\"task_id\":\"a\",\"status\":\"FAILED\"}\n\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}))
+	t.Cleanup(srv.Close)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var got []int64
+	err := newClient(t, srv.URL).FollowEvents(ctx, apiclient.EventFilter{}, func(e apiclient.Event) error {
+		got = append(got, e.ID)
+		cancel()
+		return nil
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, []int64{8}, got)
+}
+
 // An error of the caller's function ends the stream with that error.
 func TestFollowStopsOnTheCallersError(t *testing.T) {
 	t.Parallel()

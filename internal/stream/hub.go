@@ -278,26 +278,42 @@ func (h *Hub) skipAhead(ctx context.Context) error {
 }
 
 // settle starts the cursor at the newest event, once every transaction
-// that may still commit an older one has finished.
+// that may still commit an older one has finished, or after GapTimeout, as
+// a gap would be passed: a transaction left open (a psql session, a long
+// batch) must not keep the streams from starting. It reads again at the
+// pace of Run's gaps, backing off to 200ms, and to 5s while reads fail.
 func (h *Hub) settle(ctx context.Context) error {
 	var barrier []uint64
+	var since time.Time
 	first := true
+	wait := h.cfg.Recheck
 	for {
 		head, snap, err := h.src.Head(ctx)
 		switch {
 		case err != nil:
-			h.log.WarnContext(ctx, "stream: reading the newest event", "error", err)
+			h.log.WarnContext(ctx, "stream: reading the newest event", "error", err, "retry_in", wait)
 		case first:
-			h.cursor, barrier, first = head, snap.Xip, false
+			h.cursor, barrier, first, since = head, snap.Xip, false, time.Now()
 			continue
 		case snap.Finished(barrier):
+			close(h.ready)
+			return nil
+		case time.Since(since) >= h.cfg.GapTimeout:
+			h.metrics.gaps.WithLabelValues("timed_out").Inc()
+			h.log.Warn("stream: starting after waiting for transactions that may still write older events",
+				"cursor", h.cursor, "waited", time.Since(since))
 			close(h.ready)
 			return nil
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(h.cfg.Recheck):
+		case <-time.After(wait):
+		}
+		if err != nil {
+			wait = min(wait*2, 5*time.Second)
+		} else {
+			wait = min(wait*2, 200*time.Millisecond)
 		}
 	}
 }

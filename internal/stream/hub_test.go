@@ -194,6 +194,21 @@ func TestHubStartsOnceOlderTransactionsEnd(t *testing.T) {
 	require.Equal(t, int64(2), cursor)
 }
 
+// A transaction left open (a psql session, a long batch) holds the hub's
+// start no longer than a gap: after GapTimeout it starts from the newest
+// event it saw.
+func TestHubStartsAfterTheTimeoutBesideATransactionThatStaysOpen(t *testing.T) {
+	src := &fakeSource{}
+	src.commit(ev(2, orgA, taskX))
+	src.begin() // never ends
+	start := time.Now()
+	h := startHub(t, src, Config{GapTimeout: 100 * time.Millisecond})
+	_, cursor, err := h.Subscribe(context.Background(), auth.Scope{OrgID: orgA}, task.EventFilter{})
+	require.NoError(t, err)
+	require.Equal(t, int64(2), cursor)
+	require.GreaterOrEqual(t, time.Since(start), 100*time.Millisecond)
+}
+
 func TestHubDeliversOnlyWhatTheScopeAndFilterTakeIn(t *testing.T) {
 	src := &fakeSource{}
 	h := startHub(t, src, Config{})
