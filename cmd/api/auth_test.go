@@ -1015,3 +1015,20 @@ func metricValue(exposition, series string) string {
 	}
 	return ""
 }
+
+// Every operation of openapi.yaml refuses a query parameter it does not
+// document with a 400, before anything else: a misspelt filter is never
+// silently ignored. (The parameters each documents are exercised by the
+// tests of its operation.)
+func TestEveryOperationRefusesAnUnknownQueryParameter(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fill := strings.NewReplacer("{id}", "01900000-0000-7000-8000-000000000000",
+		"{user_id}", "01900000-0000-7000-8000-000000000000", "{name}", "x", "{type}", "x", "{slug}", "x")
+	for _, op := range specOperations(t) {
+		resp := b.do(t, op.method, fill.Replace(op.path)+"?limt=10", "", "")
+		require.Equal(t, http.StatusBadRequest, resp.status, "%s: %s", op.name(), resp.body)
+		require.Equal(t, "application/problem+json", resp.header.Get("Content-Type"), op.name())
+		require.Contains(t, resp.json(t)["detail"], `unknown query parameter "limt"`, op.name())
+	}
+}

@@ -39,7 +39,7 @@ func (s *server) routes() http.Handler {
 func (s *server) router() chi.Router {
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer)
-	r.Use(s.instrument)
+	r.Use(s.instrument, s.knownParams(r))
 	r.NotFound(s.handleNotFound())
 	r.MethodNotAllowed(s.handleMethodNotAllowed())
 
