@@ -4,17 +4,17 @@ package auth
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/coreos/go-oidc/v3/oidc"
+	"github.com/go-jose/go-jose/v4"
 )
 
 // discoveryRetry is how long after a failed discovery Verify answers with
@@ -163,10 +163,14 @@ func (o *OIDC) discover(ctx context.Context) (*oidc.IDTokenVerifier, error) {
 		o.failedAt, o.failure = o.now(), err
 		return nil, err
 	}
-	// The key set keeps the client and a background context, so key
-	// fetches outlive the request that began them.
-	remote := oidc.NewRemoteKeySet(oidc.ClientContext(context.Background(), o.client), meta.JWKSURL)
-	keys := &throttledKeys{remote: remote, now: o.now, known: map[string]bool{}}
+	algs := make([]jose.SignatureAlgorithm, 0, len(meta.Algs))
+	for _, a := range meta.Algs {
+		algs = append(algs, jose.SignatureAlgorithm(a))
+	}
+	if len(algs) == 0 {
+		algs = []jose.SignatureAlgorithm{jose.RS256} // OpenID Connect's default
+	}
+	keys := &issuerKeys{url: meta.JWKSURL, client: o.client, algs: algs, now: o.now}
 	v := oidc.NewVerifier(meta.Issuer, keys, &oidc.Config{ClientID: o.audience, Now: o.now, SupportedSigningAlgs: meta.Algs})
 	o.verifier.Store(v)
 	return v, nil
@@ -176,58 +180,116 @@ func (o *OIDC) discover(ctx context.Context) (*oidc.IDTokenVerifier, error) {
 // other unknown key ids from making the key set fetch the issuer's keys.
 const unknownKeyEvery = 5 * time.Second
 
-// throttledKeys stands before go-oidc's remote key set, which fetches the
-// issuer's keys again for every token with a key id it does not hold:
-// without a bound, anyone could make the API call the issuer at the rate
-// they send forged tokens. A key id that has verified a token goes
-// through; after a token of an unknown key id failed, other unknown key ids
-// are refused for unknownKeyEvery. A rotated-in key is picked up on its
-// first use, unless a forged token came just before it.
-type throttledKeys struct {
-	remote oidc.KeySet
+// maxKeySetBytes bounds the issuer's key set document.
+const maxKeySetBytes = 1 << 20
+
+// issuerKeys is the issuer's key set, fetched by the verifier itself: a
+// token of a key id it holds is checked against that key alone, and a bad
+// signature is only a failure. (go-oidc's remote key set fetches the keys
+// again after any signature that fails, so a forged token naming a
+// published key id, sent again and again, made the API call the issuer at
+// the rate it came.) A token of a key id it does not hold makes it fetch
+// the keys, which is how a rotated-in key is picked up; after such a token
+// failed, other unknown key ids are refused for unknownKeyEvery. A
+// rotated-in key is picked up on its first use, unless a forged token came
+// just before it.
+type issuerKeys struct {
+	url    string
+	client *http.Client
+	algs   []jose.SignatureAlgorithm
 	now    func() time.Time
 
+	fetching sync.Mutex // one fetch at a time; the others wait for it
+
 	mu       sync.Mutex
-	known    map[string]bool
+	keys     jose.JSONWebKeySet
+	fetched  int // fetches so far
 	lastMiss time.Time
 }
 
-func (k *throttledKeys) VerifySignature(ctx context.Context, raw string) ([]byte, error) {
-	kid := keyID(raw)
+func (k *issuerKeys) VerifySignature(ctx context.Context, raw string) ([]byte, error) {
+	jws, err := jose.ParseSignedCompact(raw, k.algs)
+	if err != nil {
+		return nil, fmt.Errorf("malformed token: %w", err)
+	}
+	if len(jws.Signatures) != 1 {
+		return nil, errors.New("a token must carry one signature")
+	}
+	kid := jws.Signatures[0].Header.KeyID
 	k.mu.Lock()
-	known := k.known[kid]
-	if !known && !k.lastMiss.IsZero() && k.now().Sub(k.lastMiss) < unknownKeyEvery {
-		k.mu.Unlock()
+	candidates, seen := k.keys.Keys, k.fetched
+	if kid != "" {
+		candidates = k.keys.Key(kid)
+	}
+	missed := !k.lastMiss.IsZero() && k.now().Sub(k.lastMiss) < unknownKeyEvery
+	k.mu.Unlock()
+	if len(candidates) > 0 {
+		return verifyWith(jws, candidates)
+	}
+	if missed {
 		return nil, errors.New("signed with a key id the issuer has not published")
 	}
-	k.mu.Unlock()
-	payload, err := k.remote.VerifySignature(ctx, raw)
+	if err := k.refresh(ctx, seen); err != nil {
+		return nil, err
+	}
 	k.mu.Lock()
-	defer k.mu.Unlock()
-	switch {
-	case err == nil && len(k.known) < 100:
-		k.known[kid] = true
-	case err != nil && !known:
+	candidates = k.keys.Keys
+	if kid != "" {
+		candidates = k.keys.Key(kid)
+	}
+	if len(candidates) == 0 {
 		k.lastMiss = k.now()
 	}
-	return payload, err
+	k.mu.Unlock()
+	if len(candidates) == 0 {
+		return nil, errors.New("signed with a key id the issuer has not published")
+	}
+	return verifyWith(jws, candidates)
 }
 
-// keyID is the "kid" of a compact JWS's header, or "".
-func keyID(raw string) string {
-	header, _, ok := strings.Cut(raw, ".")
-	if !ok {
-		return ""
+// verifyWith checks jws against each of keys, and returns its payload once
+// one verifies it.
+func verifyWith(jws *jose.JSONWebSignature, keys []jose.JSONWebKey) ([]byte, error) {
+	for _, key := range keys {
+		if payload, err := jws.Verify(&key); err == nil {
+			return payload, nil
+		}
 	}
-	b, err := base64.RawURLEncoding.DecodeString(header)
+	return nil, errors.New("no published key verifies the signature")
+}
+
+// refresh fetches the issuer's keys, unless another caller has fetched them
+// since this one read them (seen fetches then).
+func (k *issuerKeys) refresh(ctx context.Context, seen int) error {
+	k.fetching.Lock()
+	defer k.fetching.Unlock()
+	k.mu.Lock()
+	done := k.fetched > seen
+	k.mu.Unlock()
+	if done {
+		return nil
+	}
+	// The fetch outlives the request that began it: the others wait on it.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(fctx, http.MethodGet, k.url, nil)
 	if err != nil {
-		return ""
+		return fmt.Errorf("fetch keys: %w", err)
 	}
-	var h struct {
-		Kid string `json:"kid"`
+	resp, err := k.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("fetch keys: %w", err)
 	}
-	if json.Unmarshal(b, &h) != nil {
-		return ""
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("fetch keys: %s answered %s", k.url, resp.Status)
 	}
-	return h.Kid
+	var set jose.JSONWebKeySet
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxKeySetBytes)).Decode(&set); err != nil {
+		return fmt.Errorf("fetch keys: %w", err)
+	}
+	k.mu.Lock()
+	k.keys, k.fetched = set, k.fetched+1
+	k.mu.Unlock()
+	return nil
 }

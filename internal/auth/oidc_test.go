@@ -180,6 +180,35 @@ func TestOIDCForgedKeyIDsDoNotFloodTheIssuer(t *testing.T) {
 	require.NoError(t, err, "a rotated-in key is taken once the window has passed")
 }
 
+// Forged tokens naming a key id the issuer did publish, with a signature
+// that key did not make, fail against the key the verifier holds: they
+// cannot make it fetch the issuer's keys at all.
+func TestOIDCForgedSignaturesOfAKnownKeyIDDoNotFetchTheKeys(t *testing.T) {
+	t.Parallel()
+	iss := testenv.NewIssuer(t)
+	tr := newIssuerTransport()
+	v := auth.NewOIDC(iss.URL, oidcAudience, auth.WithHTTPClient(&http.Client{Transport: tr}))
+	ctx := t.Context()
+	good := iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience})
+	_, err := v.Verify(ctx, good)
+	require.NoError(t, err)
+	fetches := tr.hits(jwksPath)
+
+	// The same header and claims, the signature of another key.
+	header, _, _ := strings.Cut(good, ".")
+	forger := testenv.NewIssuer(t)
+	forged := forger.Token(t, jwtClaims{"sub": "mallory", "aud": oidcAudience, "iss": iss.URL})
+	_, rest, _ := strings.Cut(forged, ".")
+	forged = header + "." + rest
+	for range 50 {
+		_, err := v.Verify(ctx, forged)
+		require.ErrorContains(t, err, "failed to verify signature")
+	}
+	require.Equal(t, fetches, tr.hits(jwksPath), "no fetch for a known key id")
+	_, err = v.Verify(ctx, good)
+	require.NoError(t, err)
+}
+
 func TestOIDCUnreachableIssuer(t *testing.T) {
 	t.Parallel()
 	srv := httptest.NewServer(http.NotFoundHandler())
