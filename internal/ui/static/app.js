@@ -86,14 +86,27 @@ function showError(where, err) {
   fill(where, h("p", { class: "error", role: "alert" }, err.message || String(err)));
 }
 
-// follow opens an EventSource and calls onEvent with each task event; the
-// browser resumes a dropped stream with Last-Event-ID by itself.
+// follow opens an EventSource and calls onEvent with each task event. The
+// browser resumes a dropped stream with Last-Event-ID by itself, but gives
+// up for good when a reconnect is answered with anything but a stream (a
+// 503 while the API restarts, a 429): follow then opens a new one after a
+// pause, from the last event it saw.
 function follow(url, onEvent, onEnd) {
-  const es = new EventSource(url, { withCredentials: true });
-  es.addEventListener("task", (m) => onEvent(JSON.parse(m.data)));
-  es.addEventListener("end", (m) => { es.close(); if (onEnd) onEnd(JSON.parse(m.data)); });
-  window.addEventListener("pagehide", () => es.close());
-  return es;
+  let es, last = "", ended = false, retry = 2000;
+  const open = () => {
+    const resume = last ? (url.includes("?") ? "&" : "?") + "last_event_id=" + encodeURIComponent(last) : "";
+    es = new EventSource(url + resume, { withCredentials: true });
+    es.addEventListener("task", (m) => { last = m.lastEventId || last; retry = 2000; onEvent(JSON.parse(m.data)); });
+    es.addEventListener("end", (m) => { ended = true; es.close(); if (onEnd) onEnd(JSON.parse(m.data)); });
+    es.addEventListener("error", () => {
+      if (es.readyState === EventSource.CLOSED && !ended) {
+        setTimeout(() => { if (!ended) open(); }, retry);
+        retry = Math.min(retry * 2, 30000);
+      }
+    });
+  };
+  open();
+  window.addEventListener("pagehide", () => { ended = true; es.close(); });
 }
 
 // ---- sign-in ------------------------------------------------------------
@@ -234,7 +247,7 @@ async function renderTasks() {
       h("td", { class: "id" }, h("a", { href: "/ui/tasks/" + t.id }, t.id)),
       h("td", {}, t.type), h("td", { class: "st" }, statusBadge(t.status)), h("td", {}, bar),
       h("td", { class: "state" }, t.state), h("td", { class: "hide-narrow upd" }, ago(t.updated_at || t.created_at)));
-    byID.set(t.id, { r, bar });
+    byID.set(t.id, { r, bar, at: Date.parse(t.updated_at || t.created_at) });
     return r;
   };
   let cursor = "";
@@ -252,24 +265,38 @@ async function renderTasks() {
     }
   };
   more.addEventListener("click", load);
-  await load();
 
-  // Live: rows change as their tasks do; new tasks appear on top.
+  // Live: rows change as their tasks do; new tasks appear on top. The
+  // stream opens before the first page loads, so that no change made
+  // meanwhile is missed; what it brings before then waits for the page,
+  // and an event older than a row's own state is skipped.
   const live = new URLSearchParams();
   if (filter.type) live.set("type", filter.type);
-  follow("/v1/events/stream?" + live, (e) => {
+  const onEvent = (e) => {
     const known = byID.get(e.task_id);
     if (known) {
+      const at = Date.parse(e.created_at);
+      if (at < known.at) return;
+      known.at = at;
       known.r.querySelector(".st").replaceChildren(statusBadge(e.status));
       known.bar.value = e.progress;
       known.r.querySelector(".state").textContent = e.state;
       known.r.querySelector(".upd").textContent = ago(e.created_at);
-    } else if (e.status === "PENDING" && e.actor === "API" && !filter.created_before && !filter.q &&
-      (!filter.status || filter.status === "PENDING")) {
+    } else if (e.status === "PENDING" && !filter.created_before && !filter.q &&
+      (!filter.status || filter.status === "PENDING") && e.task_id > newest()) {
+      // Task ids are UUIDv7, in order of creation: a task newer than the
+      // page's newest is a new one, not an older one queued again.
       rows.prepend(row({ id: e.task_id, type: e.type, status: e.status, progress: e.progress, state: e.state, created_at: e.created_at }));
       note.textContent = "";
     }
-  });
+  };
+  const newest = () => (rows.firstElementChild ? rows.firstElementChild.dataset.task : "");
+  let early = [];
+  follow("/v1/events/stream?" + live, (e) => (early ? early.push(e) : onEvent(e)));
+  await load();
+  const waiting = early;
+  early = null;
+  waiting.forEach(onEvent);
 }
 
 function filterForm(filter) {
@@ -444,7 +471,7 @@ async function renderWorkflows() {
   }
   if (!flows.length) {
     fill(body, h("p", { class: "muted" }, "No workflow yet: declare one under ", h("code", {}, "workflows:"),
-      " in a jobs file and apply it (", h("code", {}, "conveyor jobs apply"), ")."));
+      " in a jobs file and apply it (", h("code", {}, "conveyor apply -f FILE"), ")."));
     return;
   }
   const lists = flows.map((wf) => ({ wf, where: h("div", {}) }));
