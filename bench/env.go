@@ -130,6 +130,10 @@ func (e *env) start(name string, vars ...string) (*proc, error) {
 	cmd := exec.Command(filepath.Join(e.bin, strings.SplitN(name, "-", 2)[0]))
 	cmd.Env = append(append(inherited(), "LOG_LEVEL=warn", "LOG_FORMAT=text"), vars...)
 	cmd.Stdout, cmd.Stderr = log, log
+	// The process dies with the bench, however the bench ends: one left
+	// running (a bench stopped by a signal) would join the next run's
+	// system of the same name and take its tasks.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
