@@ -97,24 +97,27 @@ func TestTheRelayClaimIsPlannedForTheOutboxOfTheMoment(t *testing.T) {
 	t.Cleanup(pool.Close)
 
 	// scans claims a batch on the relay's connection, the way claim
-	// does, and returns how many scans of the whole outbox that took.
+	// does, and returns how many scans of the whole outbox that took. The
+	// counters are read inside the claim's transaction: outside one they
+	// may still hold an earlier transaction's counts, which PostgreSQL
+	// reports at most once a second, at a transaction's end.
 	scans := func(claim func(*pgx.Conn) error) int64 {
 		conn, err := pool.Acquire(ctx)
 		require.NoError(t, err)
 		defer conn.Release()
+		_, err = conn.Exec(ctx, "BEGIN")
+		require.NoError(t, err)
 		n := grew(t, conn.Conn(), "seq_scan", "outbox", func() error { return claim(conn.Conn()) })
 		_, err = conn.Exec(ctx, "ROLLBACK")
 		require.NoError(t, err)
 		return n
 	}
 	relayClaim := func(conn *pgx.Conn) error {
+		// Its BEGIN, inside the one scans began, is only warned about.
 		_, err := postgres.LockOutbox(ctx, conn, 500)
 		return err
 	}
 	kept := func(conn *pgx.Conn) error { // the claim as a statement planned once
-		if _, err := conn.Exec(ctx, "BEGIN"); err != nil {
-			return err
-		}
 		rows, err := conn.Query(ctx, statementSQL(t, "outbox.claim"), 500)
 		if err == nil {
 			rows.Close()
@@ -135,9 +138,10 @@ func TestTheRelayClaimIsPlannedForTheOutboxOfTheMoment(t *testing.T) {
 }
 
 // grew runs run in tx and returns how much a counter of table's grew
-// meanwhile, read from the statistics the backend has not reported yet
-// (within one transaction, they only grow; before a transaction begins,
-// they are zero).
+// meanwhile, read from the statistics the backend has not reported yet.
+// tx must be inside a transaction throughout: within one they only grow,
+// while between transactions PostgreSQL may report them (at most once a
+// second) and start again from zero.
 func grew(t *testing.T, tx interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }, counter, table string, run func() error) int64 {
