@@ -216,35 +216,34 @@ func (k *issuerKeys) VerifySignature(ctx context.Context, raw string) ([]byte, e
 		return nil, errors.New("a token must carry one signature")
 	}
 	kid := jws.Signatures[0].Header.KeyID
-	k.mu.Lock()
-	candidates, seen := k.keys.Keys, k.fetched
-	if kid != "" {
-		candidates = k.keys.Key(kid)
+	keys, seen, missed := k.lookup(kid)
+	if len(keys) == 0 && !missed {
+		if err := k.refresh(ctx, seen); err != nil {
+			return nil, err
+		}
+		if keys, _, _ = k.lookup(kid); len(keys) == 0 {
+			k.mu.Lock()
+			k.lastMiss = k.now()
+			k.mu.Unlock()
+		}
 	}
-	missed := !k.lastMiss.IsZero() && k.now().Sub(k.lastMiss) < unknownKeyEvery
-	k.mu.Unlock()
-	if len(candidates) > 0 {
-		return verifyWith(jws, candidates)
-	}
-	if missed {
+	if len(keys) == 0 {
 		return nil, errors.New("signed with a key id the issuer has not published")
 	}
-	if err := k.refresh(ctx, seen); err != nil {
-		return nil, err
-	}
+	return verifyWith(jws, keys)
+}
+
+// lookup returns the keys held of key id kid (every key when kid is
+// empty), how many fetches they come from, and whether an unknown key id
+// failed within unknownKeyEvery.
+func (k *issuerKeys) lookup(kid string) (keys []jose.JSONWebKey, fetched int, missed bool) {
 	k.mu.Lock()
-	candidates = k.keys.Keys
+	defer k.mu.Unlock()
+	keys = k.keys.Keys
 	if kid != "" {
-		candidates = k.keys.Key(kid)
+		keys = k.keys.Key(kid)
 	}
-	if len(candidates) == 0 {
-		k.lastMiss = k.now()
-	}
-	k.mu.Unlock()
-	if len(candidates) == 0 {
-		return nil, errors.New("signed with a key id the issuer has not published")
-	}
-	return verifyWith(jws, candidates)
+	return keys, k.fetched, !k.lastMiss.IsZero() && k.now().Sub(k.lastMiss) < unknownKeyEvery
 }
 
 // verifyWith checks jws against each of keys, and returns its payload once

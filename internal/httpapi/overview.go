@@ -19,10 +19,6 @@ const workerLiveWithin = time.Minute
 // workers with the caller's tasks each runs.
 func (s *server) handleOverview() http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if err := onlyParams(r.URL.Query()); err != nil {
-			s.writeError(w, r, err)
-			return
-		}
 		var fleet registry.Fleet
 		if s.Workers != nil {
 			var err error

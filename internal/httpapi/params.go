@@ -3,10 +3,13 @@ package httpapi
 import (
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 
 	"github.com/go-chi/chi/v5"
 	"gopkg.in/yaml.v3"
+
+	"github.com/conveyorhq/conveyor/internal/task"
 )
 
 // queryParams are the query parameters openapi.yaml documents for each of
@@ -86,4 +89,22 @@ func (s *server) knownParams(routes chi.Routes) func(http.Handler) http.Handler 
 			next.ServeHTTP(w, r)
 		})
 	}
+}
+
+// onlyParams rejects query parameters the endpoint does not know, so a typo
+// is an error instead of a silently ignored filter.
+func onlyParams(q url.Values, known ...string) error {
+	for name, values := range q {
+		ok := false
+		for _, k := range known {
+			ok = ok || name == k
+		}
+		if !ok {
+			return task.Errorf(task.ErrCodeMalformed, "unknown query parameter %q (known: %v)", name, known)
+		}
+		if len(values) > 1 {
+			return task.Errorf(task.ErrCodeMalformed, "query parameter %q given %d times", name, len(values))
+		}
+	}
+	return nil
 }

@@ -44,10 +44,6 @@ func (s *server) handleTaskStream() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
-		if err := onlyParams(r.URL.Query(), "last_event_id"); err != nil {
-			s.writeError(w, r, err)
-			return
-		}
 		after, _, err := lastEventID(r)
 		if err != nil {
 			s.writeError(w, r, err)
@@ -68,10 +64,6 @@ func (s *server) handleTaskStream() http.HandlerFunc {
 func (s *server) handleEventStream() http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
-		if err := onlyParams(q, "type", "status", "last_event_id"); err != nil {
-			s.writeError(w, r, err)
-			return
-		}
 		status, typ, err := statusAndType(q.Get("status"), q.Get("type"), "")
 		if err != nil {
 			s.writeError(w, r, err)
