@@ -131,7 +131,8 @@ var (
 	// it was handed to another worker). Nothing the handler does is stored.
 	ErrLost = errors.New("conveyor: task lost by this worker")
 	// ErrShutdown: the worker is stopping and the grace period is over. The
-	// task is handed back and runs again elsewhere.
+	// task is handed back and runs again elsewhere, unless the handler
+	// returns a result with no error all the same: then it completes.
 	ErrShutdown = errors.New("conveyor: worker shutting down")
 	// ErrTimeout: the attempt ran longer than its task's timeout (or the
 	// worker's maximum run time). It fails as timed out, and is retried if

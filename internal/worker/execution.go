@@ -562,7 +562,9 @@ func (e *execution) finish(ctx context.Context, out outcome) {
 	case e.cancelled || errors.Is(cause, conveyor.ErrCancelled):
 		e.store(ctx, "cancelled", task.Change{Transition: task.HonourCancel})
 		e.w.metrics.cancelLatency.Observe(time.Since(e.cancelledAt).Seconds())
-	case errors.Is(cause, conveyor.ErrShutdown), errors.Is(cause, errNoSlot):
+	case errors.Is(cause, conveyor.ErrShutdown) && out.err != nil, errors.Is(cause, errNoSlot):
+		// A handler that returns a result as the grace period ends has
+		// done its work: it completes below rather than running again.
 		reason := "worker shutting down"
 		if errors.Is(cause, errNoSlot) {
 			reason = errNoSlot.Error()

@@ -655,6 +655,40 @@ func TestWorkerHandsBackWhatItClaimedAheadWhenStopping(t *testing.T) {
 	require.Empty(t, h.entered)
 }
 
+// A handler that returns its result as the shutdown's grace period ends
+// has done its work: its task completes with that result instead of being
+// handed back to run again.
+func TestWorkerCompletesATaskWhoseHandlerReturnsAResultAsTheGraceEnds(t *testing.T) {
+	entered := make(chan struct{}, 1)
+	finishing := func(ctx context.Context, _ conveyor.Task, _ conveyor.Reporter) (any, error) {
+		entered <- struct{}{}
+		<-ctx.Done()
+		return map[string]string{"saved": "all"}, nil
+	}
+	b := setup(t, testConfig{handlers: []conveyor.Handler{conveyor.Handle("t.finishing", finishing)}})
+	id := b.store.add("t.finishing", 3)
+	b.deliver(t, id)
+	receive(t, entered)
+	b.cancel()
+	require.Equal(t, "completed", b.finished(t, id))
+	got := b.store.get(id)
+	require.Equal(t, task.StatusCompleted, got.Status)
+	require.Equal(t, task.Complete, b.store.transitions(id)[len(b.store.transitions(id))-1])
+}
+
+// A handler stopped at the grace period's end that returns its context's
+// error hands its task back.
+func TestWorkerHandsBackATaskWhoseHandlerStopsAsTheGraceEnds(t *testing.T) {
+	h := newBlocking()
+	b := setup(t, testConfig{handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	id := b.store.add("t.block", 3)
+	b.deliver(t, id)
+	receive(t, h.entered)
+	b.cancel()
+	require.Equal(t, "handed_back", b.finished(t, id))
+	require.Equal(t, task.StatusPending, b.store.get(id).Status)
+}
+
 // deliverPacked sends the task to the worker as one task of a packed
 // message and returns its acker.
 func (b *testBundle) deliverPacked(t *testing.T, id uuid.UUID) *acker {
