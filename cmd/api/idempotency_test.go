@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -230,5 +231,73 @@ func TestClientTraceHeaders(t *testing.T) {
 		require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT headers::text FROM outbox`).Scan(&stored))
 		require.NotContains(t, stored, "baggage")
 		require.NotContains(t, stored, "secret")
+	}
+}
+
+// A batch whose entry reuses an idempotency key with another request is
+// refused whole, and the problem names that entry's idempotency_key: a
+// batch carries no Idempotency-Key header, so naming the header leaves the
+// client to guess which of up to 1000 entries is at fault.
+func TestBatchKeyMismatchNamesTheEntryAtFault(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	require.Equal(t, http.StatusCreated,
+		b.post(t, "/v1/tasks", `{"type":"rv.k","payload":{"n":1}}`, "Idempotency-Key", "K").status)
+	before := b.counts(t)
+
+	for _, c := range []struct{ name, body, field string }{
+		{"bound before", `{"tasks":[{"type":"rv.k","payload":{"n":2}},{"type":"rv.k","payload":{"n":3},"idempotency_key":"K"}]}`,
+			"tasks[1].idempotency_key"},
+		{"within the batch", `{"tasks":[{"type":"rv.k","payload":{"n":5},"idempotency_key":"Z"},{"type":"rv.k","payload":{"n":4}},` +
+			`{"type":"rv.k","payload":{"n":6},"idempotency_key":"Z"}]}`, "tasks[2].idempotency_key"},
+	} {
+		resp := b.post(t, "/v1/tasks/batch", c.body)
+		require.Equal(t, http.StatusUnprocessableEntity, resp.status, "%s: %s", c.name, resp.body)
+		require.Equal(t, c.field, resp.json(t)["field"], "%s: %s", c.name, resp.body)
+		require.Equal(t, before, b.counts(t), c.name)
+	}
+
+	// The single submission still names its header.
+	single := b.post(t, "/v1/tasks", `{"type":"rv.k","payload":{"n":7}}`, "Idempotency-Key", "K")
+	require.Equal(t, http.StatusUnprocessableEntity, single.status, string(single.body))
+	require.Equal(t, "Idempotency-Key", single.json(t)["field"])
+}
+
+// A duplicate submission answers the existing task as its GET does: a
+// COMPLETED task with its result, whether found by its input, by its
+// idempotency key, or in a batch.
+func TestDuplicateOfACompletedTaskCarriesItsResult(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	first := b.post(t, "/v1/tasks", `{"type":"rv.r","payload":{"n":1}}`, "Idempotency-Key", "R")
+	require.Equal(t, http.StatusCreated, first.status, string(first.body))
+	id := first.json(t)["id"].(string)
+	b.exec(t, `UPDATE tasks SET status = 'COMPLETED', state = 'Completed', progress = 100, attempt = 1,
+		completed_at = now(), version = version + 1 WHERE id = $1`, id)
+	b.exec(t, `INSERT INTO task_results (task_id, org_id, payload) SELECT id, org_id, '{"answer":42}' FROM tasks WHERE id = $1`, id)
+	got := b.get(t, "/v1/tasks/"+id)
+	require.Equal(t, map[string]any{"answer": float64(42)}, got.json(t)["result"], "the task's own GET has the result")
+
+	byInput := b.post(t, "/v1/tasks", `{"type":"rv.r","payload":{"n":1}}`)
+	require.Equal(t, http.StatusOK, byInput.status, string(byInput.body))
+	require.Equal(t, id, byInput.json(t)["id"])
+	require.Equal(t, map[string]any{"answer": float64(42)}, byInput.json(t)["result"], "found by its input")
+
+	byKey := b.post(t, "/v1/tasks", `{"type":"rv.r","payload":{"n":1}}`, "Idempotency-Key", "R")
+	require.Equal(t, http.StatusOK, byKey.status, string(byKey.body))
+	require.Equal(t, map[string]any{"answer": float64(42)}, byKey.json(t)["result"], "found by its key")
+
+	batch := b.post(t, "/v1/tasks/batch", `{"tasks":[{"type":"rv.r","payload":{"n":1}},{"type":"rv.r","payload":{"n":1},"idempotency_key":"R"}]}`)
+	require.Equal(t, http.StatusOK, batch.status, string(batch.body))
+	var out struct {
+		Results []struct {
+			Result string
+			Task   map[string]any
+		}
+	}
+	require.NoError(t, json.Unmarshal(batch.body, &out))
+	for i, r := range out.Results {
+		require.Equal(t, "duplicate", r.Result)
+		require.Equal(t, map[string]any{"answer": float64(42)}, r.Task["result"], "batch entry %d", i)
 	}
 }

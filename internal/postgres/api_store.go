@@ -19,7 +19,11 @@ import (
 
 // The API's statements: submissions, reads, and the client's transitions.
 
-var sqlTaskByInputHash = statement("tasks.by_input_hash", `SELECT `+taskColumns+` FROM tasks
+// taskResult is the result of the task of the row, once it is COMPLETED: a
+// duplicate submission answers the task as its GET does.
+var taskResult = `(SELECT r.payload FROM task_results r WHERE r.task_id = tasks.id AND tasks.` + isCompleted + `)`
+
+var sqlTaskByInputHash = statement("tasks.by_input_hash", `SELECT `+taskColumns+`, `+taskResult+` FROM tasks
 	WHERE id = (SELECT task_id FROM task_input_hashes WHERE org_id = $1 AND type = $2 AND input_hash = $3)
 	AND org_id = $1`)
 
@@ -29,7 +33,8 @@ var sqlKeysLookup = statement("idempotency_keys.lookup", `
 SELECT t.*, k.type, k.key, coalesce(k.request_hash, ''), t.payload = u.payload::jsonb
 FROM unnest($2::text[], $3::text[], $4::text[]) AS u(type, key, payload)
 JOIN task_idempotency_keys k ON k.org_id = $1 AND k.type = u.type AND k.key = u.key
-CROSS JOIN LATERAL (SELECT `+taskColumns+` FROM tasks WHERE tasks.id = k.task_id AND tasks.org_id = $1) t`)
+CROSS JOIN LATERAL (SELECT `+taskColumns+`, `+taskResult+` AS result
+	FROM tasks WHERE tasks.id = k.task_id AND tasks.org_id = $1) t`)
 
 // sqlKeysInsert binds new idempotency keys to their tasks, in key order; a
 // key another transaction bound meanwhile is not returned.
@@ -41,15 +46,15 @@ ORDER BY u.type, u.key
 ON CONFLICT DO NOTHING
 RETURNING type, key`)
 
-// sqlKeysHidden counts the named keys that are bound to a task the caller
-// cannot see (row-level security hides the task, not the key).
+// sqlKeysHidden finds the first of the named keys that is bound to a task
+// the caller cannot see (row-level security hides the task, not the key).
 var sqlKeysHidden = statement("idempotency_keys.hidden", `
-SELECT count(*) FROM unnest($2::text[], $3::text[]) AS u(type, key)
+SELECT u.type, u.key FROM unnest($2::text[], $3::text[]) AS u(type, key)
 JOIN task_idempotency_keys k ON k.org_id = $1 AND k.type = u.type AND k.key = u.key
-WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = k.task_id)`)
+WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = k.task_id)
+ORDER BY u.type, u.key LIMIT 1`)
 
-var sqlGetTask = statement("tasks.get", `SELECT `+taskColumns+`,
-	(SELECT r.payload FROM task_results r WHERE r.task_id = tasks.id AND tasks.`+isCompleted+`)
+var sqlGetTask = statement("tasks.get", `SELECT `+taskColumns+`, `+taskResult+`
 	FROM tasks WHERE id = $1 AND org_id = $2`)
 
 // summaryColumns are taskColumns without the client's documents: a listing
@@ -120,6 +125,11 @@ func (s *APIStore) Submit(ctx context.Context, p auth.Principal, sub task.Submis
 	if sub.IdempotencyKey != "" {
 		out, err := s.SubmitBatch(ctx, p, []task.Submission{sub}, trace)
 		if err != nil {
+			// A single submission's key is its Idempotency-Key header.
+			var e *task.Error
+			if errors.As(err, &e) && e.Code == task.ErrCodeIdempotencyMismatch {
+				err = &task.Error{Code: e.Code, Field: "Idempotency-Key", Message: e.Message}
+			}
 			return task.Submitted{}, err
 		}
 		return out[0], nil
@@ -136,8 +146,10 @@ func (s *APIStore) Submit(ctx context.Context, p auth.Principal, sub task.Submis
 			call(s.OnEvents)
 			return task.Submitted{Task: t, Created: true}, nil
 		}
-		existing, err := scanTask(scopedRow(ctx, s.pool, p.Scope(), sqlTaskByInputHash, sub.OrgID, sub.Type, sub.InputHash))
+		var result []byte
+		existing, err := scanTask(scopedRow(ctx, s.pool, p.Scope(), sqlTaskByInputHash, sub.OrgID, sub.Type, sub.InputHash), &result)
 		if err == nil {
+			existing.Result = result
 			return task.Submitted{Task: existing}, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
@@ -228,7 +240,8 @@ func submitAll(ctx context.Context, tx pgx.Tx, by *task.Principal, subs []task.S
 			var k keyOf
 			var requestHash string
 			var samePayload bool
-			dest, err := scanTask(rows, &k.typ, &k.key, &requestHash, &samePayload)
+			var result []byte
+			dest, err := scanTask(rows, &result, &k.typ, &k.key, &requestHash, &samePayload)
 			if err != nil {
 				rows.Close()
 				return nil, false, err
@@ -237,8 +250,9 @@ func submitAll(ctx context.Context, tx pgx.Tx, by *task.Principal, subs []task.S
 			same := requestHash == sub.RequestHash || (requestHash == "" && samePayload)
 			if !same {
 				rows.Close()
-				return nil, false, keyMismatch(sub, dest.ID)
+				return nil, false, keyMismatch(first[k], dest.ID)
 			}
+			dest.Result = result
 			bound[k] = dest
 		}
 		if err := rows.Err(); err != nil {
@@ -251,7 +265,7 @@ func submitAll(ctx context.Context, tx pgx.Tx, by *task.Principal, subs []task.S
 		}
 		k := keyOf{sub.Type, sub.IdempotencyKey}
 		if j := first[k]; j != i && subs[j].RequestHash != sub.RequestHash {
-			return nil, false, keyMismatch(sub, uuid.Nil)
+			return nil, false, keyMismatch(i, uuid.Nil)
 		}
 		if t, ok := bound[k]; ok {
 			out[i], done[i] = task.Submitted{Task: t}, true
@@ -300,7 +314,8 @@ func submitAll(ctx context.Context, tx pgx.Tx, by *task.Principal, subs []task.S
 	}
 	for _, i := range dups {
 		sub := subs[i]
-		t, err := scanTask(tx.QueryRow(ctx, sqlTaskByInputHash, sub.OrgID, sub.Type, sub.InputHash))
+		var result []byte
+		t, err := scanTask(tx.QueryRow(ctx, sqlTaskByInputHash, sub.OrgID, sub.Type, sub.InputHash), &result)
 		if err != nil {
 			// Without dedupe nothing conflicts; a conflict whose task is
 			// gone was removed by retention meanwhile: run again.
@@ -309,6 +324,7 @@ func submitAll(ctx context.Context, tx pgx.Tx, by *task.Principal, subs []task.S
 			}
 			return nil, false, err
 		}
+		t.Result = result
 		out[i], done[i] = task.Submitted{Task: t}, true
 	}
 
@@ -341,14 +357,15 @@ func submitAll(ctx context.Context, tx pgx.Tx, by *task.Principal, subs []task.S
 			// may not see: then it was used with another request (one
 			// restricted to roles the caller lacks), and which task it
 			// names stays unsaid.
-			var hidden int
-			if err := tx.QueryRow(ctx, sqlKeysHidden, org, types, keys).Scan(&hidden); err != nil {
+			var hidden keyOf
+			err := tx.QueryRow(ctx, sqlKeysHidden, org, types, keys).Scan(&hidden.typ, &hidden.key)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil, false, errRaced
+			}
+			if err != nil {
 				return nil, false, err
 			}
-			if hidden > 0 {
-				return nil, false, keyMismatch(task.Submission{}, uuid.Nil)
-			}
-			return nil, false, errRaced
+			return nil, false, keyMismatch(first[hidden], uuid.Nil)
 		}
 	}
 	for i, sub := range subs {
@@ -359,12 +376,15 @@ func submitAll(ctx context.Context, tx pgx.Tx, by *task.Principal, subs []task.S
 	return out, created, nil
 }
 
-func keyMismatch(sub task.Submission, existing uuid.UUID) error {
+// keyMismatch refuses the key of the i-th submission of a batch (Submit
+// names the header instead).
+func keyMismatch(i int, existing uuid.UUID) error {
 	msg := "key already used with a different request"
 	if existing != uuid.Nil {
 		msg = fmt.Sprintf("key already used by task %s with a different request", existing)
 	}
-	return &task.Error{Code: task.ErrCodeIdempotencyMismatch, Field: "Idempotency-Key", Message: msg}
+	return &task.Error{Code: task.ErrCodeIdempotencyMismatch, Field: fmt.Sprintf("tasks[%d].idempotency_key", i),
+		Message: msg}
 }
 
 // Get returns the task with its result once it has one: a task of the

@@ -90,6 +90,25 @@ UPDATE tasks SET admitted = false, state = '`+task.StateWaiting+`', updated_at =
 WHERE org_id = $1 AND `+isPending+` AND admitted
 	AND (($2::uuid IS NOT NULL AND job_id = $2) OR ($2::uuid IS NULL AND type = $3))`)
 
+// sqlWithdrawJob is sqlWithdraw for the job named, once its limits are
+// set or lowered.
+var sqlWithdrawJob = statement("tasks.withdraw_job", `
+UPDATE tasks SET admitted = false, state = '`+task.StateWaiting+`', updated_at = now()
+WHERE org_id = $1 AND `+isPending+` AND admitted
+	AND job_id = (SELECT id FROM jobs WHERE org_id = $1 AND name = $2)`)
+
+// limitsTightened reports whether a limit (total or per key; 0 is none)
+// was set or lowered.
+func limitsTightened(oldTotal, oldPerKey, total, perKey int) bool {
+	tighter := func(old, cur int) bool { return cur > 0 && (old == 0 || cur < old) }
+	return tighter(oldTotal, total) || tighter(oldPerKey, perKey)
+}
+
+// sqlWaitForAdmission waits for a running admission pass to end and keeps
+// the next one from starting until the transaction ends: a pass that
+// picked tasks before a pause (or a new limit) would admit them after it.
+var sqlWaitForAdmission = statement("scheduler.wait", `SELECT pg_advisory_xact_lock(`+fmt.Sprint(schedulerLock)+`)`)
+
 // JobStore runs the API's statements on jobs and type limits.
 type JobStore struct {
 	pool *pgxpool.Pool
@@ -156,6 +175,11 @@ func scanTypeState(row pgx.CollectableRow) (job.TypeState, error) {
 func (s *JobStore) Apply(ctx context.Context, p auth.Principal, file job.File, dryRun, prune bool) ([]job.Change, error) {
 	var changes []job.Change
 	err := inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
+		if !dryRun {
+			if _, err := tx.Exec(ctx, sqlWaitForAdmission); err != nil {
+				return err
+			}
+		}
 		rows, err := tx.Query(ctx, sqlJobsLock, p.OrgID)
 		if err != nil {
 			return err
@@ -191,7 +215,9 @@ func (s *JobStore) Apply(ctx context.Context, p auth.Principal, file job.File, d
 			current.Jobs = append(current.Jobs, j.Definition)
 			stored[j.Name] = j.Definition
 		}
+		storedTypes := map[string]job.TypeLimit{}
 		for _, t := range types {
+			storedTypes[t.Type] = t.TypeLimit
 			if t.MaxConcurrency > 0 || t.MaxConcurrencyPerKey > 0 {
 				current.Types = append(current.Types, t.TypeLimit)
 			}
@@ -233,7 +259,13 @@ func (s *JobStore) Apply(ctx context.Context, p auth.Principal, file job.File, d
 				err = writeJob(ctx, tx, p.OrgID, desired[c.Name], nil, now)
 			case c.Kind == job.KindJob && c.Op == job.OpUpdate:
 				old := stored[c.Name]
-				err = writeJob(ctx, tx, p.OrgID, desired[c.Name], &old, now)
+				d := desired[c.Name]
+				err = writeJob(ctx, tx, p.OrgID, d, &old, now)
+				if err == nil && limitsTightened(old.MaxConcurrency, old.MaxConcurrencyPerKey, d.MaxConcurrency, d.MaxConcurrencyPerKey) {
+					// The job's tasks admitted under the old limits wait again,
+					// and are admitted as far as the new ones allow.
+					_, err = tx.Exec(ctx, sqlWithdrawJob, p.OrgID, c.Name)
+				}
 			case c.Kind == job.KindJob && c.Op == job.OpDelete:
 				_, err = tx.Exec(ctx, sqlJobDelete, p.OrgID, c.Name)
 			case c.Kind == job.KindWorkflow && c.Op == job.OpCreate:
@@ -249,6 +281,12 @@ func (s *JobStore) Apply(ctx context.Context, p auth.Principal, file job.File, d
 					err = unsetTypeLimit(ctx, tx, p.OrgID, c.Name)
 				} else {
 					_, err = tx.Exec(ctx, sqlTypeLimitSet, p.OrgID, c.Name, l.MaxConcurrency, l.MaxConcurrencyPerKey)
+					// The type's tasks admitted under no or looser limits wait
+					// again, and are admitted as far as the new ones allow.
+					if o := storedTypes[c.Name]; err == nil &&
+						limitsTightened(o.MaxConcurrency, o.MaxConcurrencyPerKey, l.MaxConcurrency, l.MaxConcurrencyPerKey) {
+						_, err = tx.Exec(ctx, sqlWithdraw, p.OrgID, nil, c.Name)
+					}
 				}
 			case c.Kind == job.KindType && c.Op == job.OpDelete:
 				err = unsetTypeLimit(ctx, tx, p.OrgID, c.Name)
@@ -311,6 +349,9 @@ func orgWide(p auth.Principal) auth.Scope { return auth.Scope{OrgID: p.OrgID, Se
 // finish.
 func (s *JobStore) PauseJob(ctx context.Context, p auth.Principal, name string, pause bool) error {
 	err := inScope(ctx, s.pool, orgWide(p), func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sqlWaitForAdmission); err != nil {
+			return err
+		}
 		var id uuid.UUID
 		if err := tx.QueryRow(ctx, sqlJobPause, p.OrgID, name, pause).Scan(&id); err != nil {
 			return err
@@ -340,6 +381,9 @@ func (s *JobStore) PauseType(ctx context.Context, p auth.Principal, typ string, 
 				return err
 			}
 			_, err := tx.Exec(ctx, sqlTypeLimitDrop, p.OrgID, typ)
+			return err
+		}
+		if _, err := tx.Exec(ctx, sqlWaitForAdmission); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, sqlTypePause, p.OrgID, typ); err != nil {

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/conveyorhq/conveyor/internal/job"
 	"github.com/conveyorhq/conveyor/internal/task"
 )
 
@@ -50,10 +51,14 @@ ORDER BY next_run_at LIMIT $2`)
 
 // sqlDeleteExpired removes terminal tasks past retention; their events and
 // results go with them (the tasks_deleted trigger), and so do their
-// idempotency keys (ON DELETE CASCADE).
+// idempotency keys (ON DELETE CASCADE). The tasks of a workflow run still
+// running stay: the run reads its completed nodes' tasks (their status, and
+// their results for the nodes below them) until it ends.
 var sqlDeleteExpired = statement("tasks.delete_expired", `
 DELETE FROM tasks WHERE id IN (
-	SELECT id FROM tasks WHERE `+isTerminal+` AND completed_at < now() - $1 * interval '1 millisecond'
+	SELECT id FROM tasks t WHERE `+isTerminal+` AND completed_at < now() - $1 * interval '1 millisecond'
+		AND (t.run_id IS NULL OR NOT EXISTS (SELECT 1 FROM workflow_runs r
+			WHERE r.id = t.run_id AND r.status = '`+job.RunRunning+`'))
 	LIMIT $2)`)
 
 // sqlReleaseParked is the backstop of WorkerStore.TypesReady: messages

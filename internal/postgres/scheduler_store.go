@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -72,12 +73,13 @@ var sqlSchedulerSettings = statement("scheduler.settings",
 var sqlTypeMode = statement("scheduler.type_mode", `UPDATE task_types SET admit_directly = $2 WHERE name = $1`)
 
 // sqlWaitingGroups lists the groups (type, org, concurrency key) that have
-// tasks waiting for admission, skipping through the waiting index one
-// group at a time however many tasks each holds; groups of a type paused
-// in their org are left out.
+// tasks waiting for admission, after the group ($2, $3, $4), skipping
+// through the waiting index one group at a time however many tasks each
+// holds; groups of a type paused in their org are left out.
 var sqlWaitingGroups = statement("scheduler.waiting_groups", `
 WITH RECURSIVE g AS (
 	(SELECT type, org_id, concurrency_key FROM tasks WHERE `+isPending+` AND NOT admitted
+		AND (type, org_id, concurrency_key) > ($2::text, $3::uuid, $4::text)
 		ORDER BY type, org_id, concurrency_key LIMIT 1)
 	UNION ALL
 	SELECT n.type, n.org_id, n.concurrency_key FROM g CROSS JOIN LATERAL (
@@ -92,10 +94,10 @@ LIMIT $1`)
 // sqlWaitingTasks reads up to $4 due waiting tasks of each group, in the
 // order they are admitted within it, without those of paused jobs.
 var sqlWaitingTasks = statement("scheduler.waiting_tasks", `
-SELECT c.id, c.type, c.org_id, c.concurrency_key, c.job_id
+SELECT c.id, c.type, c.org_id, c.concurrency_key, c.job_id, c.priority
 FROM unnest($1::text[], $2::uuid[], $3::text[]) AS g(type, org_id, concurrency_key)
 CROSS JOIN LATERAL (
-	SELECT t.id, t.type, t.org_id, t.concurrency_key, t.job_id FROM tasks t
+	SELECT t.id, t.type, t.org_id, t.concurrency_key, t.job_id, t.priority FROM tasks t
 	WHERE t.`+isPending+` AND NOT t.admitted AND t.type = g.type AND t.org_id = g.org_id
 		AND t.concurrency_key = g.concurrency_key AND t.next_run_at <= now() AND t.state <> '`+task.StateAwaiting+`'
 		AND (t.job_id IS NULL OR NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = t.job_id AND j.paused_at IS NOT NULL))
@@ -168,6 +170,17 @@ type SchedulerStore struct {
 	// counted holds each type's last count of queued tasks, and when it
 	// was taken (AdmitConfig.RecountAfter).
 	counted map[string]count
+	// after is the last group the previous pass read: when more groups
+	// wait than a pass reads, the next pass goes on from there, so groups
+	// held back by their limits do not hide the others for ever.
+	after group
+}
+
+// group is a group of waiting tasks: a type, an org and a concurrency key.
+type group struct {
+	typ string
+	org uuid.UUID
+	key string
 }
 
 // count is a type's count of queued tasks, as read at a time.
@@ -200,11 +213,12 @@ type scopeKey struct {
 type limits struct{ total, perKey int }
 
 type candidate struct {
-	id  uuid.UUID
-	typ string
-	org uuid.UUID
-	key string
-	job *uuid.UUID
+	id       uuid.UUID
+	typ      string
+	org      uuid.UUID
+	key      string
+	job      *uuid.UUID
+	priority int
 }
 
 // Admit runs one admission pass in one transaction: it moves each type in
@@ -226,7 +240,7 @@ func (s *SchedulerStore) Admit(ctx context.Context, cfg job.AdmitConfig) (job.Ad
 		if err != nil {
 			return err
 		}
-		admitted, err := admitWaiting(ctx, tx, cfg, loads)
+		admitted, err := s.admitWaiting(ctx, tx, cfg, loads)
 		if err != nil {
 			return err
 		}
@@ -301,23 +315,47 @@ func (s *SchedulerStore) typeLoads(ctx context.Context, tx pgx.Tx, cfg job.Admit
 
 // admitWaiting admits waiting tasks and returns how many; it updates each
 // type's ready count and whether tasks still wait.
-func admitWaiting(ctx context.Context, tx pgx.Tx, cfg job.AdmitConfig, loads map[string]*typeLoad) (int, error) {
-	type group struct {
-		typ string
-		org uuid.UUID
-		key string
-	}
-	rows, err := tx.Query(ctx, sqlWaitingGroups, cfg.MaxGroups)
-	if err != nil {
-		return 0, err
-	}
+func (s *SchedulerStore) admitWaiting(ctx context.Context, tx pgx.Tx, cfg job.AdmitConfig, loads map[string]*typeLoad) (int, error) {
+	s.mu.Lock()
+	after := s.after
+	s.mu.Unlock()
 	var groups []group
-	var g group
-	if _, err := pgx.ForEachRow(rows, []any{&g.typ, &g.org, &g.key}, func() error {
-		groups = append(groups, g)
-		return nil
-	}); err != nil || len(groups) == 0 {
+	read := func(from group, limit int) error {
+		rows, err := tx.Query(ctx, sqlWaitingGroups, limit, from.typ, from.org, from.key)
+		if err != nil {
+			return err
+		}
+		var g group
+		_, err = pgx.ForEachRow(rows, []any{&g.typ, &g.org, &g.key}, func() error {
+			groups = append(groups, g)
+			return nil
+		})
+		return err
+	}
+	if err := read(after, cfg.MaxGroups); err != nil {
 		return 0, err
+	}
+	if len(groups) < cfg.MaxGroups && after != (group{}) {
+		// Round again from the first group, up to where this pass began.
+		if err := read(group{}, cfg.MaxGroups-len(groups)); err != nil {
+			return 0, err
+		}
+		for i, g := range groups {
+			if i > 0 && g == groups[0] {
+				groups = groups[:i]
+				break
+			}
+		}
+	}
+	next := group{}
+	if len(groups) == cfg.MaxGroups {
+		next = groups[len(groups)-1]
+	}
+	s.mu.Lock()
+	s.after = next
+	s.mu.Unlock()
+	if len(groups) == 0 {
+		return 0, nil
 	}
 
 	// Room per type: a fair-mode type fills its window; any other type's
@@ -343,13 +381,13 @@ func admitWaiting(ctx context.Context, tx pgx.Tx, cfg job.AdmitConfig, loads map
 	for i, g := range groups {
 		types[i], orgs[i], keys[i] = g.typ, g.org, g.key
 	}
-	rows, err = tx.Query(ctx, sqlWaitingTasks, types, orgs, keys, perGroup)
+	rows, err := tx.Query(ctx, sqlWaitingTasks, types, orgs, keys, perGroup)
 	if err != nil {
 		return 0, err
 	}
 	var cands []candidate
 	var c candidate
-	if _, err := pgx.ForEachRow(rows, []any{&c.id, &c.typ, &c.org, &c.key, &c.job}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&c.id, &c.typ, &c.org, &c.key, &c.job, &c.priority}, func() error {
 		cands = append(cands, c)
 		return nil
 	}); err != nil || len(cands) == 0 {
@@ -437,6 +475,16 @@ func admitWaiting(ctx context.Context, tx pgx.Tx, cfg job.AdmitConfig, loads map
 			pairs = append(pairs, p)
 		}
 		queues[p] = append(queues[p], c)
+	}
+	// A pair's candidates come group (key) by group: its turn takes the
+	// most urgent, then the oldest, whatever its key.
+	for _, q := range queues {
+		slices.SortStableFunc(q, func(a, b candidate) int {
+			if a.priority != b.priority {
+				return b.priority - a.priority
+			}
+			return bytes.Compare(a.id[:], b.id[:])
+		})
 	}
 	rand.Shuffle(len(pairs), func(i, j int) { pairs[i], pairs[j] = pairs[j], pairs[i] })
 	// scopes are the limits' scopes a candidate counts in: its type in its
@@ -616,17 +664,21 @@ func dueTicks(sched cron.Schedule, next, now time.Time, missedPolicy string, cfg
 			run = append(run, t)
 		}
 	}
+	cursor = sched.Next(now)
+	if extra {
+		cursor = sched.Next(ticks[len(ticks)-1])
+	}
+	// The latest missed tick is this pass's last one only when the next
+	// pass's first tick is not missed too: otherwise run_once would make a
+	// task for every pass a long downtime takes.
+	latestHere := !extra || now.Sub(cursor) <= cfg.CatchUp
 	if len(missed) > 0 {
-		if missedPolicy == job.MissedRunOnce {
+		if missedPolicy == job.MissedRunOnce && latestHere {
 			run = append([]time.Time{missed[len(missed)-1]}, run...)
 			skipped = len(missed) - 1
 		} else {
 			skipped = len(missed)
 		}
-	}
-	cursor = sched.Next(now)
-	if extra {
-		cursor = sched.Next(ticks[len(ticks)-1])
 	}
 	return run, skipped, cursor
 }

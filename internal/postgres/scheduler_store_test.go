@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -298,4 +299,194 @@ func TestCronMakesEachTickOnce(t *testing.T) {
 	n, distinct = count("every-second")
 	require.Equal(t, 11, n)
 	require.Equal(t, n, distinct)
+}
+
+// After a downtime with more missed ticks than one pass reads (MaxTicks),
+// missed: run_once still makes a single task for the missed ticks (the
+// latest), not one per pass.
+func TestCronRunOnceAfterLongDowntimeMakesOneTask(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	ctx := context.Background()
+	applyFile(t, db, admin, `jobs:
+  - name: once
+    type: cron.t
+    source: {kind: cron, schedule: "@every 1s", missed: run_once}
+`)
+	now := time.Now().Truncate(time.Second)
+	// Down for an hour: 3600 ticks, all but the last 30 missed.
+	_, err := db.Pool.Exec(ctx, `UPDATE jobs SET next_tick_at = $1::timestamptz - interval '3600 seconds'`, now)
+	require.NoError(t, err)
+	s := postgres.NewSchedulerStore(db.Pool, nil)
+	cfg := job.CronConfig{CatchUp: 30 * time.Second, MaxJobs: 100, MaxTicks: 1000}
+	for range 10 {
+		st, err := s.Cron(ctx, cfg, now)
+		require.NoError(t, err)
+		if st.Jobs == 0 {
+			break
+		}
+	}
+	var n, missed int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE scheduled_at < $1::timestamptz - interval '30 seconds')
+		FROM tasks`, now).Scan(&n, &missed))
+	require.Equal(t, 1, missed, "run_once: one task for all the missed ticks")
+	require.Equal(t, 32, n, "the latest missed tick, and the 31 within the catch-up window")
+}
+
+// A limit set (or lowered) while tasks of its type are already admitted and
+// queued holds: no more of them start than the limit allows.
+func TestLimitSetWhileTasksQueuedHolds(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	ctx := context.Background()
+	queued := submitOf(t, db, admin, "late.t", "", 5)
+	require.Len(t, admitted(t, db, queued), 5, "no limit yet: admitted as written")
+	applyFile(t, db, admin, "types:\n  - type: late.t\n    max_concurrency: 1\n")
+	_, err := postgres.NewSchedulerStore(db.Pool, nil).Admit(ctx, admitAll)
+	require.NoError(t, err)
+	claimed, err := postgres.NewWorkerStore(db.Pool, nil).Claim(ctx, queued, "w1", time.Minute)
+	require.NoError(t, err)
+	require.LessOrEqual(t, len(claimed), 1, "max_concurrency 1: at most one runs")
+
+	// The same for a job's limit.
+	applyFile(t, db, admin, "jobs:\n  - name: resize\n    type: late.j\n")
+	store := postgres.NewJobStore(db.Pool)
+	var ids []uuid.UUID
+	for range 3 {
+		tk, err := store.Trigger(ctx, admin, "resize", nil, "", nil)
+		require.NoError(t, err)
+		ids = append(ids, tk.ID)
+	}
+	require.Len(t, admitted(t, db, ids), 3)
+	applyFile(t, db, admin, "jobs:\n  - name: resize\n    type: late.j\n    max_concurrency: 1\n")
+	_, err = postgres.NewSchedulerStore(db.Pool, nil).Admit(ctx, admitAll)
+	require.NoError(t, err)
+	claimed, err = postgres.NewWorkerStore(db.Pool, nil).Claim(ctx, ids, "w1", time.Minute)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1, "the job's max_concurrency 1: one runs")
+}
+
+// Under a type's limit, the waiting tasks of an org are admitted by
+// priority, then age, whatever their concurrency keys: a key that sorts
+// first does not go ahead of an older or more urgent task of another key.
+func TestAdmissionOrderIgnoresKeys(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	ctx := context.Background()
+	applyFile(t, db, admin, "types:\n  - type: order.t\n    max_concurrency: 1\n")
+	store := postgres.NewAPIStore(db.Pool, nil)
+	submit := func(key string, priority int) uuid.UUID {
+		sub, err := task.NewSubmission(task.SubmitInput{Type: "order.t", ConcurrencyKey: key, Priority: &priority,
+			Dedupe: new(bool)}, task.Defaults{MaxAttempts: 3}, "")
+		require.NoError(t, err)
+		res, err := store.Submit(ctx, admin, sub, nil)
+		require.NoError(t, err)
+		return res.Task.ID
+	}
+	oldest := submit("zz", 5)
+	urgent := submit("yy", 9)
+	later := []uuid.UUID{submit("aa", 5), submit("aa", 5)}
+	all := append([]uuid.UUID{oldest, urgent}, later...)
+	s := postgres.NewSchedulerStore(db.Pool, nil)
+	_, err := s.Admit(ctx, admitAll)
+	require.NoError(t, err)
+	require.Equal(t, map[uuid.UUID]bool{urgent: true}, admitted(t, db, all), "the most urgent first")
+	finish(t, db, []uuid.UUID{urgent})
+	_, err = s.Admit(ctx, admitAll)
+	require.NoError(t, err)
+	require.Equal(t, map[uuid.UUID]bool{oldest: true}, admitted(t, db, all), "then the oldest")
+}
+
+// A backlog of waiting tasks spread over more groups (type, org, key) than
+// a pass reads, all held back by their limits, does not hold up the tasks
+// of other groups, of another org: they are admitted in a later pass.
+func TestAdmissionReachesGroupsPastMaxGroups(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, a := db.Key(t, "a", auth.Admin)
+	_, b := db.Key(t, "b", auth.Admin)
+	ctx := context.Background()
+	applyFile(t, db, a, "types:\n  - type: a.keyed\n    max_concurrency_per_key: 1\n")
+	applyFile(t, db, b, "types:\n  - type: b.t\n    max_concurrency: 1\n")
+	api := postgres.NewAPIStore(db.Pool, nil)
+	batch := func() {
+		subs := make([]task.Submission, admitAll.MaxGroups)
+		for i := range subs {
+			sub, err := task.NewSubmission(task.SubmitInput{Type: "a.keyed", ConcurrencyKey: fmt.Sprintf("customer-%04d", i),
+				Dedupe: new(bool)}, task.Defaults{MaxAttempts: 3}, "")
+			require.NoError(t, err)
+			subs[i] = sub
+		}
+		_, err := api.SubmitBatch(ctx, a, subs, nil)
+		require.NoError(t, err)
+	}
+	s := postgres.NewSchedulerStore(db.Pool, nil)
+	// Org a: one task running per customer, one more waiting for each.
+	batch()
+	st, err := s.Admit(ctx, admitAll)
+	require.NoError(t, err)
+	require.Equal(t, admitAll.MaxGroups, st.Admitted)
+	batch()
+	// Org b's one task, under a limit with a slot free.
+	mine := submitOf(t, db, b, "b.t", "", 1)
+	for range 3 {
+		_, err := s.Admit(ctx, admitAll)
+		require.NoError(t, err)
+	}
+	require.Len(t, admitted(t, db, mine), 1, "org b's task has a free slot: it is admitted")
+}
+
+// A pause that lands while an admission pass is under way still holds the
+// job's tasks back: the pass does not admit, after the pause, a task it
+// picked before it.
+func TestPauseDuringAdmissionPassHolds(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	ctx := context.Background()
+	applyFile(t, db, admin, "jobs:\n  - name: gated\n    type: gated.t\n    max_concurrency: 5\n")
+	jobs := postgres.NewJobStore(db.Pool)
+	tk, err := jobs.Trigger(ctx, admin, "gated", nil, "", nil)
+	require.NoError(t, err)
+	require.False(t, tk.Admitted)
+
+	// Hold the task's row so that the pass, once it has picked the task,
+	// waits at its admission.
+	blocker, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = blocker.Rollback(ctx) }()
+	_, err = blocker.Exec(ctx, `SELECT 1 FROM tasks WHERE id = $1 FOR UPDATE`, tk.ID)
+	require.NoError(t, err)
+	admitDone := make(chan error, 1)
+	go func() {
+		_, err := postgres.NewSchedulerStore(db.Pool, nil).Admit(ctx, admitAll)
+		admitDone <- err
+	}()
+	waiting := func(event string) bool {
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = $1`, event).Scan(&n))
+		return n > 0
+	}
+	require.Eventually(t, func() bool { return waiting("transactionid") || waiting("tuple") }, 10*time.Second, 10*time.Millisecond,
+		"the pass waits at the task's row")
+
+	pauseDone := make(chan error, 1)
+	go func() { pauseDone <- jobs.PauseJob(ctx, admin, "gated", true) }()
+	select {
+	case err := <-pauseDone:
+		require.NoError(t, err)
+		pauseDone <- nil
+	case <-time.After(500 * time.Millisecond): // the pause waits for the pass
+	}
+	require.NoError(t, blocker.Rollback(ctx))
+	require.NoError(t, <-admitDone)
+	require.NoError(t, <-pauseDone)
+
+	claimed, err := postgres.NewWorkerStore(db.Pool, nil).Claim(ctx, []uuid.UUID{tk.ID}, "w1", time.Minute)
+	require.NoError(t, err)
+	require.Empty(t, claimed, "the job is paused: its task does not start")
 }

@@ -91,7 +91,9 @@ SELECT count(*) > 0 FROM run`)
 
 // sqlRunResume puts a failed or cancelled run back to RUNNING, once no
 // task of it is in flight any more: its nodes that did not complete wait
-// again, to run anew. It returns whether the run was resumed.
+// again, to run anew, and so do those whose task retention has deleted
+// since (their result is gone: the nodes below them could not read it). It
+// returns whether the run was resumed.
 var sqlRunResume = statement("workflow_runs.resume", `
 WITH run AS (
 	UPDATE workflow_runs SET status = 'RUNNING', error = NULL, finished_at = NULL, updated_at = now()
@@ -101,7 +103,8 @@ WITH run AS (
 ), reset AS (
 	UPDATE run_nodes n SET state = 'WAITING', task_id = NULL, memo_key = NULL, memoized_from = NULL
 	WHERE n.run_id = (SELECT id FROM run) AND (n.state = 'SKIPPED' OR (n.state = 'SUBMITTED'
-		AND EXISTS (SELECT 1 FROM tasks t WHERE t.id = n.task_id AND t.status IN ('FAILED', 'CANCELLED'))))
+		AND EXISTS (SELECT 1 FROM tasks t WHERE t.id = n.task_id AND t.status IN ('FAILED', 'CANCELLED')))
+		OR (n.state IN ('SUBMITTED', 'MEMOIZED') AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = n.task_id)))
 )
 SELECT count(*) > 0 FROM run`)
 

@@ -415,3 +415,113 @@ workflows:
 	require.NoError(t, rows.Err())
 	require.Equal(t, []time.Time{first, first.Add(time.Second), first.Add(2 * time.Second)}, ticks)
 }
+
+// expire backdates tasks' completion past retention and runs the
+// maintenance leader's retention pass, as it runs every few minutes.
+func (h *wfHarness) expire(ids ...uuid.UUID) {
+	h.t.Helper()
+	ctx := context.Background()
+	_, err := h.db.Pool.Exec(ctx, `UPDATE tasks SET completed_at = now() - interval '8 days' WHERE id = ANY ($1)`, ids)
+	require.NoError(h.t, err)
+	_, err = postgres.NewMaintenanceStore(h.db.Pool, nil).DeleteExpired(ctx, 7*24*time.Hour, 1000)
+	require.NoError(h.t, err)
+}
+
+// A run that outlives RETENTION (a node waiting more than a week behind a
+// limit, a pause or a long timeout) must still finish: retention deleting
+// the task of its completed node b must not leave d waiting forever on a
+// parent the run can no longer see as completed.
+func TestWorkflowRunOutlivingRetentionFinishes(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailStop)
+	ctx := context.Background()
+	run, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{})
+	require.NoError(t, err)
+	h.settle(h.nodeTasks(run.ID)["a"].ID, task.Complete, `{"a": 1}`)
+	tasks := h.nodeTasks(run.ID)
+	h.settle(tasks["b"].ID, task.Complete, `{"b": 1}`)
+	// A week later, c is still running; retention passes over a and b.
+	h.expire(tasks["a"].ID, tasks["b"].ID)
+	h.settle(tasks["c"].ID, task.Complete, `{"c": 1}`)
+
+	r := h.run(run.ID)
+	require.Equal(t, job.RunRunning, r.Status)
+	d := h.nodeTasks(run.ID)["d"]
+	require.NotEqual(t, uuid.Nil, d.ID, "d's parents all completed: d must be submitted (nodes: %v)", nodeStatus(r))
+	var inputs []byte
+	require.NoError(t, h.db.Pool.QueryRow(ctx, `SELECT inputs FROM tasks WHERE id = $1`, d.ID).Scan(&inputs))
+	require.JSONEq(t, `{"params": {}, "parents": {"b": {"b": 1}, "c": {"c": 1}}}`, string(inputs))
+	h.settle(d.ID, task.Complete, `{}`)
+	require.Equal(t, job.RunCompleted, h.run(run.ID).Status)
+}
+
+// Retrying a failed run once its completed nodes' tasks are past retention
+// must run again what failed (and what lost its result), not leave the run
+// RUNNING forever with nothing in flight.
+func TestWorkflowRetryAfterRetentionIsNotStuck(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailStop)
+	ctx := context.Background()
+	run, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{})
+	require.NoError(t, err)
+	a := h.nodeTasks(run.ID)["a"].ID
+	h.settle(a, task.Complete, `{"a": 1}`)
+	tasks := h.nodeTasks(run.ID)
+	h.settle(tasks["b"].ID, task.Fail, "")
+	_, err = postgres.NewSchedulerStore(h.db.Pool, nil).CancelStopped(ctx, 100)
+	require.NoError(t, err)
+	require.Equal(t, job.RunFailed, h.run(run.ID).Status)
+	// The run is retried eight days later.
+	h.expire(a)
+
+	retried, err := h.store.RetryRun(ctx, h.p, run.ID)
+	require.NoError(t, err)
+	var inFlight int
+	require.NoError(t, h.db.Pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE run_id = $1 AND status IN ('PENDING', 'IN_PROGRESS')`,
+		run.ID).Scan(&inFlight))
+	require.Positive(t, inFlight, "a retried RUNNING run has something to run (status %s, nodes %v)",
+		retried.Status, nodeStatus(retried))
+	for range 4 {
+		for node, tk := range h.nodeTasks(run.ID) {
+			if tk.Status == task.StatusPending {
+				h.settle(tk.ID, task.Complete, `{"`+node+`": 2}`)
+			}
+		}
+	}
+	require.Equal(t, job.RunCompleted, h.run(run.ID).Status)
+}
+
+// Memoization never crosses orgs. Two orgs apply the same file; each
+// removes its workflow while a run of it is under way (the run goes on:
+// its nodes were copied). Org B's node c must not take org A's result.
+func TestWorkflowMemoizationStaysInItsOrg(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailStop)
+	ctx := context.Background()
+	_, orgB := h.db.Key(t, "other", auth.Admin)
+	applyFile(t, h.db, orgB, fmt.Sprintf(diamondFile, job.FailStop))
+	jobsOnly, err := job.Parse([]byte(`
+jobs:
+  - {name: a, type: wf.a}
+  - {name: b, type: wf.b}
+  - {name: c, type: wf.c}
+  - {name: d, type: wf.d}
+`))
+	require.NoError(t, err)
+
+	start := func(p auth.Principal) uuid.UUID {
+		run, err := h.store.StartRun(ctx, p, "diamond", job.RunRequest{})
+		require.NoError(t, err)
+		_, err = h.store.Apply(ctx, p, jobsOnly, false, true) // the workflow is removed
+		require.NoError(t, err)
+		h.settle(h.nodeTasks(run.ID)["a"].ID, task.Complete, `{}`)
+		return run.ID
+	}
+	runA := start(h.p)
+	h.settle(h.nodeTasks(runA)["c"].ID, task.Complete, `{"secret": "org A's"}`)
+
+	runB := start(orgB)
+	r, err := h.store.Run(ctx, orgB, runB)
+	require.NoError(t, err)
+	require.Equal(t, "PENDING", nodeStatus(r)["c"], "org B's c runs: org A's result is not org B's to reuse")
+}
