@@ -3,6 +3,7 @@ package httpapi
 import (
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -65,6 +66,10 @@ func (s *server) handleSubmit() http.HandlerFunc {
 			return
 		}
 		sub, err := task.NewSubmission(toSubmitInput(req, key), s.cfg.Defaults, "")
+		if e, ok := errors.AsType[*task.Error](err); ok && e.Field == "idempotency_key" {
+			// A single submission's key is its header.
+			err = task.Invalid("Idempotency-Key", "%s", e.Message)
+		}
 		if err == nil {
 			err = mayRestrict(principal(r), sub, "")
 		}
@@ -106,6 +111,11 @@ func (s *server) handleSubmitBatch() http.HandlerFunc {
 		var req request
 		if err := s.decode(w, r, &req); err != nil {
 			s.writeError(w, r, err)
+			return
+		}
+		if _, present := r.Header["Idempotency-Key"]; present {
+			s.writeError(w, r, task.Invalid("Idempotency-Key",
+				"a batch takes no header key: give each entry its own idempotency_key"))
 			return
 		}
 		if len(req.Tasks) == 0 || len(req.Tasks) > task.MaxBatchSize {
