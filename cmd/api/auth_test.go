@@ -421,6 +421,38 @@ func TestRevokedKeyIsRefusedByEveryInstanceWithinASecond(t *testing.T) {
 	}
 }
 
+// Revoking a key answers the key as it now stands: revoked, with the time
+// of its revocation (openapi.yaml: "The key, revoked_at set"), the same as
+// the listing shows right after.
+func TestRevokeAnswersTheKeyRevoked(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	key := b.post(t, "/v1/keys", `{"name":"to-revoke","role":"reader"}`)
+	require.Equal(t, http.StatusCreated, key.status, string(key.body))
+	id := key.json(t)["id"].(string)
+
+	revoked := b.do(t, http.MethodDelete, "/v1/keys/"+id, "", "")
+	require.Equal(t, http.StatusOK, revoked.status, string(revoked.body))
+	at, ok := revoked.json(t)["revoked_at"].(string)
+	require.True(t, ok, "the first revocation's answer has no revoked_at: %s", revoked.body)
+
+	var listed struct {
+		Keys []struct {
+			ID        string `json:"id"`
+			RevokedAt string `json:"revoked_at"`
+		} `json:"keys"`
+	}
+	require.NoError(t, json.Unmarshal(b.get(t, "/v1/keys").body, &listed))
+	for _, k := range listed.Keys {
+		if k.ID == id {
+			require.Equal(t, k.RevokedAt, at, "the answer and the listing agree")
+		}
+	}
+	again := b.do(t, http.MethodDelete, "/v1/keys/"+id, "", "")
+	require.Equal(t, http.StatusOK, again.status, string(again.body))
+	require.Equal(t, at, again.json(t)["revoked_at"], "revoking a revoked key changes nothing")
+}
+
 // The rate limit is per principal: past its burst a caller gets 429 with
 // Retry-After, others go on, and it may call again after that wait.
 func TestRateLimitAnswers429WithRetryAfter(t *testing.T) {

@@ -1,13 +1,17 @@
 package main
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/conveyorhq/conveyor/internal/auth"
+	"github.com/conveyorhq/conveyor/internal/config"
 	"github.com/conveyorhq/conveyor/internal/httpapi"
+	"github.com/conveyorhq/conveyor/internal/testenv"
 )
 
 // The dashboard's session: a pasted key becomes an HttpOnly cookie the API
@@ -52,4 +56,37 @@ func TestDashboardSession(t *testing.T) {
 	require.Equal(t, http.StatusNoContent, out.status)
 	require.Contains(t, out.header.Get("Set-Cookie"), "Max-Age=0")
 	require.Equal(t, http.StatusUnauthorized, b.do(t, http.MethodGet, "/v1/whoami", "", "", "Authorization", "", "Cookie", "conveyor_session=cvk_bad").status)
+}
+
+// A sign-in refused by the dashboard is a refused authentication like any
+// other (README: "Refused authentications are logged without the secret
+// and counted in conveyor_auth_failures_total{reason}"): pasting keys into
+// the sign-in form must not be a way to try them unseen.
+func TestDashboardSignInRefusalsAreCountedAndLogged(t *testing.T) {
+	t.Parallel()
+	var cfg config.API
+	first := setup(t, capture(&cfg))
+	var logs testenv.SyncBuffer
+	cfg.LogLevel = "debug"
+	b := first.another(t, cfg, &logs)
+
+	revoked := b.post(t, "/v1/keys", `{"name":"revoked","role":"reader"}`).json(t)
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodDelete, "/v1/keys/"+revoked["id"].(string), "", "").status)
+	attempts := map[string]string{auth.ReasonUnknownKey: unknownKey(), auth.ReasonRevoked: revoked["secret"].(string)}
+	for reason, key := range attempts {
+		resp := b.do(t, http.MethodPost, "/ui/session", "application/json", `{"key":"`+key+`"}`,
+			"Authorization", "", httpapi.UIHeader, "1")
+		require.Equal(t, http.StatusUnauthorized, resp.status, "%s: %s", reason, resp.body)
+	}
+
+	metrics := string(b.get(t, "/metrics").body)
+	logged := logs.String()
+	for reason, key := range attempts {
+		series := fmt.Sprintf("conveyor_auth_failures_total{reason=%q}", reason)
+		require.Equal(t, "1", metricValue(metrics, series), "a refused sign-in is not counted: %s", series)
+		require.Contains(t, logged, fmt.Sprintf(`"reason":%q`, reason), "a refused sign-in is not logged")
+		for _, secret := range secretsOf("Bearer " + key) {
+			requireAbsent(t, logged, secret, "the pasted key is in the log")
+		}
+	}
 }

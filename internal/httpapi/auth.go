@@ -61,15 +61,11 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 		p, err := s.Auth.Authenticate(actx, header)
 		cancel()
 		if err != nil {
-			reason := auth.ReasonOf(err)
-			s.metrics.authFailures.WithLabelValues(reason).Inc()
-			if reason == auth.ReasonLookup {
-				s.Log.ErrorContext(r.Context(), "authentication lookup failed", "error", err)
+			s.refused(r, err)
+			if auth.ReasonOf(err) == auth.ReasonLookup {
 				s.writeError(w, r, task.Errorf(task.ErrCodeUnavailable, "%s", err.Error()))
 				return
 			}
-			s.Log.InfoContext(r.Context(), "authentication failed", "reason", reason, "detail", err.Error(),
-				"remote", r.RemoteAddr, "method", r.Method, "path", r.URL.Path)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="conveyor"`)
 			s.writeProblem(w, r, http.StatusUnauthorized, "unauthorized", err.Error())
 			return
@@ -83,6 +79,19 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
 	})
+}
+
+// refused counts and logs a failed authentication of r (never its
+// credentials: the error's message holds none).
+func (s *server) refused(r *http.Request, err error) {
+	reason := auth.ReasonOf(err)
+	s.metrics.authFailures.WithLabelValues(reason).Inc()
+	if reason == auth.ReasonLookup {
+		s.Log.ErrorContext(r.Context(), "authentication lookup failed", "error", err)
+		return
+	}
+	s.Log.InfoContext(r.Context(), "authentication failed", "reason", reason, "detail", err.Error(),
+		"remote", r.RemoteAddr, "method", r.Method, "path", r.URL.Path)
 }
 
 // SessionCookie holds the API key of a person signed in to the dashboard

@@ -111,7 +111,8 @@ func (s *server) router() chi.Router {
 		r.Mount("/ui", ui.Handler(ui.Config{Cookie: SessionCookie, Header: UIHeader,
 			Authenticate: func(ctx context.Context, header string) (auth.Principal, error) {
 				return s.Auth.Authenticate(ctx, header)
-			}}))
+			},
+			Refused: s.refused}))
 	})
 	r.Group(func(r chi.Router) {
 		r.Use(s.timeout)

@@ -42,11 +42,18 @@ FROM k`)
 var sqlKeysList = statement("api_keys.list", `SELECT `+keyColumns+` FROM api_keys k WHERE k.org_id = $1
 	ORDER BY k.created_at DESC, k.id`)
 
+// sqlKeyRevoke revokes a key and answers it as it now stands: the row the
+// update returns, or, when the key was revoked before, the row as it is (a
+// data-modifying WITH is not seen by the rest of its statement).
 var sqlKeyRevoke = statement("api_keys.revoke", `
 WITH upd AS (
-	UPDATE api_keys SET revoked_at = now() WHERE org_id = $1 AND id = $2 AND revoked_at IS NULL
+	UPDATE api_keys SET revoked_at = now() WHERE org_id = $1 AND id = $2 AND revoked_at IS NULL RETURNING *
 )
-SELECT `+keyColumns+` FROM api_keys k WHERE k.org_id = $1 AND k.id = $2`)
+SELECT `+keyColumns+` FROM (
+	SELECT * FROM upd
+	UNION ALL
+	SELECT * FROM api_keys WHERE org_id = $1 AND id = $2 AND NOT EXISTS (SELECT 1 FROM upd)
+) k`)
 
 var sqlUserInsert = statement("users.insert", `
 WITH u AS (

@@ -27,6 +27,9 @@ var files embed.FS
 type Config struct {
 	// Authenticate checks a bearer Authorization header.
 	Authenticate func(ctx context.Context, header string) (auth.Principal, error)
+	// Refused, when set, is told of every sign-in whose key was refused
+	// (to count and log it as the API does its refusals).
+	Refused func(r *http.Request, err error)
 	// Cookie is the name of the session cookie, Header the header a
 	// browser's changing request carries (httpapi.SessionCookie, UIHeader).
 	Cookie, Header string
@@ -90,6 +93,9 @@ func (cfg Config) signIn(w http.ResponseWriter, r *http.Request) {
 	key := strings.TrimSpace(in.Key)
 	p, err := cfg.Authenticate(r.Context(), "Bearer "+key)
 	if err != nil {
+		if cfg.Refused != nil {
+			cfg.Refused(r, err)
+		}
 		status := http.StatusUnauthorized
 		if auth.ReasonOf(err) == auth.ReasonLookup {
 			status = http.StatusServiceUnavailable
