@@ -72,8 +72,8 @@ func WithClock(now func() time.Time) OIDCOption {
 	}
 }
 
-// ErrIssuerUnavailable: the issuer could not be asked for its configuration;
-// the token was not judged.
+// ErrIssuerUnavailable: the issuer could not be asked for its configuration,
+// or for the keys a token names; the token was not judged.
 var ErrIssuerUnavailable = errors.New("identity provider unavailable")
 
 // NewOIDC returns a verifier of tokens from issuerURL for audience. It does
@@ -104,7 +104,13 @@ func (o *OIDC) Verify(ctx context.Context, raw string) (Identity, error) {
 	if err != nil {
 		return Identity{}, err
 	}
-	tok, err := v.Verify(ctx, raw)
+	// go-oidc keeps only the text of the key set's error: a fetch of the
+	// keys that failed is handed back beside it.
+	var fetchErr error
+	tok, err := v.Verify(context.WithValue(ctx, keysFetchKey{}, &fetchErr), raw)
+	if fetchErr != nil {
+		return Identity{}, fmt.Errorf("auth: verify token: %w: %w", ErrIssuerUnavailable, fetchErr)
+	}
 	if err != nil {
 		return Identity{}, fmt.Errorf("auth: verify token: %w", err)
 	}
@@ -207,6 +213,10 @@ type issuerKeys struct {
 	lastMiss time.Time
 }
 
+// keysFetchKey is the context key under which OIDC.Verify leaves room for
+// an error of fetching the issuer's keys.
+type keysFetchKey struct{}
+
 func (k *issuerKeys) VerifySignature(ctx context.Context, raw string) ([]byte, error) {
 	jws, err := jose.ParseSignedCompact(raw, k.algs)
 	if err != nil {
@@ -219,6 +229,9 @@ func (k *issuerKeys) VerifySignature(ctx context.Context, raw string) ([]byte, e
 	keys, seen, missed := k.lookup(kid)
 	if len(keys) == 0 && !missed {
 		if err := k.refresh(ctx, seen); err != nil {
+			if p, ok := ctx.Value(keysFetchKey{}).(*error); ok {
+				*p = err
+			}
 			return nil, err
 		}
 		if keys, _, _ = k.lookup(kid); len(keys) == 0 {

@@ -222,6 +222,31 @@ func TestOIDCUnreachableIssuer(t *testing.T) {
 	requireNoToken(t, err, raw)
 }
 
+// A token signed with a key the issuer cannot serve, because it is down
+// as the token arrives, meets the issuer's unavailability, not a bad token:
+// the API answers 503 and keeps the person's open streams, instead of 401.
+// Once the issuer is back, the same token verifies.
+func TestOIDCKeysTheIssuerCannotServeAreItsUnavailability(t *testing.T) {
+	t.Parallel()
+	iss := testenv.NewIssuer(t)
+	tr := newIssuerTransport()
+	v := auth.NewOIDC(iss.URL, oidcAudience, auth.WithHTTPClient(&http.Client{Transport: tr}))
+	_, err := v.Verify(t.Context(), iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience}))
+	require.NoError(t, err)
+
+	iss.Rotate(t)
+	tr.down.Store(true)
+	raw := iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience})
+	_, err = v.Verify(t.Context(), raw)
+	require.ErrorIs(t, err, auth.ErrIssuerUnavailable)
+	requireNoToken(t, err, raw)
+
+	tr.down.Store(false)
+	got, err := v.Verify(t.Context(), raw)
+	require.NoError(t, err)
+	require.Equal(t, "alice", got.Subject)
+}
+
 // Discovery fails while the issuer answers 503, is not tried again within a
 // second, and succeeds once the issuer is back; then the provider is reused.
 func TestOIDCDiscoveryRetry(t *testing.T) {
