@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -272,9 +273,18 @@ SELECT c.child_key, c.id, c.status, coalesce(c.error, ''),
 	(SELECT r.payload FROM task_results r WHERE r.task_id = c.id AND c.`+isCompleted+`)
 FROM tasks c WHERE c.parent_id = $1 ORDER BY c.child_key`)
 
+// sqlSpawnHeld locks the parent of a Spawn while the attempt that spawns
+// still holds it, for the rest of the transaction: a parent that was lost
+// meanwhile (its lease expired, and it was ended or taken over) spawns
+// nothing, as none of its handler's other writes lands.
+var sqlSpawnHeld = statement("tasks.spawn_held", `
+SELECT 1 FROM tasks WHERE id = $1 AND status = `+lit(task.StatusInProgress)+` AND worker_id = $2 AND attempt = $3
+FOR SHARE`)
+
 // Spawn submits the children of parent that it has not spawned yet (a
 // child is unique per parent and key, so spawning again submits nothing),
-// then reads where all its children stand.
+// then reads where all its children stand. It answers task.ErrFenced, and
+// spawns nothing, when the parent's attempt no longer holds the task.
 func (s *WorkerStore) Spawn(ctx context.Context, parent task.Task, children []task.Submission, trace task.Carrier) ([]task.ChildState, error) {
 	var rows submitRows
 	for _, sub := range children {
@@ -304,6 +314,13 @@ func (s *WorkerStore) Spawn(ctx context.Context, parent task.Task, children []ta
 	})
 	var made bool
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var held int
+		if err := tx.QueryRow(ctx, sqlSpawnHeld, parent.ID, parent.WorkerID, parent.Attempt).Scan(&held); err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
+				return task.ErrFenced
+			}
+			return err
+		}
 		br := tx.SendBatch(ctx, batch)
 		if len(children) > 0 {
 			tag, err := br.Exec()
@@ -315,6 +332,9 @@ func (s *WorkerStore) Spawn(ctx context.Context, parent task.Task, children []ta
 		}
 		return br.Close()
 	})
+	if errors.Is(err, task.ErrFenced) {
+		return nil, err
+	}
 	if err != nil {
 		return nil, translate(err)
 	}

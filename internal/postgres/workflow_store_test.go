@@ -350,6 +350,38 @@ func TestSpawnedChildrenWakeTheirParent(t *testing.T) {
 	}
 }
 
+// A handler whose task was lost (its lease expired and the reaper ended
+// the attempt: here, out of attempts, FAILED) spawns nothing more: Spawn
+// is a write of the held task like any other, and lands only while this
+// worker's attempt still holds it. Children of a task already FAILED or
+// CANCELLED would run, with their effects, until a sweep stopped them.
+func TestSpawnOfALostParentSpawnsNothing(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	ctx := context.Background()
+	parent := submitOf(t, db, admin, "fan.parent", "", 1)[0]
+	w := postgres.NewWorkerStore(db.Pool, nil)
+	claimed, err := w.Claim(ctx, []uuid.UUID{parent}, "w1", time.Minute)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	p := claimed[0]
+	// The reaper ends the attempt (the worker, cut off, does not know).
+	out, _, err := postgres.NewMaintenanceStore(db.Pool, nil).Apply(ctx, []task.Change{{TaskID: p.ID, Version: p.Version,
+		Transition: task.OnLeaseExpired(false, p.Attempt, p.MaxAttempts), Error: "lease expired"}})
+	require.NoError(t, err)
+	require.False(t, out[0].Fenced)
+
+	sub, err := task.NewSubmission(task.SubmitInput{Type: "fan.child", Dedupe: new(bool)}, task.Defaults{MaxAttempts: 3}, "")
+	require.NoError(t, err)
+	sub.OrgID, sub.ParentID, sub.ChildKey = p.OrgID, &p.ID, "k1"
+	_, err = w.Spawn(ctx, p, []task.Submission{sub}, nil)
+	require.ErrorIs(t, err, task.ErrFenced)
+	var children int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE parent_id = $1`, p.ID).Scan(&children))
+	require.Zero(t, children, "a lost parent's handler spawned children")
+}
+
 // A parent that went to wait after its last child had settled (a race the
 // row lock cannot order) is woken by the scheduler's sweep.
 func TestWakeParentsSweep(t *testing.T) {

@@ -76,6 +76,11 @@ type progress struct {
 type outcome struct {
 	result any
 	err    error
+	// encoded is the result as JSON, or why it cannot be (encodeErr):
+	// encoded where the handler ran, so that a panic of its encoding is
+	// the handler's, recovered.
+	encoded   json.RawMessage
+	encodeErr error
 }
 
 func (w *Worker) newExecution(t task.Task, h conveyor.HandlerFunc, log taskLog, span trace.Span, d outbox.Delivery) *execution {
@@ -212,7 +217,14 @@ func (e *execution) run(ctx context.Context) {
 			lastWrite = time.Now()
 		case now := <-clock.C:
 			beat, long, deadline := c.take(now)
-			if beat && !e.lost {
+			switch {
+			case beat && !e.lost && timerC == nil && e.reportWaiting():
+				// A report whose write failed is stored now, renewing
+				// the lease as well: with no newer report to carry it,
+				// it would wait for the outcome.
+				e.flushProgress(ctx)
+				lastWrite = time.Now()
+			case beat && !e.lost:
 				e.check(ctx, e.write(ctx, task.Change{Transition: task.Renew}))
 			}
 			switch {
@@ -373,7 +385,11 @@ func (e *execution) call() (out outcome) {
 		t.Parent = *e.task.ParentID
 	}
 	result, err := e.handler(e.hctx, t, e)
-	return outcome{result: result, err: err}
+	out = outcome{result: result, err: err}
+	if err == nil {
+		out.encoded, out.encodeErr = json.Marshal(result)
+	}
+	return out
 }
 
 var childKey = regexp.MustCompile(task.ChildKeyPattern)
@@ -458,6 +474,13 @@ func (e *execution) write(ctx context.Context, c task.Change) error {
 	}
 	e.lease.Version = applied.Version
 	return nil
+}
+
+// reportWaiting says a progress report is waiting to be stored.
+func (e *execution) reportWaiting() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.latest != nil && !e.cancelled
 }
 
 // flushProgress stores the latest report, if any.
@@ -549,11 +572,10 @@ func (e *execution) markCancelled(ctx context.Context) {
 // finish stores the attempt's outcome as the lifecycle's transition for it.
 func (e *execution) finish(ctx context.Context, out outcome) {
 	cause := context.Cause(e.hctx)
-	if e.hctx.Err() == nil {
-		// The handler returned on its own: its last progress report lands
-		// before the outcome.
-		e.flushProgress(ctx)
-	}
+	// The handler's last progress report lands before the outcome, also
+	// when it was stopped (a timeout, the shutdown's grace): it was
+	// accepted. A task cancelled or lost stores none (flushProgress).
+	e.flushProgress(ctx)
 	if e.lost {
 		e.done(ctx, "lost", nil)
 		return
@@ -577,7 +599,7 @@ func (e *execution) finish(ctx context.Context, out outcome) {
 		e.store(ctx, "awaiting", task.Change{Transition: task.Await,
 			Detail: map[string]any{"attempt": e.task.Attempt, "waiting": out.err.Error()}})
 	case out.err == nil:
-		result, err := json.Marshal(out.result)
+		result, err := out.encoded, out.encodeErr
 		if err == nil {
 			err = task.StorableJSON(result)
 		}

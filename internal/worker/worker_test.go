@@ -49,7 +49,9 @@ type testConfig struct {
 	readAheadMax    int
 	tasksPerMessage int
 	longAfter       time.Duration
-	handlers        []conveyor.Handler
+	// progressInterval is Config.ProgressInterval: 0, 10 ms.
+	progressInterval time.Duration
+	handlers         []conveyor.Handler
 }
 
 // fakeDeps are a worker's collaborators in memory, with no logs, traces
@@ -74,12 +76,15 @@ func setup(t *testing.T, tc testConfig) *testBundle {
 	if tc.longAfter == 0 {
 		tc.longAfter = time.Hour
 	}
+	if tc.progressInterval == 0 {
+		tc.progressInterval = 10 * time.Millisecond
+	}
 	b := &testBundle{store: newFakeStore(), broker: newFakeBroker(), done: make(chan struct{}), outcomes: map[uuid.UUID]string{},
 		started: map[uuid.UUID]bool{}}
 	w, err := New(Config{
 		Info:        registry.Worker{ID: "w1"},
 		Concurrency: tc.concurrency, Lease: 2 * time.Second, Heartbeat: 100 * time.Millisecond,
-		ProgressInterval: 10 * time.Millisecond, BackoffBase: time.Millisecond, BackoffMax: 10 * time.Millisecond,
+		ProgressInterval: tc.progressInterval, BackoffBase: time.Millisecond, BackoffMax: 10 * time.Millisecond,
 		ShutdownTimeout: time.Second, MaxRunTime: tc.maxRunTime, ReadAhead: tc.readAhead, ReadAheadMax: tc.readAheadMax, TasksPerMessage: tc.tasksPerMessage,
 		LongAfter:           tc.longAfter,
 		ReconnectBackoffMax: 10 * time.Millisecond,
@@ -355,6 +360,30 @@ func TestWorkerFailsAnUnstorableResultAlone(t *testing.T) {
 	require.Contains(t, got.Error, `\u0000`)
 }
 
+// panickyResult is a handler's result whose encoding panics, as a
+// MarshalJSON of the handler's own may.
+type panickyResult struct{}
+
+func (panickyResult) MarshalJSON() ([]byte, error) { panic("boom in MarshalJSON") }
+
+// A panic in the encoding of a handler's result is the handler's panic: it
+// is recovered and counts as an error, and the worker runs on.
+func TestWorkerRecoversAPanicInTheResultsEncoding(t *testing.T) {
+	b := setup(t, testConfig{handlers: []conveyor.Handler{
+		conveyor.Handle("t.panicky", func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) {
+			return panickyResult{}, nil
+		}),
+		conveyor.Handle("t.ok", func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) { return 1, nil }),
+	}})
+	bad := b.store.add("t.panicky", 1)
+	b.deliver(t, bad)
+	require.Equal(t, "failed", b.finished(t, bad))
+	require.Contains(t, b.store.get(bad).Error, "boom in MarshalJSON")
+	good := b.store.add("t.ok", 3)
+	b.deliver(t, good)
+	require.Equal(t, "completed", b.finished(t, good))
+}
+
 // An outcome PostgreSQL refuses for a reason the worker did not foresee
 // fails the attempt with PostgreSQL's own reason, instead of leaving the
 // task to the lease reaper.
@@ -413,6 +442,63 @@ func TestWorkerStoresProgress(t *testing.T) {
 	result := b.store.results[id]
 	b.store.mu.Unlock()
 	require.JSONEq(t, `null`, string(result))
+}
+
+// A progress report whose write failed (the database did not answer) is
+// not lost with it: it lands while the handler still runs, though the
+// handler reports nothing more — its heartbeat included.
+func TestWorkerStoresAProgressReportWhoseWriteFailed(t *testing.T) {
+	release := make(chan struct{})
+	reported := make(chan struct{})
+	b := setup(t, testConfig{handlers: []conveyor.Handler{
+		conveyor.Handle("t.progress", func(ctx context.Context, _ conveyor.Task, r conveyor.Reporter) (any, error) {
+			require.NoError(t, r.Progress(ctx, 50, "Half way"))
+			close(reported)
+			<-release
+			return nil, nil
+		}),
+	}})
+	var failed atomic.Bool
+	b.store.mu.Lock()
+	b.store.refuse = func(c task.Change) error {
+		if c.Transition == task.Progress && failed.CompareAndSwap(false, true) {
+			return errors.New("the database did not answer")
+		}
+		return nil
+	}
+	b.store.mu.Unlock()
+	id := b.store.add("t.progress", 3)
+	b.deliver(t, id)
+	<-reported
+	defer close(release)
+	require.Eventually(t, func() bool { return b.store.get(id).Progress == 50 }, 2*time.Second, 5*time.Millisecond,
+		"the report whose write failed never landed while the handler ran")
+	require.Equal(t, "Half way", b.store.get(id).State)
+}
+
+// The last progress report of an attempt that runs past its run time
+// lands, though it was still waiting for its turn (PROGRESS_MIN_INTERVAL)
+// when the handler was stopped: the latest value always lands.
+func TestWorkerStoresTheLastProgressOfAnAttemptThatTimesOut(t *testing.T) {
+	var b *testBundle
+	stored := make(chan struct{})
+	b = setup(t, testConfig{maxRunTime: 500 * time.Millisecond, progressInterval: time.Hour, handlers: []conveyor.Handler{
+		conveyor.Handle("t.progress", func(ctx context.Context, _ conveyor.Task, r conveyor.Reporter) (any, error) {
+			require.NoError(t, r.Progress(ctx, 10, "Step 1/10"))
+			<-stored // the first report is written; the next waits for its turn
+			require.NoError(t, r.Progress(ctx, 80, "Step 8/10"))
+			<-ctx.Done()
+			return nil, context.Cause(ctx)
+		}),
+	}})
+	id := b.store.add("t.progress", 1)
+	b.deliver(t, id)
+	require.Eventually(t, func() bool { return b.store.get(id).Progress == 10 }, waitLimit, time.Millisecond)
+	close(stored)
+	require.Equal(t, "failed", b.finished(t, id))
+	got := b.store.get(id)
+	require.Contains(t, got.Error, "timed out")
+	require.Equal(t, 80, got.Progress, "the last report, accepted before the timeout, was dropped")
 }
 
 // While a handler runs long and every slot is taken, the broker gets no
