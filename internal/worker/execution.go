@@ -148,8 +148,17 @@ func (e *execution) run(ctx context.Context) {
 		}
 		close(started)
 		e.w.metrics.running.Inc()
+		returned := false
+		defer func() {
+			e.w.metrics.running.Dec()
+			if !returned {
+				// The handler ended its goroutine (runtime.Goexit, as
+				// testing's FailNow does) instead of returning.
+				done <- outcome{err: errHandlerExited}
+			}
+		}()
 		out := e.call()
-		e.w.metrics.running.Dec()
+		returned = true
 		done <- out
 	}()
 	defer e.ack()
@@ -360,6 +369,10 @@ func (e *execution) ack() {
 }
 
 // call runs the handler, turning a panic into an error.
+// errHandlerExited: the handler ended its goroutine without returning. It
+// counts as an error of the attempt, retried like any other.
+var errHandlerExited = errors.New("the handler exited its goroutine (runtime.Goexit) without returning")
+
 func (e *execution) call() (out outcome) {
 	defer func() {
 		if v := recover(); v != nil {

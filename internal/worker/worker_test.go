@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"runtime"
 	"testing"
 	"time"
 
@@ -739,6 +740,27 @@ func TestWorkerHandsBackWhatItClaimedAheadWhenStopping(t *testing.T) {
 	close(h.release)
 	require.Equal(t, "completed", b.finished(t, first))
 	require.Empty(t, h.entered)
+}
+
+// A handler that ends its goroutine instead of returning (runtime.Goexit,
+// as testing's FailNow does) fails its attempt, which is retried, and
+// frees its slot: the next task runs.
+func TestWorkerFailsAnAttemptWhoseHandlerExitsItsGoroutine(t *testing.T) {
+	exits := func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) {
+		runtime.Goexit()
+		return nil, nil
+	}
+	b := setup(t, testConfig{concurrency: 1, handlers: []conveyor.Handler{conveyor.Handle("t.exits", exits),
+		conveyor.Handle("t.ok", func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) { return "ok", nil })}})
+	id := b.store.add("t.exits", 1)
+	b.deliver(t, id)
+	require.Equal(t, "failed", b.finished(t, id))
+	got := b.store.get(id)
+	require.Equal(t, task.StatusFailed, got.Status)
+	require.Contains(t, got.Error, "Goexit")
+	next := b.store.add("t.ok", 1)
+	b.deliver(t, next)
+	require.Equal(t, "completed", b.finished(t, next), "the slot was freed")
 }
 
 // A handler that returns its result as the shutdown's grace period ends
