@@ -40,12 +40,14 @@ ORDER BY lease_expires_at LIMIT $1`)
 // old) and that have no message waiting in the outbox: their message is
 // either still in its queue or lost. The anti-join is NOT EXISTS, which
 // PostgreSQL can always run as a hashed anti-join, however large the
-// outbox.
+// outbox. The types of $3 are left out: the leader found their queues
+// busy, and a backlog of them must not hide the lost tasks of others.
 var sqlStalePending = statement("tasks.stale_pending", `
 SELECT id, type, status, version, attempt, max_attempts, cancel_requested_at IS NOT NULL, coalesce(worker_id, '')
 FROM tasks t
 WHERE `+isPending+` AND admitted AND next_run_at < now() - $1 * interval '1 millisecond'
 	AND coalesce(published_at, created_at) < now() - $1 * interval '1 millisecond'
+	AND NOT (t.type = ANY ($3::text[]))
 	AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.task_id = t.id AND o.kind = 'task.run')
 ORDER BY next_run_at LIMIT $2`)
 
@@ -164,9 +166,12 @@ func (s *MaintenanceStore) ExpiredLeases(ctx context.Context, limit int) ([]task
 
 // StalePending lists up to limit PENDING tasks that waited longer than
 // after since they were due and since their message was confirmed, with no
-// message in the outbox.
-func (s *MaintenanceStore) StalePending(ctx context.Context, after time.Duration, limit int) ([]task.Standing, error) {
-	rows, err := s.pool.Query(ctx, sqlStalePending, after.Milliseconds(), limit)
+// message in the outbox, leaving out the tasks of the types in skip.
+func (s *MaintenanceStore) StalePending(ctx context.Context, after time.Duration, limit int, skip []string) ([]task.Standing, error) {
+	if skip == nil {
+		skip = []string{}
+	}
+	rows, err := s.pool.Query(ctx, sqlStalePending, after.Milliseconds(), limit, skip)
 	if err != nil {
 		return nil, translate(err)
 	}

@@ -120,17 +120,20 @@ func TestStalePendingIsKeyedOnTheConfirmation(t *testing.T) {
 	b.exec(t, `UPDATE tasks SET published_at = now() WHERE id = $1`, justPublished)
 	b.exec(t, `INSERT INTO outbox (kind, org_id, task_id, task_type, attempt, task_version) VALUES ('task.run', `+testdb.OrgSQL+`, $1, 'demo.noop', 0, 1)`, queued)
 
-	stale, err := b.maint.StalePending(ctx, 10*time.Minute, 100)
+	stale, err := b.maint.StalePending(ctx, 10*time.Minute, 100, nil)
 	require.NoError(t, err)
 	require.Len(t, stale, 1)
 	require.Equal(t, lost, stale[0].ID)
+	skipped, err := b.maint.StalePending(ctx, 10*time.Minute, 100, []string{"demo.noop"})
+	require.NoError(t, err)
+	require.Empty(t, skipped, "the tasks of a type whose queue the leader found busy are left out")
 
 	out, errs, err := b.maint.Apply(ctx, []task.Change{{TaskID: lost, Version: stale[0].Version, Transition: task.Republish}})
 	require.NoError(t, err)
 	require.NoError(t, errs[0])
 	require.False(t, out[0].Fenced)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE task_id = $1`, lost))
-	stale, err = b.maint.StalePending(ctx, 10*time.Minute, 100)
+	stale, err = b.maint.StalePending(ctx, 10*time.Minute, 100, nil)
 	require.NoError(t, err)
 	require.Empty(t, stale, "its message waits in the outbox now")
 }
@@ -145,7 +148,7 @@ func TestStalePendingIsAnAntiJoinOverALargeOutbox(t *testing.T) {
 		SELECT 'task.run', `+testdb.OrgSQL+`, gen_random_uuid(), 'demo.noop', 0, 1 FROM generate_series(1, 300000)`)
 	b.exec(t, `ANALYZE tasks`)
 	b.exec(t, `ANALYZE outbox`)
-	plan := b.explain(t, statementSQL(t, "tasks.stale_pending"), int64(600000), 1000)
+	plan := b.explain(t, statementSQL(t, "tasks.stale_pending"), int64(600000), 1000, []string{})
 	require.Contains(t, plan, "Anti Join", plan)
 	require.NotContains(t, plan, "SubPlan", plan)
 }

@@ -16,7 +16,9 @@ type MaintenanceStore interface {
 	Resign(ctx context.Context, name, id string) error
 	ExpiredLeases(ctx context.Context, limit int) ([]task.Standing, error)
 	HeartbeatExpired(ctx context.Context, limit int) ([]task.Standing, []time.Duration, error)
-	StalePending(ctx context.Context, after time.Duration, limit int) ([]task.Standing, error)
+	// StalePending lists up to limit stale PENDING tasks, oldest due
+	// first, leaving out those of the types in skip.
+	StalePending(ctx context.Context, after time.Duration, limit int, skip []string) ([]task.Standing, error)
 	Apply(ctx context.Context, changes []task.Change) ([]task.Applied, []error, error)
 	DeleteExpired(ctx context.Context, retention time.Duration, limit int) (int, error)
 	ReleaseParked(ctx context.Context, deadAfter time.Duration) (int, error)
@@ -125,7 +127,8 @@ func (m *Maintainer) Leading() bool { return m.leading.Load() }
 func (m *Maintainer) RunOnce(ctx context.Context) {
 	m.repeat(ctx, "reap expired leases", m.reapLeases)
 	m.repeat(ctx, "reap silent handlers", m.reapHeartbeats)
-	m.repeat(ctx, "republish lost messages", m.republish)
+	_, err := m.republish(ctx)
+	m.failed(ctx, "republish lost messages", err)
 	m.count(ctx, "parked_released", func() (int, error) { return m.store.ReleaseParked(ctx, m.cfg.DeadAfter) })
 	m.repeat(ctx, "delete expired tasks", func(ctx context.Context) (int, error) {
 		n, err := m.store.DeleteExpired(ctx, m.cfg.Retention, m.cfg.BatchSize)
@@ -185,34 +188,51 @@ func endAttempts(running []task.Standing, why func(i int) (string, map[string]an
 // message. A non-empty queue means the workers are still working through
 // it (or none runs): publishing more would only feed the backlog. An empty
 // one means those tasks' messages were lost (a purge, a broker that lost
-// its queues).
+// its queues). It goes through the stale tasks a batch at a time, oldest
+// due first, leaving out the types whose queue it found busy: a backlog of
+// one type, however long, does not hide the lost tasks of another.
 func (m *Maintainer) republish(ctx context.Context) (int, error) {
-	stale, err := m.store.StalePending(ctx, m.cfg.RepublishAfter, m.cfg.BatchSize)
-	if err != nil || len(stale) == 0 {
-		return 0, err
-	}
 	empty := map[string]bool{}
-	var changes []task.Change
-	for _, s := range stale {
-		ok, checked := empty[s.Type]
-		if !checked {
-			ready, _, err := m.queues.Ready(ctx, s.Type)
-			if err != nil {
-				return 0, err
+	var busy []string
+	total := 0
+	for {
+		stale, err := m.store.StalePending(ctx, m.cfg.RepublishAfter, m.cfg.BatchSize, busy)
+		if err != nil || len(stale) == 0 {
+			return total, err
+		}
+		var changes []task.Change
+		newlyBusy := false
+		for _, s := range stale {
+			ok, checked := empty[s.Type]
+			if !checked {
+				ready, _, err := m.queues.Ready(ctx, s.Type)
+				if err != nil {
+					return total, err
+				}
+				ok = ready == 0
+				empty[s.Type] = ok
+				if !ok {
+					busy = append(busy, s.Type)
+					newlyBusy = true
+					m.log.InfoContext(ctx, "stale tasks wait behind a non-empty queue; not republished", "type", s.Type, "ready", ready)
+				}
 			}
-			ok = ready == 0
-			empty[s.Type] = ok
-			if !ok {
-				m.log.InfoContext(ctx, "stale tasks wait behind a non-empty queue; not republished", "type", s.Type, "ready", ready)
+			if ok {
+				changes = append(changes, task.Change{TaskID: s.ID, Version: s.Version, Transition: task.Republish,
+					Detail: map[string]any{"reason": "message lost: republished"}})
 			}
 		}
-		if ok {
-			changes = append(changes, task.Change{TaskID: s.ID, Version: s.Version, Transition: task.Republish,
-				Detail: map[string]any{"reason": "message lost: republished"}})
+		if err := m.apply(ctx, changes); err != nil {
+			return total, err
+		}
+		total += len(changes)
+		// A batch that is not full held every stale task left. A full one
+		// that moved nothing and found no busy type would come back the
+		// same: stop.
+		if len(stale) < m.cfg.BatchSize || (len(changes) == 0 && !newlyBusy) {
+			return total, nil
 		}
 	}
-	// A full batch of skipped tasks must not loop: report only what moved.
-	return len(changes), m.apply(ctx, changes)
 }
 
 // apply applies the leader's changes and counts those that landed.

@@ -37,7 +37,7 @@ func (s *fakeMaintenanceStore) ExpiredLeases(context.Context, int) ([]task.Stand
 func (s *fakeMaintenanceStore) HeartbeatExpired(context.Context, int) ([]task.Standing, []time.Duration, error) {
 	return nil, nil, nil
 }
-func (s *fakeMaintenanceStore) StalePending(context.Context, time.Duration, int) ([]task.Standing, error) {
+func (s *fakeMaintenanceStore) StalePending(context.Context, time.Duration, int, []string) ([]task.Standing, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.stale, nil
@@ -85,6 +85,69 @@ func TestMaintenanceRepublishesOnlyBehindAnEmptyQueue(t *testing.T) {
 		require.Equal(t, task.Republish, c.Transition)
 		require.NotEqual(t, busy, c.TaskID)
 	}
+}
+
+// A backlog of stale tasks of one type, waiting behind its non-empty queue,
+// does not hide the lost tasks of another type: however many tasks of the
+// busy type are older, the tasks of the type whose queue is empty are
+// published again.
+func TestMaintenanceRepublishesLostTasksBehindABacklogOfAnotherType(t *testing.T) {
+	t.Parallel()
+	store := &limitedStaleStore{}
+	// 250 stale tasks of a busy type (more than two batches of 100), due
+	// first; then 3 whose messages were lost.
+	for range 250 {
+		store.stale = append(store.stale, task.Standing{ID: uuid.New(), Type: "t.busy", Version: 2})
+	}
+	lost := map[uuid.UUID]bool{}
+	for range 3 {
+		id := uuid.New()
+		lost[id] = true
+		store.stale = append(store.stale, task.Standing{ID: id, Type: "t.lost", Version: 2})
+	}
+	ready := map[string]int{"t.busy": 5000, "t.lost": 0}
+	m := newTestMaintainer(store, QueuesFunc(func(_ context.Context, typ string) (int, bool, error) {
+		return ready[typ], true, nil
+	}))
+	m.RunOnce(context.Background())
+	store.mu.Lock()
+	defer store.mu.Unlock()
+	got := map[uuid.UUID]bool{}
+	for _, c := range store.applied {
+		require.Equal(t, task.Republish, c.Transition)
+		got[c.TaskID] = true
+	}
+	require.Equal(t, lost, got, "the lost tasks are republished, and only they")
+}
+
+// limitedStaleStore serves stale tasks as the database does: at most limit
+// of them, oldest first, none of the types skipped; a task republished is
+// no longer stale.
+type limitedStaleStore struct {
+	fakeMaintenanceStore
+}
+
+func (s *limitedStaleStore) StalePending(_ context.Context, _ time.Duration, limit int, skip []string) ([]task.Standing, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	moved := map[uuid.UUID]bool{}
+	skipped := map[string]bool{}
+	for _, typ := range skip {
+		skipped[typ] = true
+	}
+	for _, c := range s.applied {
+		moved[c.TaskID] = true
+	}
+	var out []task.Standing
+	for _, st := range s.stale {
+		if len(out) == limit {
+			break
+		}
+		if !moved[st.ID] && !skipped[st.Type] {
+			out = append(out, st)
+		}
+	}
+	return out, nil
 }
 
 // Expired leases are ended as the lifecycle says.

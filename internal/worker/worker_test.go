@@ -5,10 +5,10 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"runtime"
 	"testing"
 	"time"
 
