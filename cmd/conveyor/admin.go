@@ -37,11 +37,10 @@ func (a *app) whoamiCommand() *cobra.Command {
 }
 
 func (a *app) keysCommand() *cobra.Command {
-	cmd := &cobra.Command{
+	cmd := groupCommand(&cobra.Command{
 		Use:   "keys",
 		Short: "Make, list and revoke the org's API keys",
-		Args:  noArgs,
-	}
+	})
 	cmd.AddCommand(a.keysCreateCommand(), a.keysListCommand(), a.keysRevokeCommand())
 	return cmd
 }
@@ -164,11 +163,10 @@ func (a *app) keysRevokeCommand() *cobra.Command {
 }
 
 func (a *app) usersCommand() *cobra.Command {
-	cmd := &cobra.Command{
+	cmd := groupCommand(&cobra.Command{
 		Use:   "users",
 		Short: "Add, list, change and remove the org's users (people)",
-		Args:  noArgs,
-	}
+	})
 	var in apiclient.UserRequest
 	create := &cobra.Command{
 		Use:   "create EXTERNAL_ID --role ROLE",
@@ -256,11 +254,10 @@ func (a *app) usersCommand() *cobra.Command {
 }
 
 func (a *app) rolesCommand() *cobra.Command {
-	cmd := &cobra.Command{
+	cmd := groupCommand(&cobra.Command{
 		Use:   "roles",
 		Short: "Define org roles, which tasks can be restricted to, and their members",
-		Args:  noArgs,
-	}
+	})
 	var name string
 	create := &cobra.Command{
 		Use:   "create SLUG",
@@ -362,6 +359,28 @@ func (a *app) rolesCommand() *cobra.Command {
 	cmd.AddCommand(create, list, remove, members,
 		membership("add-member", "Make a user a member of a role", true),
 		membership("remove-member", "End a user's membership of a role", false))
+	return cmd
+}
+
+// groupCommand makes cmd, a command that only groups others, show its
+// help when called alone and refuse a subcommand it does not have (a
+// misspelt one) as the root does: a command used wrongly, not its help and
+// exit 0, which cobra does for a command that cannot run itself.
+func groupCommand(cmd *cobra.Command) *cobra.Command {
+	cmd.Args = func(cmd *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return nil
+		}
+		msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+		if cmd.SuggestionsMinimumDistance <= 0 {
+			cmd.SuggestionsMinimumDistance = 2 // as cobra sets for the root
+		}
+		if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+			msg += "\n\nDid you mean this?\n\t" + strings.Join(s, "\n\t") + "\n"
+		}
+		return usagef("%s", msg)
+	}
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
 	return cmd
 }
 

@@ -764,3 +764,46 @@ func TestVersionAndCompletion(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "IN_PROGRESS\n")
 }
+
+// A command that only groups others (keys, users, roles) refuses a
+// subcommand it does not have, as the root does: a misspelt `keys crate`
+// is a command used wrongly (exit 2), not its help and exit 0.
+func TestGroupCommandsRefuseAnUnknownSubcommand(t *testing.T) {
+	t.Parallel()
+	api := newFakeAPI(t)
+	for _, args := range [][]string{
+		{"keys", "crate", "ci"},
+		{"users", "lst"},
+		{"roles", "add-membr", "finance", "u1"},
+	} {
+		r := newCLI(t, api).run(args...)
+		require.Equal(t, 2, r.code, "%v: %s", args, r.stdout)
+		require.Contains(t, r.stderr, fmt.Sprintf("conveyor: unknown command %q for \"conveyor %s\"", args[1], args[0]), "%v", args)
+		require.Empty(t, r.stdout, "%v", args)
+	}
+	require.Empty(t, api.recorded())
+
+	// Alone, such a command shows its help.
+	r := newCLI(t, api).run("keys")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "Available Commands:")
+}
+
+// A page size out of its range is a command used wrongly, as runs --limit
+// says, not silently the API's default page.
+func TestListLimitOutOfRange(t *testing.T) {
+	t.Parallel()
+	api := newFakeAPI(t)
+	api.json("GET /v1/tasks", 200, `{"tasks":[]}`)
+	api.json("GET /v1/tasks/{id}/events", 200, `{"events":[]}`)
+	for _, args := range [][]string{
+		{"ls", "--limit", "-1"},
+		{"ls", "-n", "0"},
+		{"events", "x", "--limit", "-5"},
+	} {
+		r := newCLI(t, api).run(args...)
+		require.Equal(t, 2, r.code, "%v: %s", args, r.stdout)
+		require.Contains(t, r.stderr, "--limit must be", "%v", args)
+	}
+	require.Empty(t, api.recorded(), "nothing asked of the API")
+}

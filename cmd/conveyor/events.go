@@ -41,7 +41,7 @@ the org's events from now on, one line each, until Ctrl-C; --type and
 			case follow && cmd.Flags().Changed("limit"):
 				return usagef("--limit is for a task's history, not with --follow")
 			}
-			return nil
+			return limitFlag(cmd, limit, 100)
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.api(cmd)

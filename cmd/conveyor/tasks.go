@@ -287,6 +287,9 @@ key with that value, compared as text).`,
   conveyor ls --limit 500 --all -o json`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := limitFlag(cmd, f.Limit, 500); err != nil {
+				return err
+			}
 			var err error
 			if f.TaskFilter, err = filters.filter(a.now()); err != nil {
 				return err
@@ -467,6 +470,15 @@ func exactArgs(n int, names string) cobra.PositionalArgs {
 		}
 		return nil
 	}
+}
+
+// limitFlag checks a --limit given against its range, 1 to most: a value
+// outside it is not sent, and would silently list the API's default page.
+func limitFlag(cmd *cobra.Command, limit, most int) error {
+	if cmd.Flags().Changed("limit") && (limit < 1 || limit > most) {
+		return usagef("--limit must be between 1 and %d, got %d", most, limit)
+	}
+	return nil
 }
 
 // noArgs refuses arguments.

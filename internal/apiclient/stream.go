@@ -90,10 +90,14 @@ type follower struct {
 // errEnded says the server has no more to send (a 204).
 var errEnded = errors.New("stream ended")
 
+// errSilent says a connection sent nothing, not even a heartbeat, for
+// longer than StreamIdleTimeout, and was taken for dead.
+var errSilent = errors.New("the stream was silent, heartbeats included,")
+
 // run connects and reconnects until the stream's end frame (it returns
 // the final status) or a 204 (it returns ""), or an error. Failures in a
 // row are retried with a growing delay, up to ReconnectTries; a connection
-// that the server opened (its ready frame) or that delivered an event
+// that the server opened as an event stream, and that did not go silent,
 // starts the count again: a quiet stream that a proxy or a restart closes
 // now and then has not failed.
 func (f *follower) run(ctx context.Context) (string, error) {
@@ -163,8 +167,8 @@ func retryable(err error) bool {
 // end frame's status if one came, whether the server opened the stream or
 // any event was passed to fn, and why the connection ended.
 func (f *follower) connect(ctx context.Context) (end string, progressed bool, err error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	h := http.Header{"Accept": {"text/event-stream"}, "Cache-Control": {"no-cache"}}
 	if f.lastID != "" {
 		h.Set("Last-Event-ID", f.lastID)
@@ -186,13 +190,21 @@ func (f *follower) connect(ctx context.Context) (end string, progressed bool, er
 
 	// A connection silent for longer than the heartbeats allow is dead
 	// (a half-open TCP connection never says so): cancel it.
-	idle := time.AfterFunc(f.c.cfg.StreamIdleTimeout, cancel)
+	idle := time.AfterFunc(f.c.cfg.StreamIdleTimeout, func() { cancel(errSilent) })
 	defer idle.Stop()
 	body := &activityReader{r: resp.Body, active: func() { idle.Reset(f.c.cfg.StreamIdleTimeout) }}
 
 	for frame, rerr := range sse.Read(body, &sse.ReadConfig{MaxEventSize: maxFrameSize}) {
 		if rerr != nil {
-			return "", progressed, rerr
+			if errors.Is(context.Cause(ctx), errSilent) {
+				// Not the caller's cancellation, which ends the stream.
+				return "", progressed, fmt.Errorf("GET %s: %w for %s", f.path, errSilent, f.c.cfg.StreamIdleTimeout)
+			}
+			// The server opened the stream: a quiet one that a proxy or a
+			// restart closes has not failed (the org's stream also says so
+			// with its ready frame; a task's has none, and a task may stay
+			// quiet for long). One that went silent, though, was dead.
+			return "", true, rerr
 		}
 		switch frame.Type {
 		case "end":
@@ -218,7 +230,7 @@ func (f *follower) connect(ctx context.Context) (end string, progressed bool, er
 			progressed = progressed || passed
 		}
 	}
-	return "", progressed, nil
+	return "", true, nil // opened, as above
 }
 
 // deliver passes a task frame to fn unless its id was passed already.

@@ -381,3 +381,61 @@ func TestFollowStopsOnTheCallersError(t *testing.T) {
 	require.Equal(t, 2, n)
 	require.Len(t, f.resumes(), 1)
 }
+
+// A task's stream that the server opens and a proxy or a restart closes,
+// again and again, while the task is quiet (waiting for its time, a slot or
+// a paused type to resume) has not failed either: as with the org's feed,
+// each opened connection starts the count of failed reconnects again, and
+// the follower sees the task to its end.
+func TestFollowTaskOutlastsQuietStreamsClosedManyTimes(t *testing.T) {
+	t.Parallel()
+	const closes = 12 // more than the client's ReconnectTries
+	events := newTaskEvents("t8", 3, apiclient.StatusCompleted)
+	var mu sync.Mutex
+	conns := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		conns++
+		conn := conns
+		mu.Unlock()
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprintf(w, "retry: 2000\n\n: heartbeat\n\n")
+		if conn <= closes {
+			return // opened, quiet, closed
+		}
+		for _, e := range events {
+			b, err := json.Marshal(e)
+			require.NoError(t, err)
+			fmt.Fprintf(w, "id: %d\nevent: task\ndata: %s\n\n", e.ID, b)
+		}
+		fmt.Fprintf(w, "event: end\ndata: {\"task_id\":\"t8\",\"status\":\"COMPLETED\"}\n\n")
+	}))
+	t.Cleanup(srv.Close)
+
+	got, status := follow(t, newClient(t, srv.URL), "t8")
+	require.Equal(t, ids(events), got)
+	require.Equal(t, apiclient.StatusCompleted, status)
+}
+
+// A stream given up on because it stayed silent is lost, not interrupted:
+// its error does not read as the caller's cancellation (which the command
+// line reports as Ctrl-C, exit 130, without a word).
+func TestFollowTaskGivesUpOnASilentStreamWithoutSayingCancelled(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // never a byte: a half-open connection, a buffering proxy
+	}))
+	t.Cleanup(srv.Close)
+	c, err := apiclient.New(apiclient.Config{URL: srv.URL, ReconnectDelay: time.Millisecond,
+		ReconnectMaxDelay: time.Millisecond, ReconnectTries: 2, StreamIdleTimeout: 50 * time.Millisecond})
+	require.NoError(t, err)
+
+	_, err = c.FollowTask(t.Context(), "t9", func(apiclient.Event) error { return nil })
+	require.Error(t, err)
+	require.ErrorContains(t, err, "lost after 2 reconnects")
+	require.NotErrorIs(t, err, context.Canceled, "%v", err)
+	require.ErrorContains(t, err, "silent")
+}
