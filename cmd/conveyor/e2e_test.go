@@ -333,6 +333,11 @@ func TestStreamingCommandsAgainstThePipeline(t *testing.T) {
 	r = p.run(t, "watch", failing)
 	require.Equal(t, 1, r.code, r.stderr)
 	require.Regexp(t, `(?m)^\S+  `+failing+`  FAILED      \s*\d+%  Failed: .*demo.sleep: failing attempt 1 of the first 1, as asked$`, r.stdout)
+	// events --follow of the same task ends the same way: exit 1.
+	r = p.run(t, "events", "--follow", failing)
+	require.Equal(t, 1, r.code, r.stderr)
+	require.Contains(t, r.stdout, "FAILED")
+	require.Equal(t, 0, p.run(t, "events", "--follow", id).code, "a COMPLETED task's follow exits 0")
 
 	// Several at once, as JSON lines: every event of each, once.
 	a := p.submit(t, "demo.sleep", "-p", `{"steps":3,"step_ms":100}`, "--no-dedupe")

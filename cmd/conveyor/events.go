@@ -25,7 +25,8 @@ func (a *app) eventsCommand() *cobra.Command {
 is 50), oldest first; with -o json, as the API answers them, newest first.
 
 With --follow and an ID, print the task's events from its first, one line
-each, and go on live until the task ends. With --follow and no ID, print
+each, and go on live until the task ends (exit 1 if it did not COMPLETE,
+as watch). With --follow and no ID, print
 the org's events from now on, one line each, until Ctrl-C; --type and
 --status narrow them. With -o json, each event is a JSON line.`,
 		Example: `  conveyor events 0193a2b4-5c6d-7e8f-9a0b-1c2d3e4f5a6b
@@ -52,7 +53,12 @@ the org's events from now on, one line each, until Ctrl-C; --type and
 			switch {
 			case follow && len(args) == 1:
 				v := a.feedView(false)
-				_, err := c.FollowTask(ctx, args[0], func(e apiclient.Event) error { v.event(0, e); return nil })
+				status, err := c.FollowTask(ctx, args[0], func(e apiclient.Event) error { v.event(0, e); return nil })
+				if err == nil && status != apiclient.StatusCompleted {
+					// As watch and submit --wait: the task followed to its
+					// end did not complete.
+					return &exitStatus{code: exitFailure}
+				}
 				return err
 			case follow:
 				filter.Status = strings.ToUpper(filter.Status)
