@@ -598,7 +598,11 @@ func (s *SchedulerStore) Cron(ctx context.Context, cfg job.CronConfig, now time.
 			st.Jobs++
 			sched, err := job.Schedule(d.schedule, d.tz)
 			if err != nil {
+				// Its schedule was valid when applied (a time zone may have
+				// left the system's database since): try again later, and
+				// meanwhile let the jobs due after it tick.
 				st.Errors[d.id] = err
+				batch.Queue(sqlJobAdvance, d.id, now.Add(unreadableScheduleRetry))
 				continue
 			}
 			run, skipped, next := dueTicks(sched, d.next, now, d.missed, cfg)
@@ -648,6 +652,12 @@ func (s *SchedulerStore) Cron(ctx context.Context, cfg job.CronConfig, now time.
 	}
 	return st, nil
 }
+
+// unreadableScheduleRetry is how long a job or workflow whose stored
+// schedule no longer parses waits before the scheduler reads it again. Left
+// due, it would stay the oldest due and, with enough of them, take every
+// place of a pass.
+const unreadableScheduleRetry = time.Minute
 
 // dueTicks splits the ticks of sched from next (the cursor) to now into
 // those to make and the number skipped (missed by more than the catch-up
@@ -719,6 +729,9 @@ func cronWorkflows(ctx context.Context, tx pgx.Tx, cfg job.CronConfig, now time.
 		sched, err := job.Schedule(src.Schedule, src.Timezone)
 		if err != nil {
 			st.Errors[d.wf.ID] = err
+			if _, err := tx.Exec(ctx, sqlWorkflowAdvance, d.wf.ID, now.Add(unreadableScheduleRetry)); err != nil {
+				return err
+			}
 			continue
 		}
 		run, skipped, next := dueTicks(sched, d.next, now, src.Missed, cfg)

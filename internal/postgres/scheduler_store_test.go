@@ -334,6 +334,46 @@ func TestCronRunOnceAfterLongDowntimeMakesOneTask(t *testing.T) {
 	require.Equal(t, 32, n, "the latest missed tick, and the 31 within the catch-up window")
 }
 
+// A job whose stored schedule no longer parses (its time zone left the
+// system's database) is tried again a minute later, and meanwhile holds up
+// none of the jobs due after it, however few a pass reads.
+func TestCronJobWithAnUnreadableScheduleHoldsUpNoOther(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	ctx := context.Background()
+	applyFile(t, db, admin, `jobs:
+  - name: broken
+    type: cron.broken
+    source: {kind: cron, schedule: "@every 1s"}
+  - name: fine
+    type: cron.fine
+    source: {kind: cron, schedule: "@every 1s"}
+`)
+	now := time.Now().Truncate(time.Second)
+	_, err := db.Pool.Exec(ctx, `UPDATE jobs SET timezone = 'Mars/Olympus_Mons', next_tick_at = $1::timestamptz - interval '10 seconds'
+		WHERE name = 'broken'`, now)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `UPDATE jobs SET next_tick_at = $1::timestamptz - interval '5 seconds' WHERE name = 'fine'`, now)
+	require.NoError(t, err)
+
+	s := postgres.NewSchedulerStore(db.Pool, nil)
+	cfg := job.CronConfig{CatchUp: time.Minute, MaxJobs: 1, MaxTicks: 1000}
+	st, err := s.Cron(ctx, cfg, now)
+	require.NoError(t, err)
+	require.Len(t, st.Errors, 1, "the broken job's schedule is reported")
+	_, err = s.Cron(ctx, cfg, now)
+	require.NoError(t, err)
+	var fine, broken int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE type = 'cron.fine'),
+		count(*) FILTER (WHERE type = 'cron.broken') FROM tasks`).Scan(&fine, &broken))
+	require.Equal(t, 6, fine, "the job due after the broken one ticked")
+	require.Zero(t, broken)
+	var next time.Time
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT next_tick_at FROM jobs WHERE name = 'broken'`).Scan(&next))
+	require.WithinDuration(t, now.Add(time.Minute), next, time.Second, "read again a minute later")
+}
+
 // A limit set (or lowered) while tasks of its type are already admitted and
 // queued holds: no more of them start than the limit allows.
 func TestLimitSetWhileTasksQueuedHolds(t *testing.T) {
