@@ -27,7 +27,9 @@ done
 for bin in "$@"; do
   [ -x "$bin" ] || continue
   name=$(basename "$bin")
-  ( exec "$bin" 2>&1 | sed -u "s/^/[$name] /" ) &
+  # The binary itself runs in the background (its output goes through sed
+  # by a process substitution), so $! is its pid and stop() reaches it.
+  "$bin" > >(sed -u "s/^/[$name] /") 2>&1 &
   pids+=($!)
   # The API migrates the database; give it a head start so the others find
   # the schema ready.
