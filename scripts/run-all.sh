@@ -15,6 +15,12 @@ trap stop INT TERM
 # must fail): `api migrate` creates it if it is missing and migrates it.
 # Every request needs a key: make an admin key of the org CONVEYOR_ORG
 # (default "local") and keep it in .conveyor-key, for the README's examples.
+# API_ADDR may name a host (127.0.0.1:8080) or only a port (:8080).
+api_addr=${API_ADDR:-:8080}
+case $api_addr in
+  :*) api_url="http://localhost$api_addr" ;;
+  *) api_url="http://$api_addr" ;;
+esac
 key=""
 for bin in "$@"; do
   if [ "$(basename "$bin")" = api ]; then
@@ -35,14 +41,25 @@ for bin in "$@"; do
   # the schema ready.
   if [ "$name" = api ]; then
     for _ in $(seq 1 50); do
-      curl -fsS "http://localhost${API_ADDR:-:8080}/readyz" >/dev/null 2>&1 && break
+      curl -fsS "$api_url/readyz" >/dev/null 2>&1 && break
       sleep 0.2
     done
   fi
 done
-echo "conveyor running: API on ${API_ADDR:-:8080} — Ctrl-C to stop" >&2
+echo "conveyor running: API on $api_url — Ctrl-C to stop" >&2
 if [ -n "$key" ]; then
   echo "admin key of org ${CONVEYOR_ORG:-local} (also in .conveyor-key):" >&2
   echo "  export CONVEYOR_KEY=$key" >&2
+fi
+if ((BASH_VERSINFO[0] >= 5)); then
+  # A service that exits (a crash, a lost database it will not wait for)
+  # stops the others: a pipeline missing one part must not look running.
+  wait -n "${pids[@]}"
+  rc=$?
+  trap - INT TERM
+  echo "a service exited (status $rc); stopping the others" >&2
+  kill -TERM "${pids[@]}" 2>/dev/null
+  wait
+  exit $((rc == 0 ? 1 : rc))
 fi
 wait

@@ -32,17 +32,17 @@ type faultBundle struct {
 	declared bool
 }
 
-func (b *faultBundle) startRelay(t *testing.T, name string) *testenv.Process {
+func (b *faultBundle) startRelay(t *testing.T, name string, env ...string) *testenv.Process {
 	t.Helper()
-	p := testenv.Start(t, name, testenv.Binary(t, "./cmd/relay"),
-		"DATABASE_URL="+b.dbURL, "AMQP_URL="+b.amqpURL, "RELAY_ADMIN_ADDR="+b.admin,
+	p := testenv.Start(t, name, testenv.Binary(t, "./cmd/relay"), append([]string{
+		"DATABASE_URL=" + b.dbURL, "AMQP_URL=" + b.amqpURL, "RELAY_ADMIN_ADDR=" + b.admin,
 		"RELAY_BATCH_SIZE=200", "RELAY_POLL_INTERVAL=100ms", "RELAY_RECONNECT_BACKOFF_MAX=300ms",
 		"RELAY_RETRY_BACKOFF_BASE=100ms", "RELAY_RETRY_BACKOFF_MAX=500ms", "RELAY_STATS_INTERVAL=200ms",
 		// These tests count and read the messages of the queue of single
 		// messages, one a row: the relay packs none. Packing is the
 		// publisher's (internal/rabbitmq), and the chaos soak runs it.
 		"AMQP_TASKS_PER_MESSAGE=1",
-		"LOG_LEVEL=info", "LOG_FORMAT=text")
+		"LOG_LEVEL=info", "LOG_FORMAT=text"}, env...)...)
 	return p
 }
 
@@ -138,6 +138,44 @@ func TestRelaySIGTERMFinishesBatchAndExitsZero(t *testing.T) {
 	dups := b.requireAllDelivered(t, ids)
 	t.Logf("stopped with %d rows left; duplicates after SIGTERM: %d", left, dups)
 	require.Zero(t, dups, "a graceful stop finishes its batch: no duplicates")
+}
+
+// SHUTDOWN_TIMEOUT is how long a SIGTERM drain may take, for every binary
+// (README, "Configuration"): a relay whose pass in flight is stuck (here on
+// a lock of the outbox) gives it up once the timeout has passed and exits,
+// rather than after its own confirm timeout. Its rows stay in the outbox.
+func TestRelaySIGTERMHonoursShutdownTimeout(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	b := sharedBundle(t)
+	b.fill(t, 10)
+	relay := b.startRelay(t, "relay", "SHUTDOWN_TIMEOUT=1s", "RELAY_CONFIRM_TIMEOUT=20s")
+	testenv.WaitHTTP(t, "http://"+b.admin+"/readyz", 30*time.Second)
+	b.waitOutboxEmpty(t, 30*time.Second)
+
+	ctx := context.Background()
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	_, err = tx.Exec(ctx, `LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	// The relay's next poll (every 100ms) waits on the lock.
+	testenv.Eventually(t, 10*time.Second, func() error {
+		var n int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%outbox.claim%'`).Scan(&n))
+		if n == 0 {
+			return fmt.Errorf("no relay pass waiting on the lock yet")
+		}
+		return nil
+	})
+
+	start := time.Now()
+	relay.Signal(syscall.SIGTERM)
+	code := relay.Wait(t, 60*time.Second)
+	took := time.Since(start)
+	require.Less(t, took, 5*time.Second, "SHUTDOWN_TIMEOUT=1s, yet the relay took %s to stop", took)
+	require.Equal(t, 0, code, relay.Output())
 }
 
 func TestRelaySIGKILLLosesNothing(t *testing.T) {

@@ -37,6 +37,7 @@ func run(ctx context.Context, cfg config.Relay, stdout io.Writer) error {
 		ConfirmTimeout:      cfg.ConfirmTimeout,
 		ReconnectBackoffMax: cfg.ReconnectBackoffMax,
 		StatsInterval:       cfg.StatsInterval,
+		ShutdownTimeout:     cfg.ShutdownTimeout,
 	}, relay.Deps{
 		Store: postgres.NewRelayStore(rt.Pool, cfg.RetryBackoffBase, cfg.RetryBackoffMax),
 		Broker: relay.BrokerFunc(func(_ context.Context, batchSize int) (relay.Publisher, error) {

@@ -5,6 +5,8 @@ package config
 
 import (
 	"fmt"
+	"math"
+	"net/url"
 	"strings"
 	"time"
 
@@ -133,11 +135,16 @@ func (c API) Validate() error {
 	if (c.OIDCIssuerURL == "") != (c.OIDCAudience == "") {
 		return fmt.Errorf("OIDC_ISSUER_URL and OIDC_AUDIENCE: set both or neither")
 	}
+	if c.OIDCIssuerURL != "" {
+		if u, err := url.Parse(c.OIDCIssuerURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			return fmt.Errorf("OIDC_ISSUER_URL: must be the issuer's http(s) URL, such as https://issuer.example.com, got %q", c.OIDCIssuerURL)
+		}
+	}
 	if c.AuthCacheTTL <= 0 || c.AuthCacheTTL > time.Second {
 		return fmt.Errorf("AUTH_CACHE_TTL: must be more than 0 and at most 1s (a revoked key must be refused within a second), got %s", c.AuthCacheTTL)
 	}
-	if c.RateLimit < 0 || c.RateBurst < 1 {
-		return fmt.Errorf("API_RATE_LIMIT and API_RATE_BURST: the limit must not be negative and the burst at least 1, got %v and %d", c.RateLimit, c.RateBurst)
+	if c.RateLimit < 0 || math.IsNaN(c.RateLimit) || math.IsInf(c.RateLimit, 0) || c.RateBurst < 1 {
+		return fmt.Errorf("API_RATE_LIMIT and API_RATE_BURST: the limit must be a finite number, not negative, and the burst at least 1, got %v and %d", c.RateLimit, c.RateBurst)
 	}
 	if c.MaxUnservedTypes < 0 {
 		return fmt.Errorf("API_ORG_MAX_UNSERVED_TYPES: must not be negative, got %d", c.MaxUnservedTypes)
@@ -148,8 +155,15 @@ func (c API) Validate() error {
 	if c.StreamMax < 1 || c.StreamBuffer < 16 {
 		return fmt.Errorf("STREAM_MAX and STREAM_BUFFER: must be at least 1 and 16, got %d and %d", c.StreamMax, c.StreamBuffer)
 	}
+	// Every stream allocates its whole buffer when it opens.
+	if c.StreamBuffer > maxStreamBuffer {
+		return fmt.Errorf("STREAM_BUFFER: must be at most %d, got %d", maxStreamBuffer, c.StreamBuffer)
+	}
 	return nil
 }
+
+// maxStreamBuffer bounds STREAM_BUFFER: 512 KiB of a stream's buffer.
+const maxStreamBuffer = 65536
 
 func oneOf(name, v string, allowed ...string) error {
 	for _, a := range allowed {

@@ -137,3 +137,45 @@ func TestLoadRelayNamesTheBadVariable(t *testing.T) {
 	require.Equal(t, 2, cfg.Lanes)
 	require.Equal(t, 64, cfg.TasksPerMessage)
 }
+
+// An admin address set but empty is a mistake, as API_ADDR's is: the
+// relay and the worker would serve /healthz, /readyz and /metrics on a
+// random port, where no probe finds them.
+func TestLoadRefusesAnEmptyAdminAddr(t *testing.T) {
+	requireLoadNamesTheBadVariable[config.Relay](t, []struct{ name, value string }{{"RELAY_ADMIN_ADDR", ""}})
+	requireLoadNamesTheBadVariable[config.Worker](t, []struct{ name, value string }{{"WORKER_ADMIN_ADDR", ""}})
+}
+
+// A rate limit that is not a number, or infinite, is not one a person
+// meant: it must not start an API whose limit is whatever the limiter
+// makes of it.
+func TestLoadAPIRefusesANonFiniteRateLimit(t *testing.T) {
+	requireLoadNamesTheBadVariable[config.API](t, []struct{ name, value string }{
+		{"API_RATE_LIMIT", "NaN"}, {"API_RATE_LIMIT", "Inf"}, {"API_RATE_LIMIT", "+Inf"},
+	})
+}
+
+// The issuer's URL is only used once a person's token arrives: a malformed
+// one must stop the start, not refuse every token later.
+func TestLoadAPIRefusesAMalformedOIDCIssuerURL(t *testing.T) {
+	t.Setenv("OIDC_AUDIENCE", "conveyor")
+	for _, value := range []string{"not a url", "accounts.example.com", "ftp://issuer.example.com", "https://"} {
+		t.Run(value, func(t *testing.T) {
+			t.Setenv("OIDC_ISSUER_URL", value)
+			_, err := config.Load[config.API]()
+			require.ErrorContains(t, err, "OIDC_ISSUER_URL")
+		})
+	}
+	t.Setenv("OIDC_ISSUER_URL", "https://issuer.example.com/realms/acme")
+	_, err := config.Load[config.API]()
+	require.NoError(t, err)
+}
+
+// Every live stream allocates its buffer when it opens: an unbounded
+// STREAM_BUFFER starts an API that dies of an out-of-memory fatal error
+// (not a recoverable panic) at its first stream.
+func TestLoadAPIBoundsStreamBuffer(t *testing.T) {
+	requireLoadNamesTheBadVariable[config.API](t, []struct{ name, value string }{
+		{"STREAM_BUFFER", "1000000000000"},
+	})
+}

@@ -45,6 +45,9 @@ func (c Relay) Validate() error {
 	if err := validAMQPURL(c.AMQPURL); err != nil {
 		return err
 	}
+	if c.AdminAddr == "" {
+		return fmt.Errorf("RELAY_ADMIN_ADDR: must not be empty")
+	}
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
 		return fmt.Errorf("RELAY_BATCH_SIZE: must be between 1 and 10000, got %d", c.BatchSize)
 	}

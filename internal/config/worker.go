@@ -127,6 +127,9 @@ func (c Worker) Validate() error {
 	if err := validTasksPerMessage(c.TasksPerMessage); err != nil {
 		return err
 	}
+	if c.AdminAddr == "" {
+		return fmt.Errorf("WORKER_ADMIN_ADDR: must not be empty")
+	}
 	if c.Concurrency < 1 || c.Concurrency > 10000 {
 		return fmt.Errorf("WORKER_CONCURRENCY: must be between 1 and 10000, got %d", c.Concurrency)
 	}

@@ -67,6 +67,10 @@ type Config struct {
 	// Lanes is how many batches the relay keeps in flight at once, each
 	// on its own broker connection (at least one).
 	Lanes int
+	// ShutdownTimeout bounds how long the batches in flight when Run's
+	// context ends may still take (SHUTDOWN_TIMEOUT); 0: only the confirm
+	// timeout bounds them.
+	ShutdownTimeout time.Duration
 }
 
 // Relay moves outbox rows to the broker.
@@ -80,6 +84,9 @@ type Relay struct {
 	broker     Broker
 	lanes      []lane
 	connected  atomic.Int32
+	// hard ends the batches in flight: ShutdownTimeout after Run's
+	// context. Set by Run before its lanes start.
+	hard context.Context
 }
 
 // A lane relays one batch at a time on its own broker connection. A batch
@@ -188,6 +195,16 @@ func (r *Relay) Ready(ctx context.Context) (ready, blocked bool, err error) {
 // Run relays until ctx is done. The batches in flight when ctx ends are
 // finished (published and their rows deleted) before Run returns.
 func (r *Relay) Run(ctx context.Context) error {
+	hard, cancelHard := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelHard()
+	if r.cfg.ShutdownTimeout > 0 {
+		stop := context.AfterFunc(ctx, func() {
+			t := time.AfterFunc(r.cfg.ShutdownTimeout, cancelHard)
+			context.AfterFunc(hard, func() { t.Stop() })
+		})
+		defer stop()
+	}
+	r.hard = hard
 	go r.measure(ctx)
 	var wg sync.WaitGroup
 	for i := range r.lanes {
@@ -263,10 +280,15 @@ func (r *Relay) serve(ctx context.Context, i int, pub Publisher) {
 }
 
 // relayBatch publishes one batch on lane i. It is not cut short by ctx: a
-// stopping relay finishes the batch it started, within the confirm timeout.
+// stopping relay finishes the batch it started, within the confirm timeout
+// and the shutdown timeout.
 // A full batch wakes the next lane first: more rows are likely waiting.
 func (r *Relay) relayBatch(ctx context.Context, i int, pub Publisher) (int, error) {
-	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ConfirmTimeout+5*time.Second)
+	parent := r.hard
+	if parent == nil {
+		parent = context.WithoutCancel(ctx)
+	}
+	bctx, cancel := context.WithTimeout(parent, r.cfg.ConfirmTimeout+5*time.Second)
 	defer cancel()
 	n, err := r.store.Relay(bctx, r.cfg.BatchSize, func(ctx context.Context, msgs []outbox.Message) outbox.Outcome {
 		if len(msgs) == r.cfg.BatchSize && len(r.lanes) > 1 {
