@@ -115,7 +115,7 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 		// than an idle system's passes come.
 		Admit: job.AdmitConfig{Window: cfg.AdmissionWindow, MinWindow: cfg.AdmissionMinWindow,
 			DeadAfter: cfg.WorkerDeadAfter, MaxGroups: 1000, MaxAdmit: 1000, RecountAfter: cfg.SchedulerInterval},
-	}, schedulerStore, maintainer.Leading, log, metrics)
+	}, schedulerStore, maintainer.Leading, log, metrics, rt.TracerProvider)
 	// Every task written or finished anywhere may be one to admit, or
 	// free a slot: the scheduler wakes on the events' notifications, and
 	// on this worker's own changes at once.

@@ -111,6 +111,16 @@ type Outcome struct {
 	// Messages counts the broker messages that carried Published: fewer
 	// than its ids when tasks were packed together.
 	Messages int
+	// Envelopes names, for each id that went out packed with others, the
+	// message that carried it: where it went and its message id (its
+	// first row's), which is what the consumer sees.
+	Envelopes map[int64]Envelope
+}
+
+// Envelope is the broker message that carried a packed task.
+type Envelope struct {
+	Exchange  string
+	MessageID string
 }
 
 // Fail records a failed message.

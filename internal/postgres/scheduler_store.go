@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/robfig/cron/v3"
+	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/conveyorhq/conveyor/internal/job"
 	"github.com/conveyorhq/conveyor/internal/outbox"
@@ -594,6 +595,10 @@ func (s *SchedulerStore) Cron(ctx context.Context, cfg job.CronConfig, now time.
 		}
 		var ticks submitRows
 		batch := &pgx.Batch{}
+		// Each tick's task carries the trace of the pass that made it (the
+		// scheduler's span in ctx), as a request's tasks carry the
+		// request's: the task shows it, and its messages take it along.
+		trace := passTrace(ctx)
 		for _, d := range jobs {
 			st.Jobs++
 			sched, err := job.Schedule(d.schedule, d.tz)
@@ -615,7 +620,7 @@ func (s *SchedulerStore) Cron(ctx context.Context, cfg job.CronConfig, now time.
 					Timeout:          time.Duration(d.timeoutS) * time.Second,
 					HeartbeatTimeout: time.Duration(d.heartbeatTimeout) * time.Second,
 					JobID:            &jobID, ScheduledAt: &at}
-				if err := ticks.add(sub, nil, nil); err != nil {
+				if err := ticks.add(sub, nil, trace); err != nil {
 					return err
 				}
 			}
@@ -641,7 +646,7 @@ func (s *SchedulerStore) Cron(ctx context.Context, cfg job.CronConfig, now time.
 				return err
 			}
 		}
-		return cronWorkflows(ctx, tx, cfg, now, &st)
+		return cronWorkflows(ctx, tx, cfg, now, trace["traceparent"], &st)
 	})
 	if err != nil {
 		return job.CronStats{}, translate(err)
@@ -651,6 +656,14 @@ func (s *SchedulerStore) Cron(ctx context.Context, cfg job.CronConfig, now time.
 		call(s.OnEvents)
 	}
 	return st, nil
+}
+
+// passTrace is the W3C context of ctx's span, the trace of a scheduler's
+// pass, for the tasks it makes.
+func passTrace(ctx context.Context) task.Carrier {
+	c := task.Carrier{}
+	propagation.TraceContext{}.Inject(ctx, propagation.MapCarrier(c))
+	return c
 }
 
 // unreadableScheduleRetry is how long a job or workflow whose stored
@@ -695,7 +708,7 @@ func dueTicks(sched cron.Schedule, next, now time.Time, missedPolicy string, cfg
 
 // cronWorkflows starts the runs of the due ticks of scheduled workflows, one
 // per tick (unique per workflow and time), and moves their cursors.
-func cronWorkflows(ctx context.Context, tx pgx.Tx, cfg job.CronConfig, now time.Time, st *job.CronStats) error {
+func cronWorkflows(ctx context.Context, tx pgx.Tx, cfg job.CronConfig, now time.Time, traceparent string, st *job.CronStats) error {
 	rows, err := tx.Query(ctx, sqlDueWorkflows, cfg.MaxJobs, now)
 	if err != nil {
 		return err
@@ -745,7 +758,7 @@ func cronWorkflows(ctx context.Context, tx pgx.Tx, cfg job.CronConfig, now time.
 			// memoization never skips a tick's work for the previous one's.
 			at := t
 			params, _ := json.Marshal(map[string]time.Time{"scheduled_at": at.UTC()}) // a time always encodes
-			made, err := startRun(ctx, tx, d.org, d.wf, id, params, false, "", &at, nil)
+			made, err := startRun(ctx, tx, d.org, d.wf, id, params, false, traceparent, &at, nil)
 			if err != nil {
 				return err
 			}

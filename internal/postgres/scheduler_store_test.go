@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	oteltrace "go.opentelemetry.io/otel/trace"
 
 	"github.com/conveyorhq/conveyor/internal/auth"
 	"github.com/conveyorhq/conveyor/internal/job"
@@ -529,4 +530,56 @@ func TestPauseDuringAdmissionPassHolds(t *testing.T) {
 	claimed, err := postgres.NewWorkerStore(db.Pool, nil).Claim(ctx, []uuid.UUID{tk.ID}, "w1", time.Minute)
 	require.NoError(t, err)
 	require.Empty(t, claimed, "the job is paused: its task does not start")
+}
+
+// A cron tick's task is a submission like any other: it carries the trace
+// of the scheduler's pass that made it (its trace_id, its trace_url), and
+// its task.run message carries that trace to the relay and the worker. So
+// do the tasks of a workflow's cron run. Without it each of the task's
+// messages (and every republish of it) started a trace of its own at the
+// relay, and the task showed no trace at all.
+func TestCronTicksCarryTheTraceOfTheirPass(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	applyFile(t, db, admin, `
+jobs:
+  - name: ticking
+    type: cron.traced
+    source: {kind: cron, schedule: "@every 1s"}
+  - {name: only, type: wf.traced}
+workflows:
+  - name: ticking-flow
+    source: {kind: cron, schedule: "@every 1s"}
+    nodes:
+      - {job: only}
+`)
+	traceID, _ := oteltrace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	spanID, _ := oteltrace.SpanIDFromHex("00f067aa0ba902b7")
+	pass := oteltrace.NewSpanContext(oteltrace.SpanContextConfig{TraceID: traceID, SpanID: spanID,
+		TraceFlags: oteltrace.FlagsSampled})
+	ctx := oteltrace.ContextWithSpanContext(context.Background(), pass)
+	now := time.Now().Truncate(time.Second)
+	_, err := db.Pool.Exec(ctx, `UPDATE jobs SET next_tick_at = $1::timestamptz - interval '2 seconds'`, now)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `UPDATE workflows SET next_tick_at = $1::timestamptz - interval '1 second'`, now)
+	require.NoError(t, err)
+
+	st, err := postgres.NewSchedulerStore(db.Pool, nil).Cron(ctx, job.CronConfig{CatchUp: time.Minute, MaxJobs: 10, MaxTicks: 100}, now)
+	require.NoError(t, err)
+	require.Equal(t, 5, st.Made, "three ticks of the job, two runs of the workflow")
+
+	rows, err := db.Pool.Query(ctx, `SELECT t.type, coalesce(t.traceparent, ''), coalesce(o.headers->>'traceparent', '')
+		FROM tasks t JOIN outbox o ON o.task_id = t.id AND o.kind = 'task.run'`)
+	require.NoError(t, err)
+	var typ, traceparent, header string
+	seen := map[string]int{}
+	_, err = pgx.ForEachRow(rows, []any{&typ, &traceparent, &header}, func() error {
+		seen[typ]++
+		require.Contains(t, traceparent, traceID.String(), "a %s task carries the trace of the pass that made it", typ)
+		require.Contains(t, header, traceID.String(), "its message carries it to the relay")
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, map[string]int{"cron.traced": 3, "wf.traced": 2}, seen)
 }

@@ -167,6 +167,14 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) outbox.O
 	}
 	for i, u := range units {
 		pub, exchange, key, mandatory := publishing(u)
+		if len(u) > 1 {
+			if out.Envelopes == nil {
+				out.Envelopes = map[int64]outbox.Envelope{}
+			}
+			for _, m := range u {
+				out.Envelopes[m.ID] = outbox.Envelope{Exchange: exchange, MessageID: pub.MessageId}
+			}
+		}
 		dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, mandatory, false, pub)
 		if err != nil {
 			failUnit(u, "publish: "+err.Error())

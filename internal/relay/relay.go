@@ -315,6 +315,9 @@ func (r *Relay) publish(ctx context.Context, pub Publisher, msgs []outbox.Messag
 	r.metrics.messages.Add(float64(out.Messages))
 	now := time.Now()
 	for i, m := range msgs {
+		if env, packed := out.Envelopes[m.ID]; packed {
+			nameEnvelope(spans[i], env)
+		}
 		if reason, failed := out.Failed[m.ID]; failed {
 			endFailed(spans[i], reason)
 			r.metrics.failures.Inc()

@@ -14,8 +14,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	oteltrace "go.opentelemetry.io/otel/trace"
 
 	"github.com/conveyorhq/conveyor/internal/auth"
 	"github.com/conveyorhq/conveyor/internal/outbox"
@@ -65,6 +68,10 @@ type relayOpts struct {
 	lanes        int
 	// wrap, when set, wraps each lane's publisher.
 	wrap func(relay.Publisher) relay.Publisher
+	// pack is the most tasks a message carries (1 when unset).
+	pack int
+	// tp, when set, traces the relay.
+	tp *sdktrace.TracerProvider
 }
 
 // startRelay runs a relay (and its NOTIFY listener) until the test ends.
@@ -76,6 +83,12 @@ func (b *testBundle) startRelay(t *testing.T, o relayOpts) *relay.Relay {
 	if o.pollInterval == 0 {
 		o.pollInterval = 50 * time.Millisecond
 	}
+	if o.pack == 0 {
+		o.pack = 1
+	}
+	if o.tp == nil {
+		o.tp = sdktrace.NewTracerProvider()
+	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	r := relay.New(relay.Config{
 		BatchSize: o.batchSize, PollInterval: o.pollInterval, Lanes: o.lanes,
@@ -83,7 +96,7 @@ func (b *testBundle) startRelay(t *testing.T, o relayOpts) *relay.Relay {
 	}, relay.Deps{
 		Store: postgres.NewRelayStore(b.db.Pool, 50*time.Millisecond, time.Second),
 		Broker: relay.BrokerFunc(func(_ context.Context, n int) (relay.Publisher, error) {
-			p, err := rabbitmq.DialPublisher(b.amqpURL, n, t.Name(), 1)
+			p, err := rabbitmq.DialPublisher(b.amqpURL, n, t.Name(), o.pack)
 			if err != nil {
 				return nil, err
 			}
@@ -92,7 +105,7 @@ func (b *testBundle) startRelay(t *testing.T, o relayOpts) *relay.Relay {
 			}
 			return p, nil
 		}),
-		Log: log, TracerProvider: sdktrace.NewTracerProvider(), Propagator: propagation.TraceContext{},
+		Log: log, TracerProvider: o.tp, Propagator: propagation.TraceContext{},
 		Metrics: relay.NewMetrics(prometheus.NewRegistry()),
 	})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -424,6 +437,49 @@ func TestUnroutableMessagesWaitForAWorker(t *testing.T) {
 	require.NoError(t, err)
 	testenv.WaitForDepth(t, b.amqpURL, rabbitmq.QueueName("no.worker.yet"), 1, 10*time.Second)
 	b.waitOutboxEmpty(t)
+}
+
+// The PRODUCER span of a task that went out packed with others names the
+// message that carried it: the packed exchange it was published to and the
+// packed message's id, the id the worker's CONSUMER span of the task
+// carries. It named the exchange and the id the task would have had alone.
+func TestProducerSpansOfPackedTasksNameTheirMessage(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.declare(t, "demo.packed")
+	for i := range 3 {
+		b.submit(t, "demo.packed", fmt.Sprintf(`{"n":%d}`, i), 5)
+	}
+	rec := tracetest.NewSpanRecorder()
+	b.startRelay(t, relayOpts{pack: 64, tp: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))})
+	testenv.WaitForDepth(t, b.amqpURL, rabbitmq.PackedQueueName("demo.packed"), 1, 10*time.Second)
+	b.waitOutboxEmpty(t)
+
+	conn, err := amqp.Dial(b.amqpURL)
+	require.NoError(t, err)
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	msg, ok, err := ch.Get(rabbitmq.PackedQueueName("demo.packed"), true)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, int32(3), msg.Headers[rabbitmq.PackedHeader], "the three tasks went out in one message")
+
+	var producers int
+	for _, s := range rec.Ended() {
+		if s.SpanKind() != oteltrace.SpanKindProducer {
+			continue
+		}
+		producers++
+		attrs := map[attribute.Key]string{}
+		for _, kv := range s.Attributes() {
+			attrs[kv.Key] = kv.Value.Emit()
+		}
+		require.Equal(t, rabbitmq.PackedExchange, attrs["messaging.destination.name"], "span %s", s.Name())
+		require.Equal(t, "publish "+rabbitmq.PackedExchange, s.Name())
+		require.Equal(t, msg.MessageId, attrs["messaging.message.id"], "the id of the message that carried the task")
+	}
+	require.Equal(t, 3, producers)
 }
 
 // A client submitting a thousand new types creates no queue and no churn:

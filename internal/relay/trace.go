@@ -39,6 +39,14 @@ func (r *Relay) startProducerSpan(ctx context.Context, pub Publisher, m outbox.M
 	return headers, span
 }
 
+// nameEnvelope says in a task's PRODUCER span which message carried it,
+// once the publisher packed it with others: the packed exchange and the
+// packed message's id, as the consumer's span of the task says.
+func nameEnvelope(span trace.Span, env outbox.Envelope) {
+	span.SetName("publish " + env.Exchange)
+	span.SetAttributes(semconv.MessagingDestinationName(env.Exchange), semconv.MessagingMessageID(env.MessageID))
+}
+
 func endFailed(span trace.Span, reason string) {
 	span.SetStatus(codes.Error, reason)
 	span.End()

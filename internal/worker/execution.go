@@ -268,6 +268,9 @@ func (e *execution) run(ctx context.Context) {
 			e.w.metrics.dropped.WithLabelValues("handler_ignored_timeout").Inc()
 			e.finish(ctx, outcome{err: conveyor.ErrTimeout})
 			e.ack()
+			// The attempt is over: its span ends now, not when (if ever)
+			// the handler returns.
+			e.span.End()
 			<-done // the slot stays taken while the handler still runs
 			e.free()
 			return

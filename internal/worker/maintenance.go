@@ -113,6 +113,11 @@ func (m *Maintainer) tick(ctx context.Context) {
 		m.leader = leader
 		m.leading.Store(leader)
 		m.metrics.leader.Set(boolGauge(leader))
+		if !leader {
+			// The count is the leader's: a deposed leader's last one
+			// would stand beside the new leader's forever.
+			m.metrics.liveWorkers.Set(0)
+		}
 	}
 	if leader {
 		m.RunOnce(ctx)

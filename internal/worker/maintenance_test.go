@@ -10,8 +10,13 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	oteltrace "go.opentelemetry.io/otel/trace"
 
+	"github.com/conveyorhq/conveyor/internal/job"
 	"github.com/conveyorhq/conveyor/internal/task"
 )
 
@@ -165,4 +170,74 @@ func TestMaintenanceEndsExpiredLeases(t *testing.T) {
 		got = append(got, c.Transition)
 	}
 	require.Equal(t, []task.Transition{task.ExpireRequeue, task.ExpireFail, task.ExpireCancel}, got)
+}
+
+// cronStore records the context of each cron pass.
+type cronStore struct {
+	passes []context.Context
+}
+
+func (s *cronStore) Cron(ctx context.Context, _ job.CronConfig, _ time.Time) (job.CronStats, error) {
+	s.passes = append(s.passes, ctx)
+	return job.CronStats{Made: 2}, nil
+}
+func (s *cronStore) Admit(context.Context, job.AdmitConfig) (job.AdmitStats, error) {
+	return job.AdmitStats{}, nil
+}
+func (s *cronStore) CancelStopped(context.Context, int) (int, error) { return 0, nil }
+func (s *cronStore) WakeParents(context.Context, int) (int, error)   { return 0, nil }
+
+// The tasks of cron ticks are traced like submitted ones: each pass of the
+// scheduler runs under a root span of its own, whose context the store
+// writes on the ticks' tasks and messages, so that the relay's and the
+// worker's spans of a tick's task join it.
+func TestSchedulerTracesItsCronPasses(t *testing.T) {
+	t.Parallel()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	store := &cronStore{}
+	s := NewScheduler(SchedulerConfig{Interval: time.Second, CronEvery: time.Millisecond}, store,
+		func() bool { return true }, slog.New(slog.NewTextHandler(io.Discard, nil)), NewMetrics(prometheus.NewRegistry()), tp)
+	s.RunOnce(context.Background())
+	require.Len(t, store.passes, 1)
+	sc := oteltrace.SpanContextFromContext(store.passes[0])
+	require.True(t, sc.IsValid(), "the cron pass hands the store a trace for its ticks' tasks")
+	ended := rec.Ended()
+	require.Len(t, ended, 1)
+	require.Equal(t, "cron", ended[0].Name())
+	require.False(t, ended[0].Parent().IsValid(), "a pass starts a trace")
+	require.Equal(t, sc.TraceID(), ended[0].SpanContext().TraceID())
+}
+
+// electionStore is a maintenance store whose elections go as told.
+type electionStore struct {
+	fakeMaintenanceStore
+	leader bool
+}
+
+func (s *electionStore) Elect(context.Context, string, string, time.Duration) (bool, error) {
+	return s.leader, nil
+}
+
+// conveyor_workers_live is the maintenance leader's count: a worker that
+// lost the leadership stops reporting its last count, which would
+// otherwise stay as it was forever (the dashboard's max() of it then shows
+// workers long gone).
+func TestAWorkerThatLosesTheLeadershipStopsCountingWorkers(t *testing.T) {
+	t.Parallel()
+	store := &electionStore{leader: true}
+	m := newTestMaintainer(store, QueuesFunc(func(context.Context, string) (int, bool, error) { return 0, true, nil }))
+	m.tick(context.Background())
+	require.Equal(t, 1.0, gaugeValue(t, m.metrics.liveWorkers), "the leader counts the workers")
+	store.leader = false
+	m.tick(context.Background())
+	require.Zero(t, gaugeValue(t, m.metrics.leader))
+	require.Zero(t, gaugeValue(t, m.metrics.liveWorkers), "a deposed leader's count is not the current one")
+}
+
+func gaugeValue(t *testing.T, g prometheus.Gauge) float64 {
+	t.Helper()
+	var m dto.Metric
+	require.NoError(t, g.Write(&m))
+	return m.GetGauge().GetValue()
 }

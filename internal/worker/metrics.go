@@ -49,7 +49,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "conveyor_worker_maintenance_leader", Help: "1 while this worker is the elected maintenance leader.",
 		}),
 		liveWorkers: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "conveyor_workers_live", Help: "Workers in the registry, as last counted by the maintenance leader.",
+			Name: "conveyor_workers_live", Help: "Workers in the registry, as last counted by the maintenance leader (0 on the other workers).",
 		}),
 		maintenance: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "conveyor_maintenance_actions_total", Help: "Rows changed by maintenance, by action.",

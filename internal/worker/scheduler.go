@@ -5,6 +5,9 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/conveyorhq/conveyor/internal/job"
 )
 
@@ -38,15 +41,19 @@ type Scheduler struct {
 	leading func() bool
 	log     *slog.Logger
 	metrics *Metrics
+	tracer  trace.Tracer
 	wake    chan struct{}
 	fair    map[string]bool
 	cronAt  time.Time
 }
 
 // NewScheduler returns a scheduler that works while leading reports true.
-func NewScheduler(cfg SchedulerConfig, store SchedulerStore, leading func() bool, log *slog.Logger, m *Metrics) *Scheduler {
+// tp traces its cron passes: the tasks of a pass's ticks carry its trace.
+func NewScheduler(cfg SchedulerConfig, store SchedulerStore, leading func() bool, log *slog.Logger, m *Metrics,
+	tp trace.TracerProvider) *Scheduler {
 	return &Scheduler{cfg: cfg, store: store, leading: leading, log: log, metrics: m,
-		wake: make(chan struct{}, 1), fair: map[string]bool{}}
+		tracer: tp.Tracer("github.com/conveyorhq/conveyor/internal/worker"),
+		wake:   make(chan struct{}, 1), fair: map[string]bool{}}
 }
 
 // Wake asks for a pass soon. It never blocks.
@@ -158,9 +165,14 @@ func (s *Scheduler) sweep(ctx context.Context) {
 	}
 }
 
-// cron makes the tasks of the due ticks.
+// cron makes the tasks of the due ticks, under a span of its own that
+// starts their trace: a tick's task is traced from the pass that made it to
+// the worker that ran it, as a submitted task is from its request.
 func (s *Scheduler) cron(ctx context.Context) {
+	ctx, span := s.tracer.Start(ctx, "cron", trace.WithNewRoot(), trace.WithSpanKind(trace.SpanKindInternal))
+	defer span.End()
 	cs, err := s.store.Cron(ctx, s.cfg.Cron, time.Now())
+	span.SetAttributes(attribute.Int("conveyor.tasks_made", cs.Made))
 	if err != nil {
 		if ctx.Err() == nil {
 			s.log.WarnContext(ctx, "cron pass failed", "error", err)

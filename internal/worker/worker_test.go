@@ -16,6 +16,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	oteltrace "go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/conveyorhq/conveyor"
@@ -53,6 +56,9 @@ type testConfig struct {
 	// progressInterval is Config.ProgressInterval: 0, 10 ms.
 	progressInterval time.Duration
 	handlers         []conveyor.Handler
+	// tracerProvider, when set, traces the worker (a no-op tracer
+	// otherwise).
+	tracerProvider oteltrace.TracerProvider
 }
 
 // fakeDeps are a worker's collaborators in memory, with no logs, traces
@@ -82,6 +88,10 @@ func setup(t *testing.T, tc testConfig) *testBundle {
 	}
 	b := &testBundle{store: newFakeStore(), broker: newFakeBroker(), done: make(chan struct{}), outcomes: map[uuid.UUID]string{},
 		started: map[uuid.UUID]bool{}}
+	deps := fakeDeps(b.store, b.broker)
+	if tc.tracerProvider != nil {
+		deps.TracerProvider = tc.tracerProvider
+	}
 	w, err := New(Config{
 		Info:        registry.Worker{ID: "w1"},
 		Concurrency: tc.concurrency, Lease: 2 * time.Second, Heartbeat: 100 * time.Millisecond,
@@ -89,7 +99,7 @@ func setup(t *testing.T, tc testConfig) *testBundle {
 		ShutdownTimeout: time.Second, MaxRunTime: tc.maxRunTime, ReadAhead: tc.readAhead, ReadAheadMax: tc.readAheadMax, TasksPerMessage: tc.tasksPerMessage,
 		LongAfter:           tc.longAfter,
 		ReconnectBackoffMax: 10 * time.Millisecond,
-	}, fakeDeps(b.store, b.broker), tc.handlers)
+	}, deps, tc.handlers)
 	require.NoError(t, err)
 	w.signals = signals{
 		connected: make(signal[struct{}], 16), started: make(signal[uuid.UUID], 100),
@@ -273,6 +283,33 @@ func TestWorkerTimesOutAHandlerThatIgnoresItsContext(t *testing.T) {
 	n := len(b.store.transitions(id))
 	close(h.release) // the late handler's result is dropped
 	require.Equal(t, n, len(b.store.transitions(id)))
+}
+
+// The attempt of a handler that ignores its context ends when its timeout
+// is stored, and so does its CONSUMER span: a span left open until the
+// handler returns, if ever, is never exported, and the task's trace shows
+// no worker.
+func TestWorkerEndsTheSpanOfAHandlerThatIgnoresItsContext(t *testing.T) {
+	h := newBlocking()
+	h.ignore = true
+	rec := tracetest.NewSpanRecorder()
+	b := setup(t, testConfig{maxRunTime: 50 * time.Millisecond, handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)},
+		tracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))})
+	t.Cleanup(func() { close(h.release) })
+	id := b.store.add("t.block", 3)
+	b.deliver(t, id)
+	receive(t, h.entered)
+	require.Equal(t, "retried", b.finished(t, id))
+	consumerEnded := func() bool {
+		for _, s := range rec.Ended() {
+			if s.SpanKind() == oteltrace.SpanKindConsumer {
+				return true
+			}
+		}
+		return false
+	}
+	require.Eventually(t, consumerEnded, 2*time.Second, 10*time.Millisecond,
+		"the attempt's outcome is stored: its consumer span ends, though the handler still runs")
 }
 
 // A running task's lease is renewed every heartbeat (100 ms here), not
