@@ -473,7 +473,7 @@ func TestProducerSpansOfPackedTasksNameTheirMessage(t *testing.T) {
 		producers++
 		attrs := map[attribute.Key]string{}
 		for _, kv := range s.Attributes() {
-			attrs[kv.Key] = kv.Value.Emit()
+			attrs[kv.Key] = kv.Value.String()
 		}
 		require.Equal(t, rabbitmq.PackedExchange, attrs["messaging.destination.name"], "span %s", s.Name())
 		require.Equal(t, "publish "+rabbitmq.PackedExchange, s.Name())
