@@ -82,20 +82,15 @@ ON CONFLICT (org_id, type) DO UPDATE SET paused_at = coalesce(type_limits.paused
 var sqlTypeResume = statement("type_limits.resume", `
 UPDATE type_limits SET paused_at = NULL, updated_at = now() WHERE org_id = $1 AND type = $2`)
 
-// sqlWithdraw takes back the admission of the PENDING tasks of a job (or,
-// with a NULL job, of a type) just paused: they wait again. A message of
-// theirs already in the broker finds them not admitted and is dropped.
+// sqlWithdraw takes back the admission of the PENDING tasks of the job
+// named $2 (or, with a NULL job, of the type $3), just paused or given a
+// tighter limit: they wait again. A message of theirs already in the
+// broker finds them not admitted and is dropped.
 var sqlWithdraw = statement("tasks.withdraw", `
 UPDATE tasks SET admitted = false, state = '`+task.StateWaiting+`', updated_at = now()
 WHERE org_id = $1 AND `+isPending+` AND admitted
-	AND (($2::uuid IS NOT NULL AND job_id = $2) OR ($2::uuid IS NULL AND type = $3))`)
-
-// sqlWithdrawJob is sqlWithdraw for the job named, once its limits are
-// set or lowered.
-var sqlWithdrawJob = statement("tasks.withdraw_job", `
-UPDATE tasks SET admitted = false, state = '`+task.StateWaiting+`', updated_at = now()
-WHERE org_id = $1 AND `+isPending+` AND admitted
-	AND job_id = (SELECT id FROM jobs WHERE org_id = $1 AND name = $2)`)
+	AND (($2::text IS NOT NULL AND job_id = (SELECT id FROM jobs WHERE org_id = $1 AND name = $2))
+		OR ($2::text IS NULL AND type = $3))`)
 
 // limitsTightened reports whether a limit (total or per key; 0 is none)
 // was set or lowered.
@@ -264,7 +259,7 @@ func (s *JobStore) Apply(ctx context.Context, p auth.Principal, file job.File, d
 				if err == nil && limitsTightened(old.MaxConcurrency, old.MaxConcurrencyPerKey, d.MaxConcurrency, d.MaxConcurrencyPerKey) {
 					// The job's tasks admitted under the old limits wait again,
 					// and are admitted as far as the new ones allow.
-					_, err = tx.Exec(ctx, sqlWithdrawJob, p.OrgID, c.Name)
+					_, err = tx.Exec(ctx, sqlWithdraw, p.OrgID, c.Name, nil)
 				}
 			case c.Kind == job.KindJob && c.Op == job.OpDelete:
 				_, err = tx.Exec(ctx, sqlJobDelete, p.OrgID, c.Name)
@@ -357,7 +352,7 @@ func (s *JobStore) PauseJob(ctx context.Context, p auth.Principal, name string, 
 			return err
 		}
 		if pause {
-			_, err := tx.Exec(ctx, sqlWithdraw, p.OrgID, id, nil)
+			_, err := tx.Exec(ctx, sqlWithdraw, p.OrgID, name, nil)
 			return err
 		}
 		return nil

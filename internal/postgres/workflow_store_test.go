@@ -283,6 +283,16 @@ func TestWorkflowCancel(t *testing.T) {
 	require.ErrorContains(t, err, "still stopping")
 }
 
+// claimedParent submits a fan.parent task and claims it as worker w1.
+func claimedParent(t *testing.T, db *testdb.DB, admin auth.Principal, w *postgres.WorkerStore) task.Task {
+	t.Helper()
+	parent := submitOf(t, db, admin, "fan.parent", "", 1)[0]
+	claimed, err := w.Claim(context.Background(), []uuid.UUID{parent}, "w1", time.Minute)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	return claimed[0]
+}
+
 // A handler's children: spawned once per key, the parent waits on hold
 // (no slot, no message) and is queued again by its last child's settling.
 func TestSpawnedChildrenWakeTheirParent(t *testing.T) {
@@ -290,12 +300,8 @@ func TestSpawnedChildrenWakeTheirParent(t *testing.T) {
 	db := testdb.New(t)
 	_, admin := db.Admin(t)
 	ctx := context.Background()
-	parent := submitOf(t, db, admin, "fan.parent", "", 1)[0]
 	w := postgres.NewWorkerStore(db.Pool, nil)
-	claimed, err := w.Claim(ctx, []uuid.UUID{parent}, "w1", time.Minute)
-	require.NoError(t, err)
-	require.Len(t, claimed, 1)
-	p := claimed[0]
+	p := claimedParent(t, db, admin, w)
 	subs := func() []task.Submission {
 		var out []task.Submission
 		for _, key := range []string{"k1", "k2", "k3"} {
@@ -360,12 +366,8 @@ func TestSpawnOfALostParentSpawnsNothing(t *testing.T) {
 	db := testdb.New(t)
 	_, admin := db.Admin(t)
 	ctx := context.Background()
-	parent := submitOf(t, db, admin, "fan.parent", "", 1)[0]
 	w := postgres.NewWorkerStore(db.Pool, nil)
-	claimed, err := w.Claim(ctx, []uuid.UUID{parent}, "w1", time.Minute)
-	require.NoError(t, err)
-	require.Len(t, claimed, 1)
-	p := claimed[0]
+	p := claimedParent(t, db, admin, w)
 	// The reaper ends the attempt (the worker, cut off, does not know).
 	out, _, err := postgres.NewMaintenanceStore(db.Pool, nil).Apply(ctx, []task.Change{{TaskID: p.ID, Version: p.Version,
 		Transition: task.OnLeaseExpired(false, p.Attempt, p.MaxAttempts), Error: "lease expired"}})
