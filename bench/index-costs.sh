@@ -13,13 +13,16 @@
 # events, results and outbox rows a real claim and completion also write
 # are left out: they are the same in every configuration.
 #
-# Usage: bench/index-costs.sh [rounds]   (default 5; configurations alternate
-# within each round, and the median of each is printed)
+# Usage: bench/index-costs.sh [rounds [pattern]]   (default 5 rounds;
+# configurations alternate within each round, and the median of each is
+# printed; with a pattern, only the configurations whose name matches it,
+# as grep -E reads it, e.g. '^tasks')
 # Environment: BENCH_DATABASE_URL, the server's admin URL (default
 # postgres://postgres@localhost:5432/postgres?sslmode=disable).
 set -euo pipefail
 
 rounds=${1:-5}
+pattern=${2:-}
 admin=${BENCH_DATABASE_URL:-postgres://postgres@localhost:5432/postgres?sslmode=disable}
 db=conveyor_index_costs
 url=${admin/\/postgres\?/\/$db?}
@@ -67,10 +70,27 @@ declare -A index=(
 entries="admitted org_status running terminal_completed"
 others="admitted_job awaiting child_open pending_next_run ready run_open waiting"
 
+# The three indexes migration 014 narrowed, as they were before it: the
+# claim wrote an entry in each.
+before_014=(
+	"DROP INDEX tasks_org_status, tasks_admitted, tasks_running"
+	"CREATE INDEX tasks_org_status ON tasks ${index[org_status]}"
+	"CREATE INDEX tasks_admitted ON tasks ${index[admitted]}"
+	"CREATE INDEX tasks_running ON tasks ${index[running]}"
+)
+after_014=(
+	"DROP INDEX tasks_org_status, tasks_admitted, tasks_running"
+	"CREATE INDEX tasks_org_status ON tasks (org_id, status, completed_at) INCLUDE (visibility)
+		WHERE status IN ('PENDING', 'COMPLETED', 'FAILED', 'CANCELLED')"
+	"CREATE INDEX tasks_admitted ON tasks (type, org_id, concurrency_key) WHERE admitted AND status = 'PENDING'"
+	"CREATE INDEX tasks_running ON tasks (org_id, type) WHERE status = 'IN_PROGRESS'"
+)
+
 # configurations: name, then the narrow table's indexes beside its primary
 # key and the pending index the claim reads ("tasks" is the real table).
 configs=(
 	"tasks"
+	"tasks, its indexes as before migration 014"
 	"narrow, every index of tasks on status:$entries $others"
 	"narrow, the four a task's status changes meet:$entries"
 	"narrow, those four but admitted:org_status running terminal_completed"
@@ -125,10 +145,29 @@ SELECT round((pg_temp.cpu() - ticks) * (1e6 / $hz) / 50000, 1) FROM mark;
 SQL
 }
 
+if [ -n "$pattern" ]; then
+	chosen=()
+	for c in "${configs[@]}"; do
+		if grep -Eq -- "$pattern" <<<"${c%%:*}"; then chosen+=("$c"); fi
+	done
+	configs=("${chosen[@]}")
+fi
+
+# indexes runs statements on tasks, one at a time.
+indexes() {
+	local sql
+	for sql in "$@"; do q -c "$sql"; done
+}
+
 for ((r = 1; r <= rounds; r++)); do
 	for c in "${configs[@]}"; do
 		name=${c%%:*}
 		if [ "$name" = tasks ]; then
+			indexes "${after_014[@]}"
+			fill tasks
+			us=$(loop tasks)
+		elif [ "$name" = "tasks, its indexes as before migration 014" ]; then
+			indexes "${before_014[@]}"
 			fill tasks
 			us=$(loop tasks)
 		else

@@ -6,3 +6,6 @@ var ApplyArgs = applyArgs
 // LockOutbox lets the tests lock a batch as the relay does: it begins a
 // transaction on the connection and leaves it open.
 var LockOutbox = lockOutbox
+
+// BulkCountSQL lets the tests read the plan of a bulk action's count.
+var BulkCountSQL = bulkCountSQL

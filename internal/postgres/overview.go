@@ -11,13 +11,16 @@ import (
 	"github.com/conveyorhq/conveyor/internal/task"
 )
 
-// The overview's statements read one org's tasks in the caller's scope.
-// Each is served by tasks_org_status (migrations/005_dashboard.sql): the
-// counts and the last hour by an index-only scan, the queues by the org's
-// PENDING and IN_PROGRESS entries.
+// The overview's statements read one org's tasks in the caller's scope:
+// its running tasks through tasks_running, the others through
+// tasks_org_status (migrations 005 and 014), the counts and the last hour
+// by an index-only scan of it. A status = ANY (...) over both would be
+// served by neither, so each statement reads the two apart.
 
 var sqlOverviewCounts = statement("overview.counts", `SELECT status, count(*) FROM tasks
-	WHERE org_id = $1 GROUP BY status`)
+	WHERE org_id = $1 AND `+notRunning+` GROUP BY status
+UNION ALL
+SELECT `+lit(task.StatusInProgress)+`, count(*) FROM tasks WHERE org_id = $1 AND `+isRunning+` HAVING count(*) > 0`)
 
 // sqlOverviewMinutes counts the tasks that completed and failed in each of
 // the last 60 minutes, the current one last, by the database's clock.
@@ -39,7 +42,11 @@ var sqlOverviewQueues = statement("overview.queues", `SELECT type,
 	count(*) FILTER (WHERE `+isPending+` AND next_run_at > now()),
 	count(*) FILTER (WHERE `+isRunning+`),
 	coalesce(extract(epoch FROM now() - min(next_run_at) FILTER (WHERE `+isPending+` AND next_run_at <= now())), 0)
-FROM tasks WHERE org_id = $1 AND status IN (`+litList([]task.Status{task.StatusPending, task.StatusInProgress})+`)
+FROM (
+	SELECT type, status, next_run_at FROM tasks WHERE org_id = $1 AND `+isPending+`
+	UNION ALL
+	SELECT type, status, next_run_at FROM tasks WHERE org_id = $1 AND `+isRunning+`
+) t
 GROUP BY type ORDER BY type`)
 
 // sqlOverviewOutbox measures the org's outbox rows the caller may see

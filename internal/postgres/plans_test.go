@@ -4,10 +4,12 @@ import (
 	"context"
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/conveyorhq/conveyor/internal/postgres"
+	"github.com/conveyorhq/conveyor/internal/task"
 	"github.com/conveyorhq/conveyor/internal/testdb"
 )
 
@@ -79,6 +81,39 @@ func TestTheSweepForOrphansReadsRunsAndParentsByKey(t *testing.T) {
 	require.Contains(t, plan, "using tasks_pkey on tasks p", plan)
 	require.NotContains(t, plan, "Seq Scan", plan)
 	require.NotContains(t, plan, "Hash Join", plan)
+}
+
+// An org's running tasks are read through tasks_running and its others
+// through tasks_org_status, which holds no running task (a claim writes
+// no entry in it). Every read of the overview, the scheduler's count of
+// held slots and a bulk cancel's count takes them: none scans the table.
+func TestAnOrgsRunningAndOtherTasksAreReadThroughTheirIndexes(t *testing.T) {
+	b := setupStores(t)
+	// The org asked about has a tenth of the tasks; another org has the rest.
+	other := b.db.Org(t, "other")
+	b.exec(t, `INSERT INTO tasks (id, org_id, type, status, completed_at, lease_expires_at)
+		SELECT gen_random_uuid(), CASE WHEN g % 100 < 10 THEN `+testdb.OrgSQL+` ELSE $1 END, 'demo.noop', s,
+			CASE WHEN s IN ('COMPLETED', 'FAILED') THEN now() - g * interval '1 second' END,
+			CASE WHEN s = 'IN_PROGRESS' THEN now() + interval '1 minute' END
+		FROM generate_series(1, 100000) g,
+		LATERAL (SELECT CASE WHEN g % 7 = 0 THEN 'IN_PROGRESS' WHEN g % 7 = 1 THEN 'PENDING'
+			WHEN g % 7 = 2 THEN 'FAILED' ELSE 'COMPLETED' END AS s) st`, other)
+	b.exec(t, `VACUUM ANALYZE tasks`)
+	org := b.admin.OrgID
+	cancelSQL, cancelArgs := postgres.BulkCountSQL(org, task.ActionCancel, task.ActionCancel.Statuses(), task.Filter{})
+	for name, plan := range map[string]string{
+		"overview.counts":        b.explain(t, statementSQL(t, "overview.counts"), org),
+		"overview.queues":        b.explain(t, statementSQL(t, "overview.queues"), org),
+		"overview.running":       b.explain(t, statementSQL(t, "overview.running"), org, []string{"w1"}, 5),
+		"scheduler.held_by_type": b.explain(t, statementSQL(t, "scheduler.held_by_type"), []string{"demo.noop"}, []uuid.UUID{org}),
+		"tasks.bulk_count":       b.explain(t, cancelSQL, cancelArgs...),
+	} {
+		require.Regexp(t, `(using|on) tasks_running\b`, plan, name)
+		require.NotContains(t, plan, "Seq Scan on tasks", name+"\n"+plan)
+		if name == "overview.counts" || name == "tasks.bulk_count" {
+			require.Regexp(t, `(using|on) tasks_org_status\b`, plan, name)
+		}
+	}
 }
 
 // The relay's claim is planned for the outbox as it is at each batch. The

@@ -114,11 +114,18 @@ var sqlJobLimits = statement("scheduler.job_limits", `
 SELECT id, coalesce(max_concurrency, 0), coalesce(max_concurrency_per_key, 0) FROM jobs WHERE id = ANY ($1)`)
 
 // sqlHeldByType counts, per (type, org, key), the admitted tasks of the
-// pairs named that have not finished: the slots they hold.
+// pairs named that have not finished: the slots they hold. The queued
+// ones are read through tasks_admitted and the running ones through
+// tasks_running (migration 014).
 var sqlHeldByType = statement("scheduler.held_by_type", `
-SELECT t.type, t.org_id, t.concurrency_key, count(*) FROM tasks t
-JOIN unnest($1::text[], $2::uuid[]) AS p(type, org_id) USING (type, org_id)
-WHERE t.admitted AND t.status IN (`+litList([]task.Status{task.StatusPending, task.StatusInProgress})+`)
+SELECT h.type, h.org_id, h.concurrency_key, count(*) FROM unnest($1::text[], $2::uuid[]) AS p(type, org_id)
+CROSS JOIN LATERAL (
+	SELECT t.type, t.org_id, t.concurrency_key FROM tasks t
+	WHERE t.type = p.type AND t.org_id = p.org_id AND t.admitted AND t.`+isPending+`
+	UNION ALL
+	SELECT t.type, t.org_id, t.concurrency_key FROM tasks t
+	WHERE t.org_id = p.org_id AND t.type = p.type AND t.admitted AND t.`+isRunning+`
+) h
 GROUP BY 1, 2, 3`)
 
 // sqlHeldByJob counts the slots held per (job, key).

@@ -64,4 +64,9 @@ var (
 	isPending  = "status = " + lit(task.StatusPending)
 	isRunning  = "status = " + lit(task.StatusInProgress)
 	isTerminal = "status IN (" + litList(task.TerminalStatuses()) + ")"
+	// notRunning is spelt as the predicate of tasks_org_status, which
+	// holds every task but the running ones (migration 014), so that the
+	// planner sees the index serves it.
+	notRunning = "status IN (" + litList([]task.Status{task.StatusPending, task.StatusCompleted, task.StatusFailed,
+		task.StatusCancelled}) + ")"
 )

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -260,6 +261,54 @@ func TestRenewalsOfABatchClaimedFromADenseBacklogAreHOTUpdates(t *testing.T) {
 	u1, h1 := b.taskUpdates(t)
 	require.GreaterOrEqual(t, float64(h1-h0)/float64(u1-u0), 0.9,
 		"renewals of a batch's tasks are heap-only (%d of %d)", h1-h0, u1-u0)
+}
+
+// A claim writes entries only in the primary key and tasks_running: the
+// org's and the scheduler's indexes hold no running task, so a claimed
+// backlog leaves them as they were, and its completion grows only the
+// index of an org's tasks by status.
+func TestAClaimWritesNoEntryInTheOrgsOrTheSchedulersIndex(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	const n = 4000
+	rows, err := b.db.Pool.Query(ctx, `INSERT INTO tasks (id, org_id, type)
+		SELECT gen_random_uuid(), `+testdb.OrgSQL+`, 'demo.noop' FROM generate_series(1, $1) RETURNING id`, n)
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	require.NoError(t, err)
+	pages := func() map[string]int {
+		out := map[string]int{}
+		for _, index := range []string{"tasks_org_status", "tasks_admitted", "tasks_running"} {
+			out[index] = b.count(t, `SELECT pg_relation_size($1::regclass) / current_setting('block_size')::int`, index)
+		}
+		return out
+	}
+
+	before := pages()
+	var claimed []task.Task
+	for batch := range slices.Chunk(ids, 500) {
+		got, err := b.worker.Claim(ctx, batch, "w1", time.Hour)
+		require.NoError(t, err)
+		claimed = append(claimed, got...)
+	}
+	require.Len(t, claimed, n)
+	running := pages()
+	require.Equal(t, before["tasks_org_status"], running["tasks_org_status"], "a claim writes no entry in tasks_org_status")
+	require.Equal(t, before["tasks_admitted"], running["tasks_admitted"], "a claim writes no entry in tasks_admitted")
+	require.Greater(t, running["tasks_running"], before["tasks_running"],
+		"a claim writes an entry in tasks_running (else this test shows nothing)")
+
+	done := make([]task.Change, n)
+	for i, c := range claimed {
+		done[i] = task.Change{TaskID: c.ID, Version: c.Version, Transition: task.Complete, Result: json.RawMessage(`{}`)}
+	}
+	_, errs, err := b.worker.Apply(ctx, done)
+	require.NoError(t, err)
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	require.Greater(t, pages()["tasks_org_status"], running["tasks_org_status"],
+		"a completion writes an entry in tasks_org_status")
 }
 
 func TestScheduledRetryWaitsForItsTime(t *testing.T) {
