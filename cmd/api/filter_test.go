@@ -90,11 +90,35 @@ func TestListRefusesBadFilters(t *testing.T) {
 		{"q a UUID of another form", url.Values{"q": {"0190c8a500007000800000000000000a"}}, "q"},
 		{"q with an empty key", url.Values{"q": {"=billing"}}, "q"},
 		{"q with a NUL", url.Values{"q": {"team=a\x00b"}}, "q"},
+		// The zero time is how an absent bound is kept: as a bound it
+		// would silently select every task.
+		{"created_before at the zero time", url.Values{"created_before": {"0001-01-01T00:00:00Z"}}, "created_before"},
+		{"created_after at the zero time", url.Values{"created_after": {"0001-01-01T00:00:00Z"}}, "created_after"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			resp := b.get(t, "/v1/tasks?"+tt.query.Encode())
 			require.Equal(t, http.StatusUnprocessableEntity, resp.status, string(resp.body))
 			require.Equal(t, tt.field, resp.json(t)["field"])
 		})
+	}
+}
+
+// A query string that cannot be parsed is a 400, never a listing (or a
+// stream) of everything: Go drops the pairs it cannot read, and the filter
+// they held would be silently ignored.
+func TestAMalformedQueryIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.submitTask(t, `{"type":"mq.a","payload":{}}`)
+	for _, path := range []string{
+		"/v1/tasks?status=FAILED%zz",
+		"/v1/tasks?status=FAILED;type=mq.b",
+		"/v1/tasks?type=mq.b&status=%",
+		"/v1/tasks/00000000-0000-7000-8000-000000000000/events?limit=1%zz",
+		"/v1/events/stream?type=mq.b%zz",
+	} {
+		resp := b.get(t, path)
+		require.Equal(t, http.StatusBadRequest, resp.status, "%s: %s", path, resp.body)
+		require.Equal(t, "urn:conveyor:problem:malformed", resp.json(t)["type"], path)
 	}
 }

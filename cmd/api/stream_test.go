@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -185,4 +186,38 @@ func TestAStreamEndsWhenItsCallersScopeChanges(t *testing.T) {
 		"application/json", `{"role":"reader"}`).status)
 	require.Contains(t, streamComments(t, lines, "the stream of a demoted admin is still open"),
 		": the credentials' scope changed; reconnect")
+}
+
+// A Last-Event-ID ahead of every stored event names no event a stream
+// sent: it is refused, rather than opening a stream that skips everything
+// up to that id (a task's stream then never sent its end, its terminal
+// event being "already sent").
+func TestStreamRefusesALastEventIDAheadOfEveryEvent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id := b.post(t, "/v1/tasks", `{"type":"stream.ahead","payload":{}}`).json(t)["id"].(string)
+	for _, path := range []string{"/v1/tasks/" + id + "/stream", "/v1/events/stream"} {
+		for _, c := range []struct{ query, header string }{{"", "1099511627776"}, {"?last_event_id=1099511627776", ""}} {
+			resp := b.do(t, http.MethodGet, path+c.query, "", "", "Last-Event-ID", c.header)
+			require.Equal(t, http.StatusUnprocessableEntity, resp.status, "%s%s: %s", path, c.query, resp.body)
+			require.Equal(t, "last_event_id", resp.json(t)["field"], path)
+		}
+	}
+
+	// The newest event's own id is where a client that got it resumes:
+	// the stream opens and sends what comes next, to the task's end.
+	var newest int64
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), "SELECT max(id) FROM task_events").Scan(&newest))
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.base+"/v1/tasks/"+id+"/stream", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+b.token)
+	req.Header.Set("Last-Event-ID", strconv.FormatInt(newest, 10))
+	resp, err := (&http.Client{}).Do(req)
+	require.NoError(t, err)
+	t.Cleanup(func() { resp.Body.Close() })
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, http.StatusOK, b.post(t, "/v1/tasks/"+id+"/cancel", "").status)
+	require.Contains(t, nextData(t, bufio.NewScanner(resp.Body)), `"status":"CANCELLED"`)
 }

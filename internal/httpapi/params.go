@@ -79,7 +79,16 @@ func (s *server) knownParams(routes chi.Routes) func(http.Handler) http.Handler 
 				rctx := chi.NewRouteContext()
 				if routes.Match(rctx, r.Method, r.URL.Path) {
 					if known, ok := queryParams[r.Method+" "+rctx.RoutePattern()]; ok {
-						if err := onlyParams(r.URL.Query(), known...); err != nil {
+						// r.URL.Query drops the pairs it cannot parse (a bad
+						// escape, a semicolon), and the filter one held would
+						// then be ignored without a word.
+						q, err := url.ParseQuery(r.URL.RawQuery)
+						if err != nil {
+							err = task.Errorf(task.ErrCodeMalformed, "malformed query string: %v", err)
+						} else {
+							err = onlyParams(q, known...)
+						}
+						if err != nil {
 							s.writeError(w, r, err)
 							return
 						}

@@ -129,6 +129,22 @@ func (s *server) serveStream(w http.ResponseWriter, r *http.Request, p auth.Prin
 	if after < 0 {
 		after = cursor
 	}
+	if after > cursor {
+		// Another instance's hub may be ahead of this one, so an id past
+		// the cursor can be one a stream sent; one past every committed
+		// event cannot. Taken as given, it would skip everything up to it,
+		// and a task's stream would skip its terminal event and never end.
+		newest, err := s.Hub.Newest(ctx)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		if after > newest {
+			s.writeError(w, r, task.Invalid("last_event_id",
+				"%d is ahead of every stored event; resume after the id of the last event a stream sent", after))
+			return
+		}
+	}
 	out := &sse{s: s, w: w, rc: http.NewResponseController(w), p: p, last: after, taskStream: f.TaskID != uuid.Nil}
 
 	// The catch-up. One task's events commit in id order (each is written

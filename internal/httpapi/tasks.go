@@ -415,6 +415,11 @@ func timeParam(raw, field string) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, task.Invalid(field, "must be an RFC 3339 time such as 2026-01-02T15:04:05Z, got %q", raw)
 	}
+	if t.IsZero() {
+		// A filter keeps an absent bound as the zero time, so this one
+		// would bound nothing: created_before would select every task.
+		return time.Time{}, task.Invalid(field, "must be later than 0001-01-01T00:00:00Z, got %q", raw)
+	}
 	return t, nil
 }
 

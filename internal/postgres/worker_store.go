@@ -78,10 +78,19 @@ var sqlInspect = statement("tasks.inspect", `
 SELECT status, version, coalesce(worker_id, ''), attempt, cancel_requested_at IS NOT NULL
 FROM tasks WHERE id = $1`)
 
+// sqlRegisterWorker adds a worker, or records a worker whose id is
+// already there as it is now: a process restarted under the same WORKER_ID
+// before maintenance removed its row may serve other types, at another
+// concurrency. A registration the same process makes again (its answer
+// lost) keeps its start.
 var sqlRegisterWorker = statement("workers.register", `
 INSERT INTO workers (id, hostname, pid, concurrency, types, version)
 VALUES ($1, $2, $3, $4, $5, $6)
-ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = now()`)
+ON CONFLICT (id) DO UPDATE SET hostname = excluded.hostname, pid = excluded.pid,
+	concurrency = excluded.concurrency, types = excluded.types, version = excluded.version,
+	started_at = CASE WHEN (workers.hostname, workers.pid) = (excluded.hostname, excluded.pid)
+		THEN workers.started_at ELSE now() END,
+	last_heartbeat_at = now()`)
 
 var sqlWorkerHeartbeat = statement("workers.heartbeat", `UPDATE workers SET last_heartbeat_at = now() WHERE id = $1`)
 

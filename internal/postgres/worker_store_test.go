@@ -379,6 +379,31 @@ func TestWorkerRegistryAndParkedTypes(t *testing.T) {
 	require.False(t, ok, "a worker removed as dead learns it must register again")
 }
 
+// A worker that comes back under the same WORKER_ID (restarted before
+// maintenance removed its row, say after a crash) is registered as it is
+// now: its types, concurrency and version, not those of its last run. The
+// scheduler sizes each type's window from them, and the overview shows
+// them.
+func TestAWorkerRegisteringAgainIsRecordedAsItIsNow(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	fleet := postgres.NewRegistryStore(b.db.Pool)
+	require.NoError(t, b.worker.Register(ctx, registry.Worker{ID: "w1", Hostname: "h1", PID: 1, Concurrency: 4,
+		Types: []string{"demo.noop"}, Version: "v1"}))
+	before, err := fleet.Fleet(ctx, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, before.Workers, 1)
+
+	now := registry.Worker{ID: "w1", Hostname: "h2", PID: 2, Concurrency: 8, Types: []string{"demo.noop", "demo.sleep"},
+		Version: "v2"}
+	require.NoError(t, b.worker.Register(ctx, now))
+	after, err := fleet.Fleet(ctx, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, after.Workers, 1)
+	require.Equal(t, now, after.Workers[0].Worker)
+	require.True(t, after.Workers[0].StartedAt.After(before.Workers[0].StartedAt), "a new process starts anew")
+}
+
 // A worker's completions and its next claims go in one transaction; a
 // batch PostgreSQL refuses is written again change by change, so the bad
 // outcome fails alone and the claims still land.

@@ -55,7 +55,8 @@ type Config struct {
 	// passes it anyway (default 10s). A gap lasts as long as the longest
 	// transaction that was running when it appeared, whatever that
 	// transaction writes; past the timeout an event that commits later is
-	// not streamed (it stays in the history).
+	// not streamed (it stays in the history). An idle hub's cursor moves
+	// past such a transaction after the same time.
 	GapTimeout time.Duration
 	// PageSize is the most events one read returns (default 1000).
 	PageSize int
@@ -106,9 +107,10 @@ type Hub struct {
 	ready chan struct{} // closed once the cursor is settled
 	// While no one subscribes, wake-ups are skipped and the hub does not
 	// read the events at all: at each poll it moves the cursor to the
-	// newest event it saw at the poll before, once that one is settled
-	// (jump). skipped is set meanwhile; a new subscriber first asks, on
-	// catchUp, for a read that brings the cursor up to date.
+	// newest event it saw at an earlier poll, once that one is settled or
+	// has waited GapTimeout (jump). skipped is set meanwhile; a new
+	// subscriber first asks, on catchUp, for a read that brings the cursor
+	// up to date.
 	skipped atomic.Bool
 	jump    *jump
 	catchUp chan chan struct{}
@@ -124,10 +126,12 @@ type Hub struct {
 }
 
 // jump is where an idle hub's cursor goes next: the newest event id when it
-// was read, settled once the transactions then running have finished.
+// was read, settled once the transactions then running have finished, or
+// taken anyway after GapTimeout, as a gap is.
 type jump struct {
-	to  int64
-	xip []uint64
+	to    int64
+	xip   []uint64
+	since time.Time
 }
 
 // gap is a missing id right after the cursor, and the transactions that
@@ -254,10 +258,16 @@ func (h *Hub) catchUpFor(ctx context.Context) error {
 
 // skipAhead moves the cursor of a hub no one subscribes to without reading
 // the events it passes, which no one would be sent: to the newest id read
-// at the last call, if every transaction then running has finished, and
-// notes the newest id now. A burn-down of tasks writes thousands of events
-// a second; reading each to hand it to no one cost the API a tenth of a
-// core, and PostgreSQL as much.
+// at an earlier call, once every transaction then running has finished (or
+// GapTimeout has passed), and then notes the newest id now. A burn-down of
+// tasks writes thousands of events a second; reading each to hand it to no
+// one cost the API a tenth of a core, and PostgreSQL as much.
+//
+// A jump still waiting is kept rather than replaced by a newer one: each
+// poll's transactions include any that stays open, so a jump replaced at
+// every poll would never settle while a psql session or a long batch holds
+// a transaction open, and the first subscriber after it would have to read,
+// and would be sent as new, everything written since.
 func (h *Hub) skipAhead(ctx context.Context) error {
 	head, snap, err := h.src.Head(ctx)
 	if err != nil {
@@ -270,10 +280,19 @@ func (h *Hub) skipAhead(ctx context.Context) error {
 		// cursor, which must not move past one it has not been sent.
 		return nil
 	}
-	if j := h.jump; j != nil && j.to > h.cursor && snap.Finished(j.xip) {
+	if j := h.jump; j != nil && j.to > h.cursor {
+		switch {
+		case snap.Finished(j.xip):
+		case time.Since(j.since) >= h.cfg.GapTimeout:
+			h.metrics.gaps.WithLabelValues("timed_out").Inc()
+			h.log.Info("stream: idle, moving the cursor past transactions that may still write older events",
+				"from", h.cursor, "to", j.to, "waited", time.Since(j.since))
+		default:
+			return nil
+		}
 		h.cursor, h.gap = j.to, nil
 	}
-	h.jump = &jump{to: head, xip: snap.Xip}
+	h.jump = &jump{to: head, xip: snap.Xip, since: time.Now()}
 	return nil
 }
 
@@ -410,6 +429,13 @@ func (h *Hub) Cursor(ctx context.Context) (int64, error) {
 		return 0, ErrClosed
 	}
 	return h.cursor, nil
+}
+
+// Newest returns the id of the newest committed event, whoever's it is.
+// A stream checks a Last-Event-ID ahead of the hub's cursor against it.
+func (h *Hub) Newest(ctx context.Context) (int64, error) {
+	head, _, err := h.src.Head(ctx)
+	return head, err
 }
 
 func (h *Hub) waitReady(ctx context.Context) error {

@@ -367,3 +367,28 @@ func TestHubEndsEverySubscriptionWhenItStops(t *testing.T) {
 	_, _, err = h.Subscribe(context.Background(), auth.Scope{OrgID: orgA}, task.EventFilter{})
 	require.ErrorIs(t, err, ErrClosed)
 }
+
+// A transaction left open (a psql session, a long batch) holds an idle
+// hub's cursor no longer than a gap: after GapTimeout the cursor passes
+// it, so that a stream opened later starts now and its first subscriber
+// does not read, nor get, everything written since that transaction began.
+func TestHubIdlePassesATransactionThatStaysOpenAfterTheTimeout(t *testing.T) {
+	src := &fakeSource{}
+	src.commit(ev(1, orgA, taskX))
+	h := startHub(t, src, Config{Poll: 5 * time.Millisecond, GapTimeout: 50 * time.Millisecond})
+	_, err := h.Cursor(context.Background())
+	require.NoError(t, err)
+
+	src.begin() // never ends
+	// Id 2 was rolled back; 3 to 5 commit while the transaction stays open.
+	src.commit(ev(3, orgA, taskX), ev(4, orgA, taskX), ev(5, orgA, taskX))
+	require.Eventually(t, func() bool {
+		c, err := h.Cursor(context.Background())
+		require.NoError(t, err)
+		return c == 5
+	}, 2*time.Second, time.Millisecond, "the idle hub's cursor is held by a transaction left open")
+	src.mu.Lock()
+	require.Zero(t, src.reads, "no subscriber: no event was read")
+	src.mu.Unlock()
+	requireStreamStartsAfter(t, h, src, 5)
+}
