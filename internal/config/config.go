@@ -129,6 +129,12 @@ func (c API) Validate() error {
 			return err
 		}
 	}
+	// A client takes a stream silent for a minute for dead (apiclient's
+	// StreamIdleTimeout), and proxies often cut one idle that long.
+	if c.StreamHeartbeat > maxStreamHeartbeat {
+		return fmt.Errorf("STREAM_HEARTBEAT: must be at most %s (clients take a stream silent for a minute for dead), got %s",
+			maxStreamHeartbeat, c.StreamHeartbeat)
+	}
 	if c.RequestTimeout >= c.WriteTimeout {
 		return fmt.Errorf("API_REQUEST_TIMEOUT: must be shorter than API_WRITE_TIMEOUT (%s), got %s", c.WriteTimeout, c.RequestTimeout)
 	}
@@ -164,6 +170,10 @@ func (c API) Validate() error {
 
 // maxStreamBuffer bounds STREAM_BUFFER: 512 KiB of a stream's buffer.
 const maxStreamBuffer = 65536
+
+// maxStreamHeartbeat bounds STREAM_HEARTBEAT: half the silence after which
+// a client opens a stream again.
+const maxStreamHeartbeat = 30 * time.Second
 
 func oneOf(name, v string, allowed ...string) error {
 	for _, a := range allowed {

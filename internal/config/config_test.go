@@ -179,3 +179,16 @@ func TestLoadAPIBoundsStreamBuffer(t *testing.T) {
 		{"STREAM_BUFFER", "1000000000000"},
 	})
 }
+
+// The CLI and the dashboard's client take a stream silent for a minute for
+// dead and open it again: a heartbeat as rare as that would have every
+// quiet stream cut and reopened, and a watch given up after its reconnects.
+func TestLoadAPIBoundsStreamHeartbeat(t *testing.T) {
+	requireLoadNamesTheBadVariable[config.API](t, []struct{ name, value string }{
+		{"STREAM_HEARTBEAT", "31s"},
+		{"STREAM_HEARTBEAT", "5m"},
+	})
+	t.Setenv("STREAM_HEARTBEAT", "30s")
+	_, err := config.Load[config.API]()
+	require.NoError(t, err)
+}
