@@ -453,6 +453,21 @@ func TestRevokeAnswersTheKeyRevoked(t *testing.T) {
 	require.Equal(t, at, again.json(t)["revoked_at"], "revoking a revoked key changes nothing")
 }
 
+// No cache may keep an answer of the API: the dashboard's requests carry a
+// cookie, not an Authorization header, and a shared cache stores answers
+// to those unless told otherwise.
+func TestAnswersAreNotStoredByCaches(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, path := range []string{"/v1/tasks", "/v1/overview", "/v1/whoami", "/v1/tasks/0190a4b2-0000-7000-8000-000000000009"} {
+		resp := b.get(t, path)
+		require.Equal(t, "no-store", resp.header.Get("Cache-Control"), "%s answered %d", path, resp.status)
+	}
+	refused := b.do(t, http.MethodGet, "/v1/tasks", "", "", "Authorization", "Bearer cvk_nope")
+	require.Equal(t, http.StatusUnauthorized, refused.status)
+	require.Equal(t, "no-store", refused.header.Get("Cache-Control"))
+}
+
 // The rate limit is per principal: past its burst a caller gets 429 with
 // Retry-After, others go on, and it may call again after that wait.
 func TestRateLimitAnswers429WithRetryAfter(t *testing.T) {

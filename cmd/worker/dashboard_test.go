@@ -197,3 +197,48 @@ func TestDashboardInABrowser(t *testing.T) {
 		chromedp.Text("h1", &heading, chromedp.ByQuery))
 	require.Equal(t, "Task not found", heading)
 }
+
+// An address whose filter the API refuses (a creation time that is not RFC
+// 3339, as a person may type or paste one) shows the API's error on the
+// tasks page, naming the filter at fault; the page must not stay at
+// "Loading…" with nothing said.
+func TestDashboardTasksPageShowsARefusedFilter(t *testing.T) {
+	b := setup(t)
+	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
+	require.NoError(t, err)
+	tab := browser(t)
+	signIn(t, tab, b.api, key)
+
+	var shown string
+	run(t, tab, 20*time.Second,
+		chromedp.Navigate(b.api+"/ui/tasks?created_after=1h"),
+		chromedp.WaitVisible(`main [role="status"] .error`, chromedp.ByQuery),
+		chromedp.Text(`main [role="status"] .error`, &shown, chromedp.ByQuery))
+	require.Contains(t, shown, "created_after")
+	require.Contains(t, shown, "RFC 3339")
+}
+
+// The overview's queues of an org whose tasks have all ended say that
+// nothing waits or runs, not that there are no tasks: the cards above them
+// count the ended ones.
+func TestDashboardOverviewOfAnOrgWithNothingQueued(t *testing.T) {
+	b := setup(t)
+	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
+	require.NoError(t, err)
+	id := b.submit(t, "demo.sleep", map[string]any{"steps": 1}, 1)
+	_, err = b.pool.Exec(context.Background(), `UPDATE tasks SET status = 'COMPLETED', completed_at = now(),
+		version = version + 1 WHERE id = $1`, id)
+	require.NoError(t, err)
+	tab := browser(t)
+	signIn(t, tab, b.api, key)
+
+	var completed, queues string
+	run(t, tab, 30*time.Second,
+		chromedp.Navigate(b.api+"/ui/"),
+		chromedp.WaitVisible(`section[aria-labelledby="types"] p`, chromedp.ByQuery),
+		chromedp.Text(`[data-count="COMPLETED"]`, &completed, chromedp.ByQuery),
+		chromedp.Text(`section[aria-labelledby="types"] p`, &queues, chromedp.ByQuery))
+	require.Equal(t, "1", completed)
+	require.NotContains(t, queues, "No tasks", "the org has a task")
+	require.Contains(t, queues, "waiting or running")
+}

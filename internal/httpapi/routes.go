@@ -46,7 +46,7 @@ func (s *server) router() chi.Router {
 	// Every /v1 route needs a principal; each group, a role. Every request
 	// but a live stream is bounded by the request timeout.
 	r.Route("/v1", func(r chi.Router) {
-		r.Use(s.authenticate)
+		r.Use(noStore, s.authenticate)
 		r.Group(func(r chi.Router) {
 			r.Use(s.require(auth.Reader))
 			r.Get("/tasks/{id}/stream", s.handleTaskStream())
@@ -133,4 +133,16 @@ func routePattern(r *http.Request) string {
 		}
 	}
 	return "unmatched"
+}
+
+// noStore marks every answer of the API as one no cache may keep. A
+// shared cache must not store an answer to a request with an
+// Authorization header, but the dashboard's requests carry a cookie
+// instead, and an org's tasks must not be served from a cache to whoever
+// asks next. A live stream sets its own no-cache.
+func noStore(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "no-store")
+		next.ServeHTTP(w, r)
+	})
 }

@@ -96,6 +96,9 @@ function follow(url, onEvent, onEnd) {
   const open = () => {
     const resume = last ? (url.includes("?") ? "&" : "?") + "last_event_id=" + encodeURIComponent(last) : "";
     es = new EventSource(url + resume, { withCredentials: true });
+    // The ready frame carries where the stream starts: a stream reopened
+    // before its first task event resumes from there, not from "now".
+    es.addEventListener("ready", (m) => { last = m.lastEventId || last; });
     es.addEventListener("task", (m) => { last = m.lastEventId || last; retry = 2000; onEvent(JSON.parse(m.data)); });
     es.addEventListener("end", (m) => { ended = true; es.close(); if (onEnd) onEnd(JSON.parse(m.data)); });
     es.addEventListener("error", () => {
@@ -196,7 +199,7 @@ function hourChart(minutes) {
 }
 
 function typesTable(types) {
-  if (!types.length) return h("p", { class: "muted" }, "No tasks yet.");
+  if (!types.length) return h("p", { class: "muted" }, "No task is waiting or running.");
   return h("div", { class: "table-wrap" }, h("table", {},
     h("thead", {}, h("tr", {}, ["Type", "Waiting", "Scheduled", "Running", "Oldest waiting"].map((t) => h("th", { scope: "col" }, t)))),
     h("tbody", {}, types.map((t) => h("tr", {},
@@ -301,7 +304,13 @@ async function renderTasks() {
 
 function filterForm(filter) {
   const f = (name, label, input) => h("label", { for: "f-" + name }, label, input);
-  const local = (ts) => (ts ? new Date(ts).toISOString().slice(0, 16) : "");
+  // A time the browser cannot read (typed or pasted into the address)
+  // leaves its field empty instead of stopping the page: the listing then
+  // shows the API's own error for it.
+  const local = (ts) => {
+    const d = new Date(ts || NaN);
+    return Number.isNaN(d.getTime()) ? "" : d.toISOString().slice(0, 16);
+  };
   return h("form", { class: "filters", role: "search", "aria-label": "Filter tasks",
     onsubmit: (e) => {
       e.preventDefault();
