@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/conveyorhq/conveyor/internal/auth"
+	"github.com/conveyorhq/conveyor/internal/testenv"
 )
 
 // statusOf reads a task's status and whether a cancel is pending, as the
@@ -208,4 +210,59 @@ func TestBulkRefusesBadRequests(t *testing.T) {
 	reader, _ := b.db.Key(t, "test", auth.Reader)
 	require.Equal(t, http.StatusForbidden, b.post(t, "/v1/tasks/cancel", `{"dry_run":true}`, "Authorization", "Bearer "+reader).status,
 		"even a dry run needs the writer role")
+}
+
+// A bulk cancel of children of several parents locks each parent as its
+// child settles (the parent may be waiting for it), in the order of the
+// children; a worker's batch settling children of the same parents in the
+// other order can deadlock with it. PostgreSQL then rolls the bulk action
+// back whole, and the store runs it again, as it does a worker's batch:
+// the caller gets its answer, not a 500.
+func TestBulkCancelRecoversFromADeadlockWithAWorker(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	first := b.submitTask(t, `{"type":"bd.parent","payload":{"n":1}}`)
+	second := b.submitTask(t, `{"type":"bd.parent","payload":{"n":2}}`)
+	low := b.submitTask(t, `{"type":"bd.child","payload":{"n":1}}`)
+	high := b.submitTask(t, `{"type":"bd.child","payload":{"n":2}}`)
+	require.Less(t, low, high, "task ids grow with time")
+	// The lower child (settled first) belongs to the first parent.
+	b.exec(t, `UPDATE tasks SET parent_id = $2, child_key = 'a' WHERE id = $1`, low, first)
+	b.exec(t, `UPDATE tasks SET parent_id = $2, child_key = 'b' WHERE id = $1`, high, second)
+
+	// What a worker's batch settling children of both parents, in the
+	// other order, holds midway: the second parent.
+	worker, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = worker.Rollback(ctx) }()
+	_, err = worker.Exec(ctx, `SELECT 1 FROM tasks WHERE id = $1 FOR UPDATE`, second)
+	require.NoError(t, err)
+
+	answer := make(chan response, 1)
+	go func() { answer <- b.post(t, "/v1/tasks/cancel", `{"filter":{"type":"bd.child"},"expected":2}`) }()
+	// The bulk cancel has settled both children and locked the first
+	// parent; it waits for the second.
+	testenv.Eventually(t, 10*time.Second, func() error {
+		var waiting int
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting))
+		if waiting == 0 {
+			return fmt.Errorf("the bulk cancel does not wait for the second parent yet")
+		}
+		return nil
+	})
+	// The worker's batch goes on to the first parent: a deadlock, which
+	// PostgreSQL breaks by rolling back the bulk cancel (it waited first).
+	_, err = worker.Exec(ctx, `SELECT 1 FROM tasks WHERE id = $1 FOR UPDATE`, first)
+	require.NoError(t, err)
+	require.NoError(t, worker.Commit(ctx))
+
+	resp := <-answer
+	require.Equal(t, http.StatusOK, resp.status, string(resp.body))
+	require.Equal(t, map[string]any{"matched": float64(2), "cancelled": float64(2), "skipped": float64(0), "more": false}, resp.json(t))
+	for _, id := range []string{low, high} {
+		status, _ := b.statusOf(t, id)
+		require.Equal(t, "CANCELLED", status)
+	}
 }

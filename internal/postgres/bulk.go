@@ -93,8 +93,8 @@ func (s *APIStore) Bulk(ctx context.Context, p auth.Principal, b task.Bulk, trac
 	}
 	var res task.BulkResult
 	var queued bool
-	err = inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
-		res = task.BulkResult{}
+	act := func(tx pgx.Tx) error {
+		res, queued = task.BulkResult{}, false
 		var picked []task.Standing
 		batch := &pgx.Batch{}
 		countSQL, countArgs := bulkCountSQL(p.OrgID, b.Action, statuses, b.Filter)
@@ -153,7 +153,18 @@ func (s *APIStore) Bulk(ctx context.Context, p auth.Principal, b task.Bulk, trac
 		}
 		queued = q
 		return nil
-	})
+	}
+	// The tasks a bulk action settles lock their parents and workflow runs
+	// (migration 007) in the order of the tasks; a worker's batch settling
+	// tasks of the same parents or runs in another order can deadlock with
+	// it. PostgreSQL then rolls the action back whole, and it runs again,
+	// counting anew.
+	for try := 1; ; try++ {
+		err = inScope(ctx, s.pool, p.Scope(), act)
+		if try >= maxDeadlockTries || pgCode(err) != codeDeadlock {
+			break
+		}
+	}
 	if err != nil {
 		return res, translate(err)
 	}

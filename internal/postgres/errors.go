@@ -56,6 +56,11 @@ func translate(err error) error {
 			return &task.Error{Code: task.ErrCodeForbidden, Message: "not allowed"}
 		case pgErr.Code == "57014": // query_canceled: statement_timeout or a cancelled request
 			return &task.Error{Code: task.ErrCodeUnavailable, Message: "the database did not answer in time; try again"}
+		case pgErr.Code == codeDeadlock || pgErr.Code == codeSerialization:
+			// Rolled back whole for a conflict with concurrent work, after
+			// the tries a store makes: nothing was written, and the same
+			// request may well pass in a moment.
+			return &task.Error{Code: task.ErrCodeUnavailable, Message: "the database rolled this back for a conflict with concurrent work; try again"}
 		}
 	}
 	if pgconn.SafeToRetry(err) || pgconn.Timeout(err) {

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/conveyorhq/conveyor/internal/postgres"
+	"github.com/conveyorhq/conveyor/internal/task"
 	"github.com/conveyorhq/conveyor/internal/testdb"
 )
 
@@ -30,4 +31,17 @@ func TestTransientTellsWaitingFromGivingUp(t *testing.T) {
 	require.False(t, postgres.Transient(err), "a missing database: %v", err)
 	_, err = postgres.Open(context.Background(), postgres.PoolConfig{URL: "postgres://postgres@127.0.0.1:1/x?connect_timeout=1"})
 	require.True(t, postgres.Transient(err), "nothing listening: %v", err)
+}
+
+// A conflict with concurrent work that outlasts a store's tries is worth
+// another request, not an internal error: the transaction was rolled
+// back whole.
+func TestAConflictRolledBackIsUnavailableNotInternal(t *testing.T) {
+	t.Parallel()
+	for _, code := range []string{"40P01", "40001"} { // deadlock, serialization failure
+		err := postgres.Translate(fmt.Errorf("bulk: %w", &pgconn.PgError{Code: code}))
+		var te *task.Error
+		require.ErrorAs(t, err, &te, code)
+		require.Equal(t, task.ErrCodeUnavailable, te.Code, code)
+	}
 }

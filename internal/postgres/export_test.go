@@ -9,3 +9,6 @@ var LockOutbox = lockOutbox
 
 // BulkCountSQL lets the tests read the plan of a bulk action's count.
 var BulkCountSQL = bulkCountSQL
+
+// Translate lets the tests see the domain error a driver error becomes.
+var Translate = translate
