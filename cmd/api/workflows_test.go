@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"regexp"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/conveyorhq/conveyor/internal/postgres"
 	"github.com/conveyorhq/conveyor/internal/task"
+	"github.com/conveyorhq/conveyor/internal/testenv"
 )
 
 // diamondJobs is a jobs file of four jobs and the workflow diamond: a,
@@ -429,4 +431,49 @@ func TestRunMovesOnWhenANodeCompletes(t *testing.T) {
 	require.Equal(t, http.StatusOK, retried.status, string(retried.body))
 	require.Equal(t, map[string]any{"a": "COMPLETED", "b": "PENDING", "c": "PENDING", "d": "WAITING"}, nodeStatuses(t, retried.json(t)),
 		"a retry keeps what completed and runs the rest")
+}
+
+// A run's cancel holds the run, then settles its tasks; a worker's batch
+// settling one of them holds the task, then waits for the run. PostgreSQL
+// rolls the cancel back (it waited first), and the cancel runs again
+// instead of answering an error.
+func TestRunCancelRecoversFromADeadlockWithAWorker(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.applied(t, "", diamondJobs)
+	started := b.post(t, "/v1/workflows/diamond/runs", "")
+	require.Equal(t, http.StatusCreated, started.status, string(started.body))
+	id := started.json(t)["id"].(string)
+	nodes, _ := runNodes(t, started.json(t))
+	taskA := nodes["a"]["task_id"].(string)
+
+	// What a worker's batch completing a's task holds midway: the task.
+	worker, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = worker.Rollback(ctx) }()
+	_, err = worker.Exec(ctx, `SELECT 1 FROM tasks WHERE id = $1 FOR UPDATE`, taskA)
+	require.NoError(t, err)
+
+	answer := make(chan response, 1)
+	go func() { answer <- b.post(t, "/v1/runs/"+id+"/cancel", "") }()
+	testenv.Eventually(t, 10*time.Second, func() error {
+		var waiting int
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting))
+		if waiting == 0 {
+			return fmt.Errorf("the cancel does not wait for the task yet")
+		}
+		return nil
+	})
+	// The batch's trigger goes on to the run: a deadlock.
+	_, err = worker.Exec(ctx, `SELECT 1 FROM workflow_runs WHERE id = $1 FOR UPDATE`, id)
+	require.NoError(t, err)
+	require.NoError(t, worker.Commit(ctx))
+
+	resp := <-answer
+	require.Equal(t, http.StatusOK, resp.status, string(resp.body))
+	require.Equal(t, "CANCELLED", resp.json(t)["status"])
+	status, _ := b.statusOf(t, taskA)
+	require.Equal(t, "CANCELLED", status)
 }

@@ -159,12 +159,7 @@ func (s *APIStore) Bulk(ctx context.Context, p auth.Principal, b task.Bulk, trac
 	// tasks of the same parents or runs in another order can deadlock with
 	// it. PostgreSQL then rolls the action back whole, and it runs again,
 	// counting anew.
-	for try := 1; ; try++ {
-		err = inScope(ctx, s.pool, p.Scope(), act)
-		if try >= maxDeadlockTries || pgCode(err) != codeDeadlock {
-			break
-		}
-	}
+	err = retryDeadlocks(func() error { return inScope(ctx, s.pool, p.Scope(), act) })
 	if err != nil {
 		return res, translate(err)
 	}

@@ -56,11 +56,6 @@ func translate(err error) error {
 			return &task.Error{Code: task.ErrCodeForbidden, Message: "not allowed"}
 		case pgErr.Code == "57014": // query_canceled: statement_timeout or a cancelled request
 			return &task.Error{Code: task.ErrCodeUnavailable, Message: "the database did not answer in time; try again"}
-		case pgErr.Code == codeDeadlock || pgErr.Code == codeSerialization:
-			// Rolled back whole for a conflict with concurrent work, after
-			// the tries a store makes: nothing was written, and the same
-			// request may well pass in a moment.
-			return &task.Error{Code: task.ErrCodeUnavailable, Message: "the database rolled this back for a conflict with concurrent work; try again"}
 		}
 	}
 	if pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
@@ -87,4 +82,21 @@ func Transient(err error) bool {
 	var netErr net.Error
 	return pgconn.SafeToRetry(err) || pgconn.Timeout(err) || errors.As(err, &connectErr) || errors.As(err, &netErr) ||
 		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)
+}
+
+// retryDeadlocks runs f, a transaction, again while PostgreSQL rolls it
+// back whole to break a deadlock, up to maxDeadlockTries times. One that
+// outlasts them is worth another request, not an internal error: nothing
+// was written.
+func retryDeadlocks(f func() error) error {
+	for try := 1; ; try++ {
+		err := f()
+		if pgCode(err) != codeDeadlock {
+			return err
+		}
+		if try >= maxDeadlockTries {
+			return &task.Error{Code: task.ErrCodeUnavailable,
+				Message: "the database rolled this back, again and again, for a deadlock with concurrent work; try again"}
+		}
+	}
 }

@@ -33,15 +33,24 @@ func TestTransientTellsWaitingFromGivingUp(t *testing.T) {
 	require.True(t, postgres.Transient(err), "nothing listening: %v", err)
 }
 
-// A conflict with concurrent work that outlasts a store's tries is worth
-// another request, not an internal error: the transaction was rolled
-// back whole.
-func TestAConflictRolledBackIsUnavailableNotInternal(t *testing.T) {
+// A transaction rolled back to break a deadlock runs again; one that
+// deadlocks at every try is worth another request, not an internal error.
+func TestADeadlockIsTriedAgainThenUnavailable(t *testing.T) {
 	t.Parallel()
-	for _, code := range []string{"40P01", "40001"} { // deadlock, serialization failure
-		err := postgres.Translate(fmt.Errorf("bulk: %w", &pgconn.PgError{Code: code}))
-		var te *task.Error
-		require.ErrorAs(t, err, &te, code)
-		require.Equal(t, task.ErrCodeUnavailable, te.Code, code)
-	}
+	deadlock := fmt.Errorf("bulk: %w", &pgconn.PgError{Code: "40P01"})
+	calls := 0
+	require.NoError(t, postgres.RetryDeadlocks(func() error {
+		if calls++; calls == 1 {
+			return deadlock
+		}
+		return nil
+	}))
+	require.Equal(t, 2, calls)
+
+	calls = 0
+	err := postgres.RetryDeadlocks(func() error { calls++; return deadlock })
+	var te *task.Error
+	require.ErrorAs(t, err, &te)
+	require.Equal(t, task.ErrCodeUnavailable, te.Code)
+	require.Equal(t, 3, calls)
 }

@@ -10,5 +10,5 @@ var LockOutbox = lockOutbox
 // BulkCountSQL lets the tests read the plan of a bulk action's count.
 var BulkCountSQL = bulkCountSQL
 
-// Translate lets the tests see the domain error a driver error becomes.
-var Translate = translate
+// RetryDeadlocks lets the tests run a transaction that deadlocks.
+var RetryDeadlocks = retryDeadlocks

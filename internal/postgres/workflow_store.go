@@ -378,7 +378,8 @@ func (s *JobStore) Runs(ctx context.Context, p auth.Principal, workflow string, 
 func (s *JobStore) CancelRun(ctx context.Context, p auth.Principal, id uuid.UUID, trace task.Carrier) (job.Run, error) {
 	var run job.Run
 	var queued bool
-	err := inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
+	cancel := func(tx pgx.Tx) error {
+		queued = false
 		var stopped bool
 		if err := tx.QueryRow(ctx, sqlRunStop, p.OrgID, id).Scan(&stopped); err != nil {
 			return err
@@ -396,7 +397,12 @@ func (s *JobStore) CancelRun(ctx context.Context, p auth.Principal, id uuid.UUID
 		}
 		run, err = readRun(ctx, tx, p.OrgID, id)
 		return err
-	})
+	}
+	// The cancel holds the run and then settles its tasks; a worker's
+	// batch settling one of them holds the task and then waits for the run
+	// (migration 007). PostgreSQL breaks that deadlock by rolling one back
+	// whole; the cancel then runs again.
+	err := retryDeadlocks(func() error { return inScope(ctx, s.pool, p.Scope(), cancel) })
 	if err != nil {
 		return job.Run{}, translate(err)
 	}
