@@ -256,6 +256,13 @@ func (r *Relay) serve(ctx context.Context, i int, pub Publisher) {
 		case <-r.lanes[i].wake:
 		case <-ticker.C:
 		}
+		if err := pub.Err(); err != nil {
+			// Given up (a nack, a late confirm) but not closed yet: the
+			// broker may be slow to answer the close, and a batch on the
+			// channel meanwhile would fail or go out twice.
+			r.log.WarnContext(ctx, "broker channel given up; reconnecting", "lane", i, "error", err)
+			return
+		}
 		r.lanes[i].busy.Store(true)
 		for ctx.Err() == nil {
 			blocked := pub.Blocked()

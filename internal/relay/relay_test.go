@@ -3,11 +3,13 @@ package relay_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -545,3 +547,55 @@ func TestAFailedRowNeverPoisonsItsBatch(t *testing.T) {
 }
 
 func fmtErr(format string, args ...any) error { return fmt.Errorf(format, args...) }
+
+// A lane whose publisher gave up its channel (a nack, a late confirm)
+// dials a new one at once, though the broker has not answered the old
+// channel's close: a pass on the given-up channel would publish nothing,
+// and its rows would wait out the backoff or go out twice.
+func TestALaneLeavesAGivenUpChannelAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.declare(t, "demo.noop")
+	var mu sync.Mutex
+	var pubs []*givingUpPublisher
+	b.startRelay(t, relayOpts{wrap: func(p relay.Publisher) relay.Publisher {
+		mu.Lock()
+		defer mu.Unlock()
+		g := &givingUpPublisher{Publisher: p, open: make(chan struct{})}
+		pubs = append(pubs, g)
+		return g
+	}})
+	q := rabbitmq.QueueName("demo.noop")
+	b.submit(t, "demo.noop", `{"n":1}`, 5)
+	testenv.WaitForDepth(t, b.amqpURL, q, 1, 10*time.Second)
+	b.submit(t, "demo.noop", `{"n":2}`, 5)
+	testenv.WaitForDepth(t, b.amqpURL, q, 2, 10*time.Second)
+	b.waitOutboxEmpty(t)
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.GreaterOrEqual(t, len(pubs), 2, "the lane dialled again")
+	require.EqualValues(t, 1, pubs[0].batches.Load(), "no batch went to the channel given up")
+}
+
+// givingUpPublisher gives its channel up after its first batch, and the
+// broker never answers the close: Err is set, Done stays open.
+type givingUpPublisher struct {
+	relay.Publisher
+	batches atomic.Int32
+	open    chan struct{}
+}
+
+func (p *givingUpPublisher) Publish(ctx context.Context, msgs []outbox.Message) outbox.Outcome {
+	p.batches.Add(1)
+	return p.Publisher.Publish(ctx, msgs)
+}
+
+func (p *givingUpPublisher) Err() error {
+	if p.batches.Load() > 0 {
+		return errors.New("a publish was nacked by the broker: publishing on a new channel")
+	}
+	return nil
+}
+
+func (p *givingUpPublisher) Done() <-chan struct{} { return p.open }
