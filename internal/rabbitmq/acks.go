@@ -33,8 +33,14 @@ type settler struct {
 	mu sync.Mutex
 	// frontier: every delivery tagged up to it is settled.
 	frontier uint64
-	// settled holds the settled tags above the frontier.
-	settled map[uint64]bool
+	// The settled tags above the frontier, as runs of consecutive tags:
+	// runs maps each run's first tag to its last, ends its last to its
+	// first. A delivery whose task runs for hours holds the frontier back
+	// while thousands of later ones are settled each second; kept one by
+	// one they grew by tens of MiB a million, kept as runs there are
+	// about as many as deliveries still unsettled.
+	runs map[uint64]uint64
+	ends map[uint64]uint64
 
 	// held are the acks not sent yet, each with when it goes out alone;
 	// only the run loop (and close, after it) touches them.
@@ -54,7 +60,7 @@ const (
 
 func newSettler(ch amqp.Acknowledger) *settler {
 	s := &settler{ch: ch, acks: make(chan uint64, 1024), gather: ackGather, hold: ackHold,
-		settled: map[uint64]bool{}, held: map[uint64]time.Time{},
+		runs: map[uint64]uint64{}, ends: map[uint64]uint64{}, held: map[uint64]time.Time{},
 		quit: make(chan struct{}), done: make(chan struct{})}
 	go s.run()
 	return s
@@ -86,13 +92,32 @@ func (s *settler) mark(tags ...uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, t := range tags {
-		if t > s.frontier {
-			s.settled[t] = true
+		if t <= s.frontier {
+			continue
 		}
+		if _, ok := s.runs[t]; ok {
+			continue
+		}
+		if _, ok := s.ends[t]; ok {
+			continue
+		}
+		// Join the runs that end just before it and start just after it.
+		first, last := t, t
+		if f, ok := s.ends[t-1]; ok {
+			delete(s.ends, t-1)
+			first = f
+		}
+		if l, ok := s.runs[t+1]; ok {
+			delete(s.runs, t+1)
+			last = l
+		}
+		s.runs[first], s.ends[last] = last, first
 	}
-	for s.settled[s.frontier+1] {
-		delete(s.settled, s.frontier+1)
-		s.frontier++
+	// Runs are never adjacent, so the frontier passes one run at most.
+	if last, ok := s.runs[s.frontier+1]; ok {
+		delete(s.runs, s.frontier+1)
+		delete(s.ends, last)
+		s.frontier = last
 	}
 }
 

@@ -2,6 +2,7 @@ package rabbitmq
 
 import (
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -36,7 +37,7 @@ func (f *frames) Reject(tag uint64, requeue bool) error { return f.Nack(tag, fal
 // idleSettler is a settler without its run loop: the tests call flush with
 // the times they choose.
 func idleSettler(f *frames) *settler {
-	return &settler{ch: f, hold: ackHold, settled: map[uint64]bool{}, held: map[uint64]time.Time{}}
+	return &settler{ch: f, hold: ackHold, runs: map[uint64]uint64{}, ends: map[uint64]uint64{}, held: map[uint64]time.Time{}}
 }
 
 func TestSettlerCoversAContiguousRunWithOneFrame(t *testing.T) {
@@ -123,4 +124,33 @@ func TestSettlerSendsWhatItHoldsWhenClosing(t *testing.T) {
 	}, 5*time.Second, time.Millisecond)
 	s.close()
 	require.Equal(t, []string{"ack 1 multiple=true", "ack 3 multiple=false"}, f.got)
+}
+
+// A delivery whose task runs long holds the frontier back, and every tag
+// settled behind it meanwhile waits for it: a busy worker settles
+// thousands of deliveries a second, and a task may run for hours. The
+// settler must not remember them one by one.
+func TestSettlerRemembersLittleBehindALongUnsettledDelivery(t *testing.T) {
+	s := idleSettler(&frames{})
+	const last = 1 << 20
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	batch := make([]uint64, 0, 1024)
+	for tag := uint64(2); tag <= last; tag++ {
+		batch = append(batch, tag)
+		if len(batch) == cap(batch) {
+			s.mark(batch...)
+			batch = batch[:0]
+		}
+	}
+	s.mark(batch...)
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	require.Less(t, int64(after.HeapAlloc)-int64(before.HeapAlloc), int64(1<<20),
+		"bytes kept for the tags settled behind the one still running")
+	require.Zero(t, s.frontier)
+	s.mark(1)
+	require.Equal(t, uint64(last), s.frontier, "the frontier passes every tag settled behind it")
+	runtime.KeepAlive(s)
 }

@@ -15,10 +15,11 @@ import (
 // ErrClosed is the Err of a consumer its owner closed.
 var ErrClosed = errors.New("rabbitmq: consumer closed")
 
-// Consumer consumes the task queues of a worker's types on one channel,
-// their packed queues on a second (a prefetch of their own, and paused
-// while every slot of the worker runs long), and the control broadcasts on a
-// third, from an exclusive queue of its own. On classic queues a task
+// Consumer consumes the task queues of a worker's types on one channel
+// (paused while the worker can take none: SetPrefetch(0)), their packed
+// queues on a second (a prefetch of their own, and paused while every slot
+// of the worker runs long), and the control broadcasts on a third, from an
+// exclusive queue of its own. On classic queues a task
 // channel's prefetch is shared by all the types; quorum queues support no
 // channel-wide prefetch, so there each type's consumer gets the whole
 // credit (see DialConsumer).
@@ -31,19 +32,18 @@ var ErrClosed = errors.New("rabbitmq: consumer closed")
 // owner then closes it and dials a new one. Close must be called in every
 // case: it ends the consumer's goroutines.
 type Consumer struct {
-	conn    *amqp.Connection
-	qs      Queues
-	tasks   *amqp.Channel
-	settler *settler // of the tasks channel
+	conn  *amqp.Connection
+	qs    Queues
+	tasks *amqp.Channel
 	// packed consumes the packed queues, with a prefetch of its own.
-	packed        *amqp.Channel
-	packedSettler *settler
-	control       *amqp.Channel
-	// queues maps the consumer tag of each queue of single messages to
-	// the queue; the packed queues' consumers come and go (packedState).
-	queues map[string]string
-	types  []string
-	pk     packedState
+	packed  *amqp.Channel
+	control *amqp.Channel
+	types   []string
+	// single and pk are the consumers of the queues of single messages
+	// and of the packed queues: they come and go as they are paused and
+	// resumed.
+	single lane
+	pk     lane
 
 	deliveries chan outbox.Delivery
 	cancels    chan outbox.Cancel
@@ -70,8 +70,9 @@ type Consumer struct {
 // connection name the broker shows.
 //
 // prefetch bounds the unacknowledged task messages of the queues of single
-// messages, packedPrefetch those of the packed queues, consumed on a
-// channel of their own: a packed message carries many tasks, and a worker
+// messages (0 or less: none, and they are not consumed until SetPrefetch
+// gives them credit), packedPrefetch those of the packed queues, consumed
+// on a channel of their own: a packed message carries many tasks, and a worker
 // gives them a prefetch of its window divided by how many. On classic
 // queues each bound is channel-wide (global QoS): over all the types.
 // Quorum queues refuse a consumer on a channel with global QoS (the broker
@@ -93,8 +94,9 @@ func DialConsumer(url, name string, qs Queues, types []string, prefetch, packedP
 	c := &Consumer{
 		conn:       conn,
 		qs:         qs,
-		queues:     make(map[string]string, len(types)),
 		types:      types,
+		single:     lane{queue: QueueName, tag: "conveyor-"},
+		pk:         lane{queue: PackedQueueName, tag: "conveyor-packed-"},
 		deliveries: make(chan outbox.Delivery),
 		cancels:    make(chan outbox.Cancel, 64),
 		lost:       make(chan string, 2*len(types)+1),
@@ -129,27 +131,29 @@ func (c *Consumer) open(types []string, prefetch, packedPrefetch int) error {
 	if err := DeclareExchanges(c.tasks); err != nil {
 		return err
 	}
-	if err := c.qos(c.tasks, prefetch); err != nil {
-		return fmt.Errorf("set prefetch: %w", err)
-	}
 	if err := c.qos(c.packed, packedPrefetch); err != nil {
 		return fmt.Errorf("set packed prefetch: %w", err)
 	}
-	streams := make(map[string]<-chan amqp.Delivery, len(types))
 	for _, typ := range types {
 		if err := DeclareTaskQueueOf(c.tasks, typ, c.qs); err != nil {
 			return err
 		}
-		q := QueueName(typ)
-		tag := fmt.Sprintf("conveyor-%s-%s", typ, uuid.NewString()[:8])
-		msgs, err := c.tasks.Consume(q, tag, false, false, false, false, nil)
-		if err != nil {
-			return fmt.Errorf("consume %s: %w", q, err)
-		}
-		c.queues[tag] = q
-		streams[tag] = msgs
 	}
-	packedStreams, err := c.consumePacked()
+	c.single.ch, c.pk.ch = c.tasks, c.packed
+	// A prefetch of 0 would be no limit at all: a consumer that may take
+	// nothing yet starts paused instead.
+	var streams map[string]<-chan amqp.Delivery
+	if prefetch > 0 {
+		if err := c.qos(c.tasks, prefetch); err != nil {
+			return fmt.Errorf("set prefetch: %w", err)
+		}
+		if streams, err = c.consume(&c.single); err != nil {
+			return err
+		}
+	} else {
+		c.single.paused = true
+	}
+	packedStreams, err := c.consume(&c.pk)
 	if err != nil {
 		return err
 	}
@@ -172,25 +176,30 @@ func (c *Consumer) open(types []string, prefetch, packedPrefetch int) error {
 		return fmt.Errorf("consume control queue: %w", err)
 	}
 
-	c.settler = newSettler(c.tasks)
-	c.packedSettler = newSettler(c.packed)
+	c.single.s = newSettler(c.tasks)
+	c.pk.s = newSettler(c.packed)
 	c.wg.Add(len(streams) + len(packedStreams) + 2)
-	for tag, msgs := range streams {
-		go c.forward(c.queues[tag], msgs, c.settler, -1)
+	for q, msgs := range streams {
+		go c.forward(q, msgs, &c.single, c.single.gen)
 	}
 	for q, msgs := range packedStreams {
-		go c.forward(q, msgs, c.packedSettler, 0)
+		go c.forward(q, msgs, &c.pk, c.pk.gen)
 	}
 	go c.forwardCancels(q.Name, ctl)
 	go w.run()
 	return nil
 }
 
-// packedState is the packed queues' consumers: paused or not, and the
-// generation of the consumers now running, which their forwarders carry
-// (a forwarder of an earlier one ends quietly).
-type packedState struct {
-	// op orders PausePacked and ResumePacked.
+// lane is the consumers of one channel's queues, one a type: paused or
+// not, and the generation of the consumers now running, which their
+// forwarders carry (a forwarder of an earlier one ends quietly).
+type lane struct {
+	ch    *amqp.Channel
+	s     *settler
+	queue func(taskType string) string
+	tag   string // the consumer tags' prefix
+
+	// op orders pause and resume.
 	op     sync.Mutex
 	mu     sync.Mutex
 	paused bool
@@ -199,24 +208,33 @@ type packedState struct {
 	tags   map[string]string // consumer tag → queue
 }
 
-// consumePacked starts a consumer on each packed queue, as the current
+// queueOf is the queue of a consumer tag of the lane, if it is one of its
+// consumers now running.
+func (l *lane) queueOf(tag string) (string, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	q, ok := l.tags[tag]
+	return q, ok
+}
+
+// consume starts a consumer on each queue of the lane, as its current
 // generation, and returns their deliveries by queue.
-func (c *Consumer) consumePacked() (map[string]<-chan amqp.Delivery, error) {
+func (c *Consumer) consume(l *lane) (map[string]<-chan amqp.Delivery, error) {
 	streams := make(map[string]<-chan amqp.Delivery, len(c.types))
 	tags := make(map[string]string, len(c.types))
 	for _, typ := range c.types {
-		q := PackedQueueName(typ)
-		tag := fmt.Sprintf("conveyor-packed-%s-%s", typ, uuid.NewString()[:8])
-		msgs, err := c.packed.Consume(q, tag, false, false, false, false, nil)
+		q := l.queue(typ)
+		tag := fmt.Sprintf("%s%s-%s", l.tag, typ, uuid.NewString()[:8])
+		msgs, err := l.ch.Consume(q, tag, false, false, false, false, nil)
 		if err != nil {
 			return nil, fmt.Errorf("consume %s: %w", q, err)
 		}
 		tags[tag] = q
 		streams[q] = msgs
 	}
-	c.pk.mu.Lock()
-	c.pk.tags = tags
-	c.pk.mu.Unlock()
+	l.mu.Lock()
+	l.tags = tags
+	l.mu.Unlock()
 	return streams, nil
 }
 
@@ -227,88 +245,102 @@ func (c *Consumer) consumePacked() (map[string]<-chan amqp.Delivery, error) {
 // arrived then could only go back to its queue and, with credit left,
 // straight back to the worker.
 func (c *Consumer) PausePacked() error {
-	c.pk.op.Lock()
-	defer c.pk.op.Unlock()
-	c.pk.mu.Lock()
-	if c.pk.paused || c.pk.closed {
-		c.pk.mu.Unlock()
-		return nil
-	}
-	c.pk.paused = true
-	c.pk.gen++
-	tags := c.pk.tags
-	c.pk.tags = nil
-	c.pk.mu.Unlock()
-	for tag := range tags {
-		if err := c.packed.Cancel(tag, false); err != nil {
-			// The consumers not cancelled run on: keep them known.
-			c.pk.mu.Lock()
-			if c.pk.tags == nil {
-				c.pk.tags = map[string]string{}
-			}
-			for t, q := range tags {
-				c.pk.tags[t] = q
-			}
-			c.pk.mu.Unlock()
-			return fmt.Errorf("rabbitmq: pause packed consumers: %w", err)
-		}
-		delete(tags, tag)
+	if err := c.pause(&c.pk); err != nil {
+		return fmt.Errorf("rabbitmq: pause packed consumers: %w", err)
 	}
 	return nil
 }
 
 // ResumePacked consumes the packed queues again after PausePacked.
 func (c *Consumer) ResumePacked() error {
-	c.pk.op.Lock()
-	defer c.pk.op.Unlock()
-	c.pk.mu.Lock()
-	defer c.pk.mu.Unlock()
-	if !c.pk.paused || c.pk.closed || c.stopping.Load() {
-		return nil
-	}
-	c.pk.mu.Unlock()
-	streams, err := c.consumePacked()
-	c.pk.mu.Lock()
-	if err != nil {
+	if err := c.resume(&c.pk); err != nil {
 		return fmt.Errorf("rabbitmq: resume packed consumers: %w", err)
-	}
-	c.pk.paused = false
-	c.pk.gen++
-	if c.pk.closed {
-		return nil // Close came meanwhile; the connection takes the consumers with it
-	}
-	if c.stopping.Load() {
-		// StopConsuming came meanwhile: it did not see these consumers.
-		for tag := range c.pk.tags {
-			_ = c.packed.Cancel(tag, false)
-		}
-		c.pk.tags = nil
-		return nil
-	}
-	c.wg.Add(len(streams))
-	for q, msgs := range streams {
-		go c.forward(q, msgs, c.packedSettler, c.pk.gen)
 	}
 	return nil
 }
 
-// current reports whether a forwarder of the given packed generation
-// (-1: a queue of single messages) belongs to the consumers now running.
-func (c *Consumer) current(gen int) bool {
-	if gen < 0 {
-		return true
+// pause cancels the consumers of a lane.
+func (c *Consumer) pause(l *lane) error {
+	l.op.Lock()
+	defer l.op.Unlock()
+	l.mu.Lock()
+	if l.paused || l.closed {
+		l.mu.Unlock()
+		return nil
 	}
-	c.pk.mu.Lock()
-	defer c.pk.mu.Unlock()
-	return !c.pk.paused && gen == c.pk.gen
+	l.paused = true
+	l.gen++
+	tags := l.tags
+	l.tags = nil
+	l.mu.Unlock()
+	for tag := range tags {
+		if err := l.ch.Cancel(tag, false); err != nil {
+			// The consumers not cancelled run on: keep them known.
+			l.mu.Lock()
+			if l.tags == nil {
+				l.tags = map[string]string{}
+			}
+			for t, q := range tags {
+				l.tags[t] = q
+			}
+			l.mu.Unlock()
+			return err
+		}
+		delete(tags, tag)
+	}
+	return nil
+}
+
+// resume consumes the queues of a paused lane again.
+func (c *Consumer) resume(l *lane) error {
+	l.op.Lock()
+	defer l.op.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.paused || l.closed || c.stopping.Load() {
+		return nil
+	}
+	l.mu.Unlock()
+	streams, err := c.consume(l)
+	l.mu.Lock()
+	if err != nil {
+		return err
+	}
+	l.paused = false
+	l.gen++
+	if l.closed {
+		return nil // Close came meanwhile; the connection takes the consumers with it
+	}
+	if c.stopping.Load() {
+		// StopConsuming came meanwhile: it did not see these consumers.
+		for tag := range l.tags {
+			_ = l.ch.Cancel(tag, false)
+		}
+		l.tags = nil
+		return nil
+	}
+	c.wg.Add(len(streams))
+	for q, msgs := range streams {
+		go c.forward(q, msgs, l, l.gen)
+	}
+	return nil
+}
+
+// current reports whether a forwarder of the given generation of a lane
+// belongs to the consumers now running.
+func (l *lane) current(gen int) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.paused && gen == l.gen
 }
 
 // forward passes the deliveries of one task queue to Deliveries, one at a
 // time: the channel is unbuffered so the caller decides when it takes the
-// next one. s settles them; gen is the packed consumers' generation, -1
-// for a queue of single messages.
-func (c *Consumer) forward(queue string, msgs <-chan amqp.Delivery, s *settler, gen int) {
+// next one. l is the queue's lane, whose settler settles them; gen is the
+// generation of the lane's consumers this one belongs to.
+func (c *Consumer) forward(queue string, msgs <-chan amqp.Delivery, l *lane, gen int) {
 	defer c.wg.Done()
+	s := l.s
 	for {
 		select {
 		case <-c.done:
@@ -317,7 +349,7 @@ func (c *Consumer) forward(queue string, msgs <-chan amqp.Delivery, s *settler, 
 			return
 		case m, open := <-msgs:
 			if !open {
-				if !c.stopping.Load() && c.current(gen) {
+				if !c.stopping.Load() && l.current(gen) {
 					c.lost <- queue
 				}
 				return
@@ -537,11 +569,26 @@ func (c *Consumer) fail(err error) {
 // every type, and the broker applies it to its next deliveries. On quorum
 // queues it is per consumer, and RabbitMQ applies a per-consumer QoS only
 // to consumers started after it: the consumers of this connection keep the
-// prefetch they were started with, and the new value holds from the next
-// connection on.
+// prefetch they were started with, and the new value holds for those
+// started after a pause, or from the next connection on.
+//
+// n of 0 or less pauses the consumers of single messages: AMQP has no
+// prefetch that lets nothing through (0 is no limit), and with the least,
+// 1, a worker that could start nothing got a message it could only send
+// back, and got it straight back, over and over. What the broker sent
+// before is still yielded. A positive n consumes them again.
 func (c *Consumer) SetPrefetch(n int) error {
+	if n <= 0 {
+		if err := c.pause(&c.single); err != nil {
+			return fmt.Errorf("rabbitmq: pause consumers: %w", err)
+		}
+		return nil
+	}
 	if err := c.qos(c.tasks, n); err != nil {
 		return fmt.Errorf("set prefetch %d: %w", n, err)
+	}
+	if err := c.resume(&c.single); err != nil {
+		return fmt.Errorf("rabbitmq: resume consumers: %w", err)
 	}
 	return nil
 }
@@ -569,15 +616,14 @@ func (c *Consumer) qos(ch *amqp.Channel, n int) error {
 func (c *Consumer) StopConsuming() {
 	c.stopOnce.Do(func() {
 		c.stopping.Store(true)
-		for tag := range c.queues {
-			_ = c.tasks.Cancel(tag, false)
-		}
-		c.pk.mu.Lock()
-		tags := c.pk.tags
-		c.pk.tags = nil
-		c.pk.mu.Unlock()
-		for tag := range tags {
-			_ = c.packed.Cancel(tag, false)
+		for _, l := range []*lane{&c.single, &c.pk} {
+			l.mu.Lock()
+			tags := l.tags
+			l.tags = nil
+			l.mu.Unlock()
+			for tag := range tags {
+				_ = l.ch.Cancel(tag, false)
+			}
 		}
 	})
 }
@@ -591,12 +637,14 @@ func (c *Consumer) Close() error {
 	c.closeOnce.Do(func() {
 		c.fail(ErrClosed)
 		close(c.quit)
-		c.pk.mu.Lock()
-		c.pk.closed = true
-		c.pk.mu.Unlock()
+		for _, l := range []*lane{&c.single, &c.pk} {
+			l.mu.Lock()
+			l.closed = true
+			l.mu.Unlock()
+		}
 		// The acks still queued go out before the connection closes:
 		// their deliveries are not sent again.
-		for _, s := range []*settler{c.settler, c.packedSettler} {
+		for _, s := range []*settler{c.single.s, c.pk.s} {
 			if s != nil {
 				s.close()
 			}
@@ -751,11 +799,9 @@ func (w *watcher) cancelled(r int, tag string, open bool) error {
 	if r == rankControlCancel {
 		return fmt.Errorf("rabbitmq: consumer of the control queue %s cancelled by the broker", w.controlQueue)
 	}
-	q, ok := w.c.queues[tag]
+	q, ok := w.c.single.queueOf(tag)
 	if !ok {
-		w.c.pk.mu.Lock()
-		q, ok = w.c.pk.tags[tag]
-		w.c.pk.mu.Unlock()
+		q, ok = w.c.pk.queueOf(tag)
 	}
 	if !ok {
 		q = "consumer tag " + tag

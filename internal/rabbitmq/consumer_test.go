@@ -345,3 +345,42 @@ func TestConsumerCloseEndsGoroutines(t *testing.T) {
 		})
 	}
 }
+
+// A prefetch of 0 lets no single message through (in AMQP it would be no
+// limit at all): the consumers of single messages pause, and consume again
+// once SetPrefetch gives them credit. A consumer dialled with 0 starts
+// paused. Packed messages are not concerned.
+func TestConsumerTakesNoSingleMessageAtPrefetchZero(t *testing.T) {
+	t.Parallel()
+	v := newVhost(t)
+	c, err := rabbitmq.DialConsumer(v.url, "test-consumer", rabbitmq.ClassicQueues, []string{"a"}, 0, 4)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	p := dialPublisher(t, v)
+	require.Len(t, p.Publish(context.Background(), []outbox.Message{runMessage(1, "a"), runMessage(2, "a")}).Published, 2)
+	nothing := func(what string) {
+		t.Helper()
+		select {
+		case d := <-c.Deliveries():
+			t.Fatalf("%s: delivered %s", what, d.MessageID)
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+	nothing("dialled with no credit")
+	requireStats(t, v, map[string]string{rabbitmq.QueueName("a"): "classic\t2\t0"})
+
+	require.NoError(t, c.SetPrefetch(1))
+	d := next(t, c, c.Deliveries(), "delivery once given credit")
+	require.Equal(t, "1", d.MessageID)
+	require.NoError(t, c.SetPrefetch(0))
+	require.NoError(t, d.Requeue())
+	nothing("paused")
+	requireStats(t, v, map[string]string{rabbitmq.QueueName("a"): "classic\t2\t0"})
+
+	require.NoError(t, c.SetPrefetch(2))
+	for range 2 {
+		require.NoError(t, next(t, c, c.Deliveries(), "delivery after resuming").Ack())
+	}
+	requireStats(t, v, map[string]string{rabbitmq.QueueName("a"): "classic\t0\t0"})
+	requireOpen(t, c)
+}

@@ -64,7 +64,7 @@ func TestWatcherNamesTheCause(t *testing.T) {
 			t.Parallel()
 			for range 200 {
 				c := &Consumer{
-					queues: map[string]string{"tag-x": "conveyor.task.x"},
+					single: lane{tags: map[string]string{"tag-x": "conveyor.task.x"}},
 					lost:   make(chan string, 2),
 					done:   make(chan struct{}),
 					quit:   make(chan struct{}),

@@ -58,7 +58,8 @@ type Registry interface {
 // Broker connects to the message broker.
 type Broker interface {
 	// Consume declares the queues of types and consumes them with at most
-	// prefetch unsettled deliveries, and the cancel broadcasts.
+	// prefetch unsettled deliveries (0: none until SetPrefetch raises it),
+	// and the cancel broadcasts.
 	Consume(ctx context.Context, types []string, prefetch int) (Source, error)
 }
 
@@ -79,7 +80,7 @@ type Source interface {
 	Done() <-chan struct{}
 	Err() error
 	// SetPrefetch changes how many deliveries of single messages may be
-	// unacknowledged at once.
+	// unacknowledged at once; 0 asks for none until it is raised again.
 	SetPrefetch(n int) error
 	// SetPackedPrefetch changes how many packed messages may be
 	// unacknowledged at once (a worker whose read-ahead follows the pace
@@ -295,7 +296,12 @@ func (w *Worker) Run(ctx context.Context) error {
 // claimed ahead that finds no slot within LongAfter is handed back: no
 // task waits behind a long handler.
 // Tasks still running from an earlier connection (whose deliveries that
-// connection took back) are subtracted from the credit.
+// connection took back) are subtracted from the credit. The credit may
+// come to nothing (every slot held by packed tasks or by tasks of an
+// earlier connection, one of them running long): the source then asks for
+// no single messages at all, since the least prefetch the broker knows, 1,
+// would bring a message only to send it back, and get it straight back, for
+// as long as the long handler runs.
 //
 // Packed messages come through queues of their own, whose prefetch is fixed
 // at the window divided by the most tasks a message carries, and a packed
@@ -312,7 +318,7 @@ func (w *Worker) prefetch() int {
 	if w.long.Load() > 0 {
 		p = w.cfg.Concurrency - int(w.packedHeld.Load())
 	}
-	return max(1, p-int(w.orphans.Load()))
+	return max(0, p-int(w.orphans.Load()))
 }
 
 // paceTicks is how many times in half of LongAfter pace sets the
