@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"slices"
 	"strings"
 
 	"github.com/conveyorhq/conveyor/internal/task"
@@ -67,6 +68,7 @@ var (
 	// notRunning is spelt as the predicate of tasks_org_status, which
 	// holds every task but the running ones (migration 014), so that the
 	// planner sees the index serves it.
-	notRunning = "status IN (" + litList([]task.Status{task.StatusPending, task.StatusCompleted, task.StatusFailed,
-		task.StatusCancelled}) + ")"
+	notRunning = "status IN (" + litList(slices.DeleteFunc(slices.Clone(task.Statuses), func(s task.Status) bool {
+		return s == task.StatusInProgress
+	})) + ")"
 )
