@@ -239,6 +239,26 @@ func (s *WorkerStore) Inspect(ctx context.Context, id uuid.UUID) (task.Hold, err
 	return h, translate(err)
 }
 
+// sqlHeld reads a task the worker holds in the attempt given, as a claim
+// returns it.
+var sqlHeld = statement("tasks.held", `SELECT `+claimColumns+` FROM tasks
+WHERE id = $1 AND `+isRunning+` AND worker_id = $2 AND attempt = $3`)
+
+// Held reads the task id if workerID holds it, running its attempt: a
+// claim whose commit landed though its answer was lost. ok is false when
+// the task is not so held.
+func (s *WorkerStore) Held(ctx context.Context, id uuid.UUID, workerID string, attempt int) (task.Task, bool, error) {
+	rows, err := s.pool.Query(ctx, sqlHeld, id, workerID, attempt)
+	if err != nil {
+		return task.Task{}, false, translate(err)
+	}
+	tasks, err := readClaimed(rows, 1)
+	if err != nil || len(tasks) == 0 {
+		return task.Task{}, false, translate(err)
+	}
+	return tasks[0], true, nil
+}
+
 // Register adds the worker to the registry.
 func (s *WorkerStore) Register(ctx context.Context, w registry.Worker) error {
 	_, err := s.pool.Exec(ctx, sqlRegisterWorker, w.ID, w.Hostname, w.PID, w.Concurrency, w.Types, w.Version)

@@ -311,6 +311,34 @@ func TestAClaimWritesNoEntryInTheOrgsOrTheSchedulersIndex(t *testing.T) {
 		"a completion writes an entry in tasks_org_status")
 }
 
+// Held finds a task its worker runs in the attempt asked about, as a
+// claim returned it, and nothing for another worker, another attempt or a
+// task not running.
+func TestHeldReadsATaskAsItsClaimReturnedIt(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	id := b.pending(t, 3)
+	_, ok, err := b.worker.Held(ctx, id, "w1", 1)
+	require.NoError(t, err)
+	require.False(t, ok, "pending")
+	claimed, err := b.worker.Claim(ctx, []uuid.UUID{id}, "w1", time.Hour)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+
+	got, ok, err := b.worker.Held(ctx, id, "w1", 1)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, claimed[0], got)
+	for _, c := range []struct {
+		worker  string
+		attempt int
+	}{{"w2", 1}, {"w1", 2}} {
+		_, ok, err := b.worker.Held(ctx, id, c.worker, c.attempt)
+		require.NoError(t, err)
+		require.False(t, ok, "%s, attempt %d", c.worker, c.attempt)
+	}
+}
+
 func TestScheduledRetryWaitsForItsTime(t *testing.T) {
 	b := setupStores(t)
 	ctx := context.Background()

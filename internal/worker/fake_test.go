@@ -30,6 +30,10 @@ type fakeStore struct {
 	// loseReply makes Apply write a change and then answer an error, as a
 	// commit whose reply is lost does.
 	loseReply func(task.Change) bool
+	// claimReply, when set, is asked about each claim call: lose makes the
+	// call claim and then answer an error (a commit whose reply is lost),
+	// fail makes it answer an error having claimed nothing.
+	claimReply func(ids []uuid.UUID) (lose, fail bool)
 	// typesGate, when set, holds TypesReady until it is closed.
 	typesGate chan struct{}
 	// writeTime, when set, is how long each ApplyAndClaim takes, as a
@@ -90,7 +94,20 @@ func (s *fakeStore) ApplyAndClaim(ctx context.Context, changes []task.Change, id
 	if err != nil {
 		out, errs = make([]task.Applied, len(changes)), slices.Repeat([]error{err}, len(changes))
 	}
+	s.mu.Lock()
+	reply := s.claimReply
+	s.mu.Unlock()
+	var lose, fail bool
+	if reply != nil && len(ids) > 0 {
+		lose, fail = reply(ids)
+	}
+	if fail {
+		return out, errs, nil, errors.New("connection reset before the claim")
+	}
 	tasks, err := s.Claim(ctx, ids, workerID, lease)
+	if lose {
+		return out, errs, nil, errors.New("connection reset after the claim's commit")
+	}
 	return out, errs, tasks, err
 }
 
@@ -181,6 +198,16 @@ func (s *fakeStore) Inspect(_ context.Context, id uuid.UUID) (task.Hold, error) 
 	}
 	return task.Hold{Status: t.Status, Version: t.Version, WorkerID: t.WorkerID, Attempt: t.Attempt,
 		CancelRequested: t.CancelRequestedAt != nil}, nil
+}
+
+func (s *fakeStore) Held(_ context.Context, id uuid.UUID, workerID string, attempt int) (task.Task, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.tasks[id]
+	if t == nil || t.Status != task.StatusInProgress || t.WorkerID != workerID || t.Attempt != attempt {
+		return task.Task{}, false, nil
+	}
+	return *t, true, nil
 }
 
 func (s *fakeStore) transitions(id uuid.UUID) []task.Transition {

@@ -39,6 +39,10 @@ type Store interface {
 		lease time.Duration) ([]task.Applied, []error, []task.Task, error)
 	// Inspect reads who holds a task, after a fenced change missed.
 	Inspect(ctx context.Context, id uuid.UUID) (task.Hold, error)
+	// Held reads a task the worker holds, running the attempt given, as
+	// a claim returns it: after a claim reported failed, whose commit may
+	// have landed. ok is false when the task is not so held.
+	Held(ctx context.Context, id uuid.UUID, workerID string, attempt int) (t task.Task, ok bool, err error)
 	// Spawn submits the children of a held task not submitted yet (by
 	// key), and returns where all its children stand, by key.
 	Spawn(ctx context.Context, parent task.Task, children []task.Submission, trace task.Carrier) ([]task.ChildState, error)
@@ -168,6 +172,11 @@ type Worker struct {
 	inflight      sync.WaitGroup
 	mu            sync.Mutex
 	running       map[uuid.UUID]*execution
+	// claiming counts, by task, the deliveries between the start of their
+	// claim and their execution's entry in running (or their drop): a
+	// claim reported failed is adopted only when no other delivery of its
+	// task is there (under mu).
+	claiming map[uuid.UUID]int
 
 	// The credit the broker gets (see prefetch): long counts running
 	// handlers past LongAfter; orphans counts running tasks whose
@@ -207,6 +216,7 @@ func New(cfg Config, deps Deps, handlers []conveyor.Handler) (*Worker, error) {
 		window:   make(chan struct{}, cfg.Concurrency+max(cfg.ReadAhead, cfg.ReadAheadMax)),
 		slots:    make(chan struct{}, cfg.Concurrency),
 		running:  map[uuid.UUID]*execution{},
+		claiming: map[uuid.UUID]int{},
 		stopping: make(chan struct{}),
 		credit:   make(chan struct{}, 1),
 	}
@@ -707,7 +717,15 @@ func (w *Worker) process(ctx context.Context, d outbox.Delivery, release func())
 	defer span.End()
 	log := taskLog{l: w.log, attrs: []any{"task_id", d.Body.TaskID, "type", d.Body.Type}}
 
+	w.mu.Lock()
+	w.claiming[d.Body.TaskID]++
+	w.mu.Unlock()
 	t, err := w.claim(ctx, d)
+	if t == nil {
+		w.mu.Lock()
+		w.claimDone(d.Body.TaskID)
+		w.mu.Unlock()
+	}
 	if err != nil {
 		log.WarnContext(ctx, "claim abandoned; message requeued", "error", err)
 		_ = d.Requeue()
@@ -731,6 +749,7 @@ func (w *Worker) process(ctx context.Context, d outbox.Delivery, release func())
 	e.release = release
 	w.mu.Lock()
 	w.running[e.task.ID] = e
+	w.claimDone(e.task.ID)
 	w.mu.Unlock()
 	defer func() {
 		w.mu.Lock()
@@ -751,16 +770,55 @@ func (w *Worker) process(ctx context.Context, d outbox.Delivery, release func())
 	e.run(ctx)
 }
 
+// claimOnce claims the task of d, adopting it first, after a failed try,
+// if that try's claim landed.
+func (w *Worker) claimOnce(ctx context.Context, d outbox.Delivery, failed bool) (*task.Task, error) {
+	if failed {
+		t, ok, err := w.store.Held(ctx, d.Body.TaskID, w.cfg.Info.ID, d.Body.Attempt+1)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			w.mu.Lock()
+			alone := w.claiming[t.ID] == 1 && w.running[t.ID] == nil
+			w.mu.Unlock()
+			if !alone {
+				return nil, nil
+			}
+			w.log.InfoContext(ctx, "a claim reported failed had landed; the task is ours", "task_id", t.ID,
+				"attempt", t.Attempt)
+			return &t, nil
+		}
+	}
+	return w.claims.do(ctx, d.Body.TaskID)
+}
+
+// claimDone ends a delivery's claim in claiming (under mu).
+func (w *Worker) claimDone(id uuid.UUID) {
+	if w.claiming[id]--; w.claiming[id] <= 0 {
+		delete(w.claiming, id)
+	}
+}
+
 // claim retries a claim that fails on a database error until it succeeds or
 // the worker stops taking work. It answers nil when the task is not
 // claimable.
+//
+// A claim reported failed may have landed (a commit whose reply was lost):
+// the task is then this worker's, running the delivery's next attempt,
+// and claiming it again finds it not claimable. Before each try after a
+// failure, such a task is adopted and run, unless another delivery of it
+// is being claimed or run here (whose claim may be the one that landed).
+// Otherwise it would wait out its lease, its attempt spent unrun.
 func (w *Worker) claim(ctx context.Context, d outbox.Delivery) (*task.Task, error) {
 	b := wait.Backoff(100*time.Millisecond, w.cfg.ReconnectBackoffMax)
+	failed := false
 	for {
-		t, err := w.claims.do(ctx, d.Body.TaskID)
+		t, err := w.claimOnce(ctx, d, failed)
 		if err == nil {
 			return t, nil
 		}
+		failed = true
 		retry := b.NextBackOff()
 		w.log.WarnContext(ctx, "claim failed; retrying", "task_id", d.Body.TaskID, "error", err, "retry_in", retry)
 		select {

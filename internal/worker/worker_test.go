@@ -365,6 +365,55 @@ func TestWorkerKeepsATaskWhoseWriteLandedUnbeknownToIt(t *testing.T) {
 	require.Equal(t, task.StatusCompleted, b.store.get(id).Status)
 }
 
+// A claim whose commit landed though its answer was lost is the worker's:
+// the next try finds the task running under this worker, its attempt the
+// delivery's next, and runs it, instead of dropping the delivery and
+// leaving the task to wait out its lease with its attempt spent.
+func TestWorkerRunsATaskWhoseClaimLandedUnbeknownToIt(t *testing.T) {
+	h := newBlocking()
+	b := setup(t, testConfig{handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	var lost atomic.Bool
+	b.store.mu.Lock()
+	b.store.claimReply = func([]uuid.UUID) (bool, bool) { return lost.CompareAndSwap(false, true), false }
+	b.store.mu.Unlock()
+	id := b.store.add("t.block", 3)
+	a := b.deliver(t, id)
+	receive(t, h.entered)
+	close(h.release)
+	require.Equal(t, "completed", b.finished(t, id))
+	receive(t, a.done)
+	require.Equal(t, "ack", a.how())
+	got := b.store.get(id)
+	require.Equal(t, task.StatusCompleted, got.Status)
+	require.Equal(t, 1, got.Attempt, "one attempt, run once")
+}
+
+// A second delivery of a task this worker runs, whose claim fails, finds
+// the task held by this worker at the attempt it would have started; it
+// is the running delivery's, and the second is dropped, not run too.
+func TestWorkerAdoptsNoTaskItAlreadyRuns(t *testing.T) {
+	h := newBlocking()
+	b := setup(t, testConfig{concurrency: 2, handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	id := b.store.add("t.block", 3)
+	b.deliver(t, id)
+	receive(t, h.entered)
+	var failed atomic.Bool
+	b.store.mu.Lock()
+	b.store.claimReply = func([]uuid.UUID) (bool, bool) { return false, failed.CompareAndSwap(false, true) }
+	b.store.mu.Unlock()
+	second := b.deliver(t, id)
+	receive(t, second.done)
+	require.Equal(t, "ack", second.how(), "the second delivery is dropped")
+	require.True(t, failed.Load(), "the second delivery's claim failed once")
+	select {
+	case <-h.entered:
+		t.Fatal("the task ran twice at once")
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(h.release)
+	require.Equal(t, "completed", b.finished(t, id))
+}
+
 // A handler that honours its context times out as a failed attempt too.
 func TestWorkerTimesOutAHandler(t *testing.T) {
 	h := newBlocking()
