@@ -802,3 +802,37 @@ func FuzzSchedule(f *testing.F) {
 		}
 	})
 }
+
+// A resumed job's cursor skips the ticks of its pause (missed: skip) or
+// keeps the latest of them (run_once), found without walking every tick
+// of a long pause, also across a fall-back's repeated hour.
+func TestResumeCursor(t *testing.T) {
+	t.Parallel()
+	now := utc("2024-11-03T12:00:00.5Z")
+	cursor := utc("2024-10-03T12:00:00Z") // paused for a month
+
+	every, err := job.Schedule("@every 7s", "")
+	require.NoError(t, err)
+	latest := job.ResumeCursor(every, cursor, now, job.MissedRunOnce)
+	require.False(t, latest.After(now))
+	require.Greater(t, latest.Add(7*time.Second), now, "the latest tick of the pause")
+	require.Zero(t, latest.Sub(cursor)%(7*time.Second), "one of the cursor's ticks")
+	require.Equal(t, every.Next(now), job.ResumeCursor(every, cursor, now, job.MissedSkip), "skip: the next tick after now")
+
+	secondly, err := job.Schedule("* * * * * *", "")
+	require.NoError(t, err)
+	require.Equal(t, utc("2024-11-03T12:00:00Z"), job.ResumeCursor(secondly, cursor, now, job.MissedRunOnce))
+	require.Equal(t, utc("2024-11-03T12:00:01Z"), job.ResumeCursor(secondly, cursor, now, job.MissedSkip))
+
+	// New York's 01:30 happens twice on 3 November: the latest is the
+	// second, in standard time.
+	ny, err := job.Schedule("30 1 * * *", "America/New_York")
+	require.NoError(t, err)
+	require.Equal(t, utc("2024-11-03T06:30:00Z"), job.ResumeCursor(ny, cursor, now, job.MissedRunOnce).UTC())
+	require.Equal(t, utc("2024-11-04T06:30:00Z"), job.ResumeCursor(ny, cursor, now, job.MissedSkip).UTC())
+
+	// Only one tick passed: the cursor stays; none passed: likewise.
+	require.Equal(t, utc("2024-11-03T06:30:00Z"), job.ResumeCursor(ny, utc("2024-11-03T06:30:00Z"), now, job.MissedRunOnce).UTC())
+	ahead := now.Add(time.Hour)
+	require.Equal(t, ahead, job.ResumeCursor(ny, ahead, now, job.MissedSkip))
+}

@@ -84,3 +84,58 @@ func Ticks(s cron.Schedule, after, until time.Time, limit int) (ticks []time.Tim
 		t = next
 	}
 }
+
+// maxLookBack bounds how far back Latest searches from its end before it
+// walks from its start instead; it keeps the doubling search within the
+// range of a time.Duration.
+const maxLookBack = 100 * 365 * 24 * time.Hour
+
+// Latest returns the latest time s fires in [from, until], from counting as
+// a time it fires (a job's cursor, its first tick not yet made), or false
+// when from is after until. It searches back from until in windows that
+// double, so that a long pause of a frequent schedule walks only the ticks
+// near its end.
+func Latest(s cron.Schedule, from, until time.Time) (time.Time, bool) {
+	if from.After(until) {
+		return time.Time{}, false
+	}
+	if c, ok := s.(cron.ConstantDelaySchedule); ok && c.Delay > 0 {
+		// "@every" ticks are the cursor plus whole intervals.
+		return from.Add(until.Sub(from) / c.Delay * c.Delay), true
+	}
+	walk := func(t, latest time.Time) time.Time {
+		for {
+			next := s.Next(t)
+			if next.IsZero() || !next.After(t) || next.After(until) {
+				return latest
+			}
+			latest, t = next, next
+		}
+	}
+	for d := time.Second; d < maxLookBack; d *= 2 {
+		start := until.Add(-d)
+		if !start.After(from) {
+			break
+		}
+		if next := s.Next(start); !next.IsZero() && !next.After(until) {
+			return walk(start, from), true
+		}
+	}
+	return walk(from, from), true
+}
+
+// ResumeCursor returns where the schedule s of a job resumed at now, whose
+// cursor was next, starts again. The ticks that passed while the job was
+// paused were missed, however recent: with missed skip the cursor moves
+// to the first tick after now, and with run_once to the latest tick that
+// passed, the one task the pause is owed. A cursor still ahead stays.
+func ResumeCursor(s cron.Schedule, next, now time.Time, missed string) time.Time {
+	if next.After(now) {
+		return next
+	}
+	if missed == MissedSkip {
+		return s.Next(now)
+	}
+	latest, _ := Latest(s, next, now)
+	return latest
+}

@@ -75,6 +75,12 @@ var sqlJobPause = statement("jobs.pause", `
 UPDATE jobs SET paused_at = CASE WHEN $3 THEN coalesce(paused_at, now()) END, updated_at = now()
 WHERE org_id = $1 AND name = $2 RETURNING id`)
 
+// sqlJobResumeState reads, and locks until the resume commits, what a
+// resume needs to move the schedule's cursor past the ticks of the pause.
+var sqlJobResumeState = statement("jobs.resume_state", `
+SELECT schedule, timezone, missed, next_tick_at, paused_at IS NOT NULL FROM jobs
+WHERE org_id = $1 AND name = $2 FOR UPDATE`)
+
 var sqlTypePause = statement("type_limits.pause", `
 INSERT INTO type_limits (org_id, type, paused_at) VALUES ($1, $2, now())
 ON CONFLICT (org_id, type) DO UPDATE SET paused_at = coalesce(type_limits.paused_at, now()), updated_at = now()`)
@@ -347,6 +353,16 @@ func (s *JobStore) PauseJob(ctx context.Context, p auth.Principal, name string, 
 		if _, err := tx.Exec(ctx, sqlWaitForAdmission); err != nil {
 			return err
 		}
+		var schedule *string
+		var tz, missed string
+		var next *time.Time
+		var paused bool
+		if !pause {
+			err := tx.QueryRow(ctx, sqlJobResumeState, p.OrgID, name).Scan(&schedule, &tz, &missed, &next, &paused)
+			if err != nil {
+				return err
+			}
+		}
 		var id uuid.UUID
 		if err := tx.QueryRow(ctx, sqlJobPause, p.OrgID, name, pause).Scan(&id); err != nil {
 			return err
@@ -355,7 +371,20 @@ func (s *JobStore) PauseJob(ctx context.Context, p auth.Principal, name string, 
 			_, err := tx.Exec(ctx, sqlWithdraw, p.OrgID, name, nil)
 			return err
 		}
-		return nil
+		if !paused || schedule == nil || next == nil {
+			return nil
+		}
+		// The ticks that passed while the job was paused were missed, even
+		// those within the scheduler's catch-up window (which is there for
+		// a scheduler that was down): they follow the job's missed policy.
+		sched, err := job.Schedule(*schedule, tz)
+		if err != nil {
+			return nil // the scheduler reports it and tries again later
+		}
+		if cur := job.ResumeCursor(sched, *next, time.Now(), missed); !cur.Equal(*next) {
+			_, err = tx.Exec(ctx, sqlJobAdvance, id, cur)
+		}
+		return err
 	})
 	if err != nil {
 		return translate(err)

@@ -684,8 +684,16 @@ const unreadableScheduleRetry = time.Minute
 // time: all but the last with run_once, all with skip), and returns the
 // cursor after them. A pass makes at most cfg.MaxTicks.
 func dueTicks(sched cron.Schedule, next, now time.Time, missedPolicy string, cfg job.CronConfig) (run []time.Time, skipped int, cursor time.Time) {
-	more, extra := job.Ticks(sched, next, now, cfg.MaxTicks-1)
-	ticks := append([]time.Time{next}, more...)
+	// The cursor is the first tick not made yet, unless it was put off
+	// while the schedule did not read (unreadableScheduleRetry): that
+	// moment is no tick, and must not become one.
+	var ticks []time.Time
+	limit := cfg.MaxTicks
+	if isTick(sched, next) {
+		ticks, limit = append(ticks, next), limit-1
+	}
+	more, extra := job.Ticks(sched, next, now, limit)
+	ticks = append(ticks, more...)
 	var missed []time.Time
 	for _, t := range ticks {
 		if now.Sub(t) > cfg.CatchUp {
@@ -711,6 +719,15 @@ func dueTicks(sched cron.Schedule, next, now time.Time, missedPolicy string, cfg
 		}
 	}
 	return run, skipped, cursor
+}
+
+// isTick reports whether sched fires at t. An "@every" schedule's ticks
+// follow on from wherever its cursor stands, so any time is one of them.
+func isTick(sched cron.Schedule, t time.Time) bool {
+	if _, ok := sched.(*cron.SpecSchedule); !ok {
+		return true
+	}
+	return sched.Next(t.Add(-time.Second)).Equal(t)
 }
 
 // cronWorkflows starts the runs of the due ticks of scheduled workflows, one

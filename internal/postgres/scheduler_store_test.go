@@ -583,3 +583,92 @@ workflows:
 	require.NoError(t, err)
 	require.Equal(t, map[string]int{"cron.traced": 3, "wf.traced": 2}, seen)
 }
+
+// A paused job's schedule does not tick, and on resume the ticks it missed
+// while paused follow its missed policy, however short the pause: skip
+// makes no task for them and run_once one, for the latest. The catch-up
+// window covers a scheduler that was down, not a pause someone asked for.
+func TestResumedJobFollowsItsMissedPolicy(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	ctx := context.Background()
+	applyFile(t, db, admin, `jobs:
+  - name: skipper
+    type: resume.t
+    source: {kind: cron, schedule: "@every 10s", missed: skip}
+  - name: once
+    type: resume.t
+    source: {kind: cron, schedule: "@every 10s", missed: run_once}
+`)
+	jobs := postgres.NewJobStore(db.Pool)
+	require.NoError(t, jobs.PauseJob(ctx, admin, "skipper", true))
+	require.NoError(t, jobs.PauseJob(ctx, admin, "once", true))
+	// Paused for 45 seconds, well within the catch-up window: the ticks of
+	// 45, 35, 25, 15 and 5 seconds ago passed while the jobs were paused.
+	base := time.Now().Truncate(time.Second)
+	_, err := db.Pool.Exec(ctx, `UPDATE jobs SET next_tick_at = $1::timestamptz - interval '45 seconds'`, base)
+	require.NoError(t, err)
+	s := postgres.NewSchedulerStore(db.Pool, nil)
+	cfg := job.CronConfig{CatchUp: time.Minute, MaxJobs: 100, MaxTicks: 1000}
+	st, err := s.Cron(ctx, cfg, time.Now())
+	require.NoError(t, err)
+	require.Zero(t, st.Made, "a paused job's schedule does not tick")
+
+	require.NoError(t, jobs.PauseJob(ctx, admin, "skipper", false))
+	require.NoError(t, jobs.PauseJob(ctx, admin, "once", false))
+	_, err = s.Cron(ctx, cfg, time.Now())
+	require.NoError(t, err)
+	made := func(name string) []time.Time {
+		rows, err := db.Pool.Query(ctx, `SELECT t.scheduled_at FROM tasks t JOIN jobs j ON j.id = t.job_id
+			WHERE j.name = $1 ORDER BY 1`, name)
+		require.NoError(t, err)
+		out, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
+		require.NoError(t, err)
+		return out
+	}
+	require.Empty(t, made("skipper"), "missed: skip: no task for the ticks of the pause")
+	once := made("once")
+	require.Len(t, once, 1, "missed: run_once: one task for the ticks of the pause")
+	require.WithinDuration(t, base.Add(-5*time.Second), once[0], 0, "for the latest of them")
+}
+
+// A job whose stored schedule could not be read is read again a minute
+// later, at a cursor that is no tick of its schedule: once the schedule
+// reads again, it makes tasks for its own ticks only, not one at the
+// moment of the retry.
+func TestCronAfterAnUnreadableScheduleMakesOnlyItsTicks(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	ctx := context.Background()
+	applyFile(t, db, admin, `jobs:
+  - name: fives
+    type: cron.fives
+    source: {kind: cron, schedule: "*/5 * * * * *"}
+`)
+	// Half way between two ticks.
+	now := time.Now().Truncate(5 * time.Second).Add(2500 * time.Millisecond)
+	_, err := db.Pool.Exec(ctx, `UPDATE jobs SET timezone = 'Mars/Olympus_Mons', next_tick_at = $1::timestamptz - interval '1 second'`, now)
+	require.NoError(t, err)
+	s := postgres.NewSchedulerStore(db.Pool, nil)
+	cfg := job.CronConfig{CatchUp: time.Minute, MaxJobs: 10, MaxTicks: 1000}
+	st, err := s.Cron(ctx, cfg, now)
+	require.NoError(t, err)
+	require.Len(t, st.Errors, 1)
+
+	// The time zone reads again (a worker with the newer time zone
+	// database leads).
+	_, err = db.Pool.Exec(ctx, `UPDATE jobs SET timezone = 'UTC'`)
+	require.NoError(t, err)
+	_, err = s.Cron(ctx, cfg, now.Add(70*time.Second))
+	require.NoError(t, err)
+	rows, err := db.Pool.Query(ctx, `SELECT scheduled_at FROM tasks ORDER BY 1`)
+	require.NoError(t, err)
+	ticks, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
+	require.NoError(t, err)
+	require.NotEmpty(t, ticks)
+	for _, at := range ticks {
+		require.True(t, at.Truncate(5*time.Second).Equal(at), "%s is no tick of */5 * * * * *", at.Format(time.RFC3339Nano))
+	}
+}
