@@ -13,7 +13,8 @@
 // over), when the attempt runs past the worker's maximum run time, and when
 // the worker shuts down past its grace period; context.Cause tells which
 // (ErrCancelled, ErrLost, ErrTimeout, ErrShutdown). A handler must return
-// soon after its context is done; whatever it returns then is ignored.
+// soon after its context is done; whatever it returns then is ignored,
+// except after ErrShutdown: a result with no error then completes the task.
 //
 // Delivery is at least once: a handler may run again for the same task after
 // a crash, so its effects should be idempotent (the task id is a good key).

@@ -93,11 +93,22 @@ func (w *Worker) newExecution(t task.Task, h conveyor.HandlerFunc, log taskLog, 
 	}
 }
 
-// requestCancel is called when a cancel broadcast names this task.
+// requestCancel is called when a cancel broadcast names this task. Only the
+// newest version waiting matters: a broadcast of an earlier run, still
+// waiting for the run loop, must not crowd out this run's, which would
+// then stop the handler only at the next lease renewal.
 func (e *execution) requestCancel(version int) {
-	select {
-	case e.cancel <- version:
-	default:
+	for {
+		select {
+		case e.cancel <- version:
+			return
+		default:
+		}
+		select {
+		case waiting := <-e.cancel:
+			version = max(version, waiting)
+		default:
+		}
 	}
 }
 
@@ -251,7 +262,11 @@ func (e *execution) run(ctx context.Context) {
 				e.w.long.Add(1)
 				e.w.pokeCredit()
 			}
-			if deadline {
+			// A handler whose outcome already waits in done returned
+			// within its run time, though the loop sees the clock first
+			// (it was busy writing when both came due): it did not time
+			// out, and its outcome is taken at the next turn.
+			if deadline && len(done) == 0 {
 				if !e.cancelled && !e.lost {
 					e.timedOut = true
 					e.log.WarnContext(ctx, "attempt ran past its run time: stopping the handler", "run_time", e.runTime())
@@ -330,6 +345,14 @@ const (
 // handler's context ends first (a cancel, no slot in time) or the worker
 // stops taking work; a task that never started is handed back.
 func (e *execution) takeSlot() bool {
+	// A stopping worker starts nothing, even with a slot free: a select
+	// that finds both ready picks either.
+	select {
+	case <-e.w.stopping:
+		e.stop(conveyor.ErrShutdown)
+		return false
+	default:
+	}
 	select {
 	case e.w.slots <- struct{}{}:
 	case <-e.hctx.Done():
@@ -431,7 +454,9 @@ func (e *execution) Gather(ctx context.Context, children ...conveyor.Child) ([]c
 			return nil, fmt.Errorf("child %s: payload: %w", c.Key, err)
 		}
 		in := task.SubmitInput{Type: c.Type, Payload: payload, Priority: &e.task.Priority, Dedupe: new(bool)}
-		if c.MaxAttempts > 0 {
+		// Only 0 means the default: a negative count is refused with the
+		// submission's reason, as one above the most is.
+		if c.MaxAttempts != 0 {
 			in.MaxAttempts = &c.MaxAttempts
 		}
 		sub, err := task.NewSubmission(in, task.Defaults{MaxAttempts: task.DefaultMaxAttempts}, "")
@@ -508,7 +533,24 @@ func (e *execution) flushProgress(ctx context.Context) {
 	if p == nil || e.lost || e.cancelled {
 		return
 	}
-	err := e.write(ctx, task.Change{Transition: task.Progress, Progress: p.percent, State: p.state})
+	c := task.Change{Transition: task.Progress, Progress: p.percent, State: p.state}
+	err := e.write(ctx, c)
+	if errors.Is(err, task.ErrFenced) {
+		// The fence may have missed only because an earlier write of ours
+		// landed though its answer said it failed: the task is then still
+		// ours, one version on, and the report is written again at that
+		// version rather than dropped. A cancel or a loss drops it; a
+		// failed read keeps it for the next try.
+		owned, rerr := e.reclaim(ctx)
+		switch {
+		case rerr != nil:
+			err = rerr
+		case !owned || e.cancelled:
+			return
+		default:
+			err = e.write(ctx, c)
+		}
+	}
 	if err != nil && !errors.Is(err, task.ErrFenced) {
 		// Keep it for the next try unless a newer report replaced it.
 		e.mu.Lock()

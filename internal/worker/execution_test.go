@@ -1,10 +1,18 @@
 package worker
 
 import (
+	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
+
+	"github.com/conveyorhq/conveyor"
+	"github.com/conveyorhq/conveyor/internal/outbox"
+	"github.com/conveyorhq/conveyor/internal/registry"
+	"github.com/conveyorhq/conveyor/internal/task"
 )
 
 func TestRetryDelayDoublesWithJitterUpToTheCap(t *testing.T) {
@@ -25,5 +33,151 @@ func TestRetryDelayDoublesWithJitterUpToTheCap(t *testing.T) {
 			seen[d] = true
 		}
 		require.Greater(t, len(seen), 100, "attempt %d: jittered", tc.attempt)
+	}
+}
+
+// A progress report whose write misses its fence only because an earlier
+// write of the worker landed unbeknown to it (a renewal whose commit reply
+// was lost) is not dropped: the task is found still the worker's, and the
+// report lands at the version adopted. The latest value always lands.
+func TestWorkerStoresAProgressReportFencedByItsOwnLandedWrite(t *testing.T) {
+	renewLost := make(chan struct{})
+	release := make(chan struct{})
+	b := setup(t, testConfig{handlers: []conveyor.Handler{
+		conveyor.Handle("t.progress", func(ctx context.Context, _ conveyor.Task, r conveyor.Reporter) (any, error) {
+			<-renewLost
+			require.NoError(t, r.Progress(ctx, 50, "Half way"))
+			<-release
+			return nil, nil
+		}),
+	}})
+	var lost atomic.Bool
+	b.store.mu.Lock()
+	b.store.loseReply = func(c task.Change) bool {
+		if c.Transition == task.Renew && lost.CompareAndSwap(false, true) {
+			close(renewLost)
+			return true
+		}
+		return false
+	}
+	b.store.mu.Unlock()
+	id := b.store.add("t.progress", 3)
+	b.deliver(t, id)
+	defer close(release)
+	require.Eventually(t, func() bool { return b.store.get(id).Progress == 50 }, 2*time.Second, 5*time.Millisecond,
+		"the report fenced by the worker's own landed renewal was dropped")
+	require.Equal(t, "Half way", b.store.get(id).State)
+	require.Equal(t, task.StatusInProgress, b.store.get(id).Status)
+}
+
+// conveyor.Handler's fields are exported, so a handler may be built without
+// conveyor.Handle: the worker refuses at start-up what Handle would have,
+// instead of consuming a queue no task can reach or failing every task of
+// a type with a nil function's panic.
+func TestWorkerRefusesAHandlerHandleWouldRefuse(t *testing.T) {
+	t.Parallel()
+	fn := func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) { return nil, nil }
+	for _, h := range []conveyor.Handler{
+		{Type: "t.nil"},
+		{Type: "", Func: fn},
+		{Type: "Has Space", Func: fn},
+	} {
+		_, err := New(Config{Concurrency: 1}, fakeDeps(newFakeStore(), newFakeBroker()), []conveyor.Handler{h})
+		require.Error(t, err, "handler %+v", h)
+	}
+	_, err := New(Config{Concurrency: 1}, fakeDeps(newFakeStore(), newFakeBroker()), []conveyor.Handler{{Type: "t.ok", Func: fn}})
+	require.NoError(t, err)
+}
+
+// A handler that returned within its run time completes, though the run
+// loop was busy (a slow write) when the run time ran out: the outcome was
+// there first, and the attempt did not time out.
+func TestWorkerCompletesAHandlerThatReturnedBeforeItsRunTimeWhileAWriteWasSlow(t *testing.T) {
+	const tasks = 8
+	b := setup(t, testConfig{concurrency: tasks, maxRunTime: 50 * time.Millisecond, handlers: []conveyor.Handler{
+		conveyor.Handle("t.quick", func(ctx context.Context, _ conveyor.Task, r conveyor.Reporter) (any, error) {
+			time.Sleep(5 * time.Millisecond) // the run loop has started the run time's clock
+			require.NoError(t, r.Progress(ctx, 50, "Half way"))
+			time.Sleep(10 * time.Millisecond) // the report's write is under way
+			return "done in time", nil
+		}),
+	}})
+	ids := make([]uuid.UUID, tasks)
+	for i := range ids {
+		ids[i] = b.store.add("t.quick", 1)
+	}
+	// Every write now outlasts the run time.
+	b.store.mu.Lock()
+	b.store.writeTime = 100 * time.Millisecond
+	b.store.mu.Unlock()
+	for _, id := range ids {
+		b.deliver(t, id)
+	}
+	for _, id := range ids {
+		require.Equal(t, "completed", b.finished(t, id), "the handler returned after 15 ms of its 50")
+	}
+}
+
+// A cancel broadcast of the current run that arrives while a stale one
+// (of an earlier run) still waits for the run loop is not dropped behind
+// it: the loop gets the newest version, and stops the handler at once
+// rather than at the next lease renewal.
+func TestACancelBroadcastIsNotDroppedBehindAStaleOne(t *testing.T) {
+	t.Parallel()
+	w := &Worker{cfg: Config{Info: registry.Worker{ID: "w1"}}}
+	e := w.newExecution(task.Task{ID: uuid.New(), Attempt: 2, Version: 7}, nil, taskLog{}, nil, outbox.Delivery{})
+	e.requestCancel(5) // a late broadcast of the earlier run's cancel
+	e.requestCancel(8) // this run's cancel
+	require.Equal(t, 8, <-e.cancel)
+	e.requestCancel(9)
+	e.requestCancel(8) // a duplicate arriving late keeps the newest
+	require.Equal(t, 9, <-e.cancel)
+}
+
+// A delivery taken before the worker began to stop, whose claim lands
+// after, is not started, though a slot is free: the worker takes no new
+// work once stopping, and the task is handed back at once for another
+// worker, instead of starting a handler that the grace period may cut.
+func TestWorkerStartsNoHandlerOnceStopping(t *testing.T) {
+	const tasks = 8
+	h := newBlocking()
+	b := setup(t, testConfig{concurrency: tasks, handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	ids := make([]uuid.UUID, tasks)
+	for i := range ids {
+		ids[i] = b.store.add("t.block", 3)
+	}
+	// The claims are still being written when the worker begins to stop.
+	b.store.mu.Lock()
+	b.store.writeTime = 200 * time.Millisecond
+	b.store.mu.Unlock()
+	for _, id := range ids {
+		b.deliver(t, id)
+	}
+	b.cancel()
+	for _, id := range ids {
+		require.Equal(t, "handed_back", b.finished(t, id))
+	}
+	require.Zero(t, len(h.entered), "handlers started after the worker began to stop")
+}
+
+// A child's MaxAttempts out of range is refused, a negative one as much as
+// one above the most: only 0 means the default.
+func TestGatherRefusesANegativeMaxAttempts(t *testing.T) {
+	errs := make(chan error, 2)
+	b := setup(t, testConfig{handlers: []conveyor.Handler{
+		conveyor.Handle("t.parent", func(ctx context.Context, _ conveyor.Task, r conveyor.Reporter) (any, error) {
+			for _, n := range []int{-1, task.MaxMaxAttempts + 1} {
+				_, err := r.Gather(ctx, conveyor.Child{Key: "c", Type: "t.child", MaxAttempts: n})
+				errs <- err
+			}
+			return nil, nil
+		}),
+	}})
+	id := b.store.add("t.parent", 1)
+	b.deliver(t, id)
+	require.Equal(t, "completed", b.finished(t, id))
+	for range 2 {
+		err := receive(t, errs)
+		require.ErrorContains(t, err, "max_attempts")
 	}
 }

@@ -236,6 +236,16 @@ func New(cfg Config, deps Deps, handlers []conveyor.Handler) (*Worker, error) {
 	w.writes = &pair[task.Change, task.Applied, uuid.UUID, *task.Task]{a: w.changes, b: w.claims, timeout: cfg.Lease, flush: w.flush,
 		flights: cfg.WriteFlights, join: writeJoin}
 	for _, h := range handlers {
+		// A Handler's fields are exported: one built without
+		// conveyor.Handle is checked here as Handle would have, since a
+		// type the API refuses names a queue no task reaches, and a nil
+		// function would fail every task of its type.
+		if err := task.ValidateType(h.Type); err != nil {
+			return nil, fmt.Errorf("worker: invalid task type %q: %s", h.Type, err.Message)
+		}
+		if h.Func == nil {
+			return nil, fmt.Errorf("worker: nil handler for type %q", h.Type)
+		}
 		if _, dup := w.handlers[h.Type]; dup {
 			return nil, fmt.Errorf("worker: two handlers for type %q", h.Type)
 		}
