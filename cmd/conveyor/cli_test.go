@@ -335,6 +335,18 @@ func TestListAllPages(t *testing.T) {
 	require.Empty(t, r.stderr, "no next page to point at")
 }
 
+// --all -o json of a filter that matches nothing is the API's empty list,
+// not null: a script's `jq '.tasks[]'` iterates over nothing instead of
+// failing.
+func TestListAllPagesJSONWhenNothingMatches(t *testing.T) {
+	t.Parallel()
+	api := newFakeAPI(t)
+	api.json("GET /v1/tasks", 200, `{"tasks":[]}`)
+	r := newCLI(t, api).run("ls", "--all", "-t", "nothing.here", "-o", "json")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.JSONEq(t, `{"tasks":[]}`, r.stdout)
+}
+
 // The filters reach the API's query: a duration is that long before now,
 // an RFC 3339 time goes as written.
 func TestListFilters(t *testing.T) {
@@ -634,6 +646,22 @@ func TestWatchPrintsLines(t *testing.T) {
 	require.JSONEq(t, streamEvent(3, "ok", "COMPLETED", "Completed", 100, `"result":{"slept_ms":400},`), lines[2])
 }
 
+// An error of several lines (errors.Join writes one per error), or a state
+// with a control character, still makes one line per event: the lines of
+// watch and events --follow are read line by line, by people and grep.
+func TestWatchLinesKeepOneLinePerEvent(t *testing.T) {
+	t.Parallel()
+	api := newFakeAPI(t)
+	api.stream("multi",
+		streamEvent(1, "multi", "IN_PROGRESS", "Reading\r\nin.csv\tnow", 10, ""),
+		streamEvent(2, "multi", "FAILED", "Failed", 10, `"error":"step 3: open in.csv: no such file\n\u001b[2Jstep 4: not run",`))
+	r := newCLI(t, api).run("watch", "multi")
+	require.Equal(t, 1, r.code)
+	require.Equal(t, `2026-11-23T12:00:01.500Z  multi  IN_PROGRESS  10%  Reading  in.csv now
+2026-11-23T12:00:02.500Z  multi  FAILED       10%  Failed: step 3: open in.csv: no such file  [2Jstep 4: not run
+`, r.stdout)
+}
+
 func TestSubmitWait(t *testing.T) {
 	t.Parallel()
 	api := newFakeAPI(t)
@@ -804,6 +832,24 @@ func TestListLimitOutOfRange(t *testing.T) {
 		r := newCLI(t, api).run(args...)
 		require.Equal(t, 2, r.code, "%v: %s", args, r.stdout)
 		require.Contains(t, r.stderr, "--limit must be", "%v", args)
+	}
+	require.Empty(t, api.recorded(), "nothing asked of the API")
+}
+
+// runs --limit 0 is out of the range its help gives (1 to 200), as ls -n 0
+// is: a command used wrongly, not silently the API's default page of 50.
+func TestRunsLimitOutOfRange(t *testing.T) {
+	t.Parallel()
+	api := newFakeAPI(t)
+	api.json("GET /v1/runs", 200, `{"runs":[]}`)
+	for _, args := range [][]string{
+		{"runs", "--limit", "0"},
+		{"runs", "ls", "-n", "0"},
+		{"runs", "-n", "201"},
+	} {
+		r := newCLI(t, api).run(args...)
+		require.Equal(t, 2, r.code, "%v: %s", args, r.stdout)
+		require.Contains(t, r.stderr, "--limit must be between 1 and 200", "%v", args)
 	}
 	require.Empty(t, api.recorded(), "nothing asked of the API")
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/mattn/go-runewidth"
 )
@@ -52,7 +53,7 @@ func newTable(w io.Writer, header ...string) *table {
 func (t *table) row(cells ...string) {
 	for i, c := range cells {
 		// A tab or a newline in a value would break the columns.
-		cells[i] = strings.NewReplacer("\t", " ", "\n", " ", "\r", " ").Replace(c)
+		cells[i] = oneLine(c)
 	}
 	fmt.Fprintf(t.tw, "%s\n", strings.Join(cells, "\t"))
 }
@@ -153,6 +154,20 @@ func wholeDuration(n int) string {
 		return ""
 	}
 	return (time.Duration(n) * time.Second).String()
+}
+
+// oneLine is s on one line, and harmless on a terminal: each control
+// character becomes a space. Text that tasks carry (a handler's error,
+// which errors.Join writes one error a line; its state) is shown where one
+// line stands for one thing (an event, a bar, a table's row), and an
+// escape sequence in it would be a command to the person's terminal.
+func oneLine(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
 }
 
 // truncate cuts s to width columns, ending it with "…" when cut.

@@ -299,7 +299,10 @@ key with that value, compared as text).`,
 				return err
 			}
 			var tasks []apiclient.Task
-			var docs []json.RawMessage
+			// Not nil: a listing that matches nothing is written as the
+			// API's empty list, [], never as null, which a script's
+			// `jq '.tasks[]'` cannot iterate over.
+			docs := []json.RawMessage{}
 			for {
 				page, err := c.Tasks(cmd.Context(), f)
 				if err != nil {

@@ -2,7 +2,10 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"io"
+	"net/http"
+	"os"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -13,6 +16,8 @@ import (
 	"github.com/creack/pty"
 	"github.com/hinshun/vt10x"
 	"github.com/stretchr/testify/require"
+
+	"github.com/conveyorhq/conveyor/internal/testenv"
 )
 
 // These tests run `conveyor watch` on a pseudo-terminal of 120×20 and read
@@ -26,6 +31,8 @@ type terminal struct {
 	vt   vt10x.Terminal
 	done chan struct{}
 	code int
+	// ptmx is the pty's master side: what is written to it is typed.
+	ptmx *os.File
 
 	mu      sync.Mutex
 	screens []string // each distinct screen seen, in order
@@ -39,7 +46,7 @@ func (p *pipeline) onTerminal(t *testing.T, args ...string) *terminal {
 	cmd.Env = p.env("TERM=xterm-256color")
 	ptmx, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: termRows, Cols: termCols})
 	require.NoError(t, err)
-	term := &terminal{vt: vt10x.New(vt10x.WithSize(termCols, termRows)), done: make(chan struct{})}
+	term := &terminal{vt: vt10x.New(vt10x.WithSize(termCols, termRows)), done: make(chan struct{}), ptmx: ptmx}
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		<-term.done
@@ -156,4 +163,51 @@ func TestWatchOnATerminal(t *testing.T) {
 	require.Regexp(t, `^`+failing+` demo.sleep +\[-+\] +\d+%  \S+  FAILED: .*demo.sleep: fail`, barLine(screen, failing))
 	require.Regexp(t, `(?m)^`+failing+` FAILED: .*demo.sleep: failing attempt 1 of the first 1, as asked\s*$`, screen,
 		"the whole error, below the bars")
+}
+
+// Ctrl-C while watch draws its bars: the terminal echoes "^C" where the
+// cursor stands, below the bars, and the command then draws its last
+// frame over the bars, each task marked interrupted, and exits 130. That
+// frame must start in the first column, as every other frame does: drawn
+// two columns to the right, after the echo, its lines (as wide as the
+// terminal) wrap and overwrite each other, and the task ids on the screen
+// are wrong ("0101a2…" for "01a2…").
+func TestWatchInterruptedOnATerminal(t *testing.T) {
+	t.Parallel()
+	ids := []string{"0193a2b4-0000-7000-8000-0000000000c1", "0193a2b4-0000-7000-8000-0000000000c2"}
+	api := newFakeAPI(t)
+	for _, id := range ids {
+		api.mux.HandleFunc("GET /v1/tasks/"+id+"/stream", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprintf(w, "retry: 2000\n\n")
+			for i, e := range []string{streamEvent(1, id, "PENDING", "Queued", 0, ""),
+				streamEvent(2, id, "IN_PROGRESS", "Step 3/10", 30, "")} {
+				fmt.Fprintf(w, "id: %d\nevent: task\ndata: %s\n\n", i+1, e)
+			}
+			w.(http.Flusher).Flush()
+			<-r.Context().Done() // a task that runs on until the watch stops
+		})
+	}
+	p := &pipeline{url: api.srv.URL, token: "cvk_test", bin: testenv.Binary(t, "./cmd/conveyor"), home: t.TempDir()}
+	term := p.onTerminal(t, append([]string{"watch"}, ids...)...)
+
+	testenv.Eventually(t, 30*time.Second, func() error {
+		for _, id := range ids {
+			if !strings.Contains(barLine(term.vt.String(), id), "Step 3/10") {
+				return fmt.Errorf("no running bar of %s yet; screen:\n%s", id, term.vt.String())
+			}
+		}
+		return nil
+	})
+	_, err := term.ptmx.Write([]byte{3}) // Ctrl-C
+	require.NoError(t, err)
+
+	code, screen := term.wait(t)
+	t.Logf("final screen:\n%s", screen)
+	require.Equal(t, 130, code, screen)
+	for _, id := range ids {
+		require.Regexp(t, `^`+id+` demo.sleep +\[=+>?-+\] +30%  \S+  interrupted$`, barLine(screen, id),
+			"the last frame's bar, from the first column")
+		require.Equal(t, 1, strings.Count(screen, id), "each task once on the screen")
+	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -14,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/vbauerster/mpb/v8"
 	"github.com/vbauerster/mpb/v8/decor"
+	"golang.org/x/term"
 
 	"github.com/conveyorhq/conveyor/internal/apiclient"
 )
@@ -172,7 +174,7 @@ func eventLine(e apiclient.Event, withType bool) string {
 	if e.Error != "" {
 		fmt.Fprintf(&b, ": %s", e.Error)
 	}
-	return strings.TrimRight(b.String(), " ")
+	return strings.TrimRight(oneLine(b.String()), " ")
 }
 
 // jsonView writes each event as the API sent it, one per line.
@@ -211,7 +213,11 @@ const (
 )
 
 func newBarView(w io.Writer, ids []string, now func() time.Time) *barView {
-	v := &barView{w: w, p: mpb.New(mpb.WithOutput(w), mpb.WithWidth(barWidth), mpb.WithRefreshRate(100*time.Millisecond))}
+	opts := []mpb.ContainerOption{mpb.WithOutput(w), mpb.WithWidth(barWidth), mpb.WithRefreshRate(100 * time.Millisecond)}
+	if f, ok := w.(interface{ Fd() uintptr }); ok {
+		opts = append(opts, mpb.WithConsoleWriter(&barWriter{out: w, fd: int(f.Fd())}))
+	}
+	v := &barView{w: w, p: mpb.New(opts...)}
 	for _, id := range ids {
 		tb := &taskBar{id: id, now: now}
 		// Total 0: the bar completes only when told, not when a task
@@ -248,6 +254,34 @@ func (v *barView) close() {
 			fmt.Fprintf(v.w, "%s %s\n", tb.id, r.final())
 		}
 	}
+}
+
+// barWriter writes the bars' frames to a terminal, each over the one
+// before. mpb's own writer moves the cursor up without going back to the
+// first column, so the "^C" a terminal echoes at an interrupt, below the
+// bars, shifts the last frame two columns to the right: its lines, as wide
+// as the terminal, then wrap and overwrite each other. This one returns to
+// the first column before it moves up, as liveScreen does for runs.
+type barWriter struct {
+	bytes.Buffer
+	out io.Writer
+	fd  int
+}
+
+func (w *barWriter) IsTerminal() bool { return true }
+
+func (w *barWriter) GetTermSize() (width, height int, err error) { return term.GetSize(w.fd) }
+
+// Flush writes the frame buffered, and starts the next one by going back
+// over the lines of this one, which mpb counts.
+func (w *barWriter) Flush(lines int) error {
+	if _, err := w.WriteTo(w.out); err != nil {
+		return err
+	}
+	if lines > 0 {
+		fmt.Fprintf(&w.Buffer, "\r\x1b[%dA\x1b[J", lines)
+	}
+	return nil
 }
 
 // taskBar is one task's bar and what its text shows.
@@ -330,7 +364,9 @@ func (b *taskBar) suffix(s decor.Statistics) string {
 			parts = append(parts, p)
 		}
 	}
-	text := strings.Join(parts, "  ")
+	// A newline would push the bars below down a line, which mpb, counting
+	// a line a bar, would not draw over.
+	text := oneLine(strings.Join(parts, "  "))
 	room := s.AvailableWidth - 2 // the spaces around the bar
 	width := max(room-barWidth, min(room-minBarWidth, textWidth), 0)
 	text = truncate(text, width)

@@ -249,8 +249,8 @@ func (f *runListFlags) register(cmd *cobra.Command) {
 
 func (a *app) listRuns(f *runListFlags) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, _ []string) error {
-		if f.limit < 0 || f.limit > 200 {
-			return usagef("--limit must be between 1 and 200, got %d", f.limit)
+		if err := limitFlag(cmd, f.limit, 200); err != nil {
+			return err
 		}
 		c, err := a.api(cmd)
 		if err != nil {
@@ -643,7 +643,7 @@ func (v *runLineView) update(r apiclient.Run) error {
 		}
 		line := fmt.Sprintf("%s  %s  %-11s %3d%%  %s", stamp(v.now()), runewidth.FillRight(n.Name, v.nameWidth),
 			n.Status, n.Progress, n.TaskState)
-		b.WriteString(strings.TrimRight(line, " ") + "\n")
+		b.WriteString(strings.TrimRight(oneLine(line), " ") + "\n")
 	}
 	if b.Len() == 0 {
 		return nil
@@ -845,8 +845,11 @@ func drawRun(r apiclient.Run, now time.Time, style runStyle) string {
 // in "…" when cut), with their colors when style.color.
 func renderLine(segs []segment, style runStyle) string {
 	total := 0
-	for _, s := range segs {
-		total += runewidth.StringWidth(s.text)
+	for i, s := range segs {
+		// A node's state or the run's error may hold a newline, which
+		// would make the line two, and a live frame taller than it counts.
+		segs[i].text = oneLine(s.text)
+		total += runewidth.StringWidth(segs[i].text)
 	}
 	cut := style.width > 0 && total > style.width
 	room := style.width - 1 // for the "…"
