@@ -377,14 +377,15 @@ func (s *JobStore) PauseJob(ctx context.Context, p auth.Principal, name string, 
 		// The ticks that passed while the job was paused were missed, even
 		// those within the scheduler's catch-up window (which is there for
 		// a scheduler that was down): they follow the job's missed policy.
-		sched, err := job.Schedule(*schedule, tz)
-		if err != nil {
-			return nil // the scheduler reports it and tries again later
+		// A schedule that no longer reads is left to the scheduler, which
+		// reports it and reads it again later.
+		if sched, err := job.Schedule(*schedule, tz); err == nil {
+			if cur := job.ResumeCursor(sched, *next, time.Now(), missed); !cur.Equal(*next) {
+				_, err = tx.Exec(ctx, sqlJobAdvance, id, cur)
+				return err
+			}
 		}
-		if cur := job.ResumeCursor(sched, *next, time.Now(), missed); !cur.Equal(*next) {
-			_, err = tx.Exec(ctx, sqlJobAdvance, id, cur)
-		}
-		return err
+		return nil
 	})
 	if err != nil {
 		return translate(err)
