@@ -853,3 +853,24 @@ func TestRunsLimitOutOfRange(t *testing.T) {
 	}
 	require.Empty(t, api.recorded(), "nothing asked of the API")
 }
+
+// A flag that would be ignored or would bound nothing is refused before
+// any request: a timeout of 0 or less, an interval without --wait.
+func TestFlagsThatWouldDoNothingAreRefused(t *testing.T) {
+	t.Parallel()
+	api := newFakeAPI(t)
+	api.json("GET /v1/runs", 200, `{"runs":[]}`)
+	for _, c := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"runs", "--timeout", "-1s"}, "--timeout must be positive"},
+		{[]string{"runs", "--timeout", "0s"}, "--timeout must be positive"},
+		{[]string{"runs", "start", "etl", "--interval", "2s"}, "--interval applies only with --wait"},
+	} {
+		r := newCLI(t, api).run(c.args...)
+		require.Equal(t, 2, r.code, "%v: %s", c.args, r.stdout)
+		require.Contains(t, r.stderr, c.says, "%v", c.args)
+	}
+	require.Empty(t, api.recorded(), "nothing asked of the API")
+}

@@ -95,6 +95,10 @@ complete, 2 when a command is used wrongly, 130 when interrupted.`,
 			if a.output != outputText && a.output != outputJSON {
 				return usagef("--output must be text or json, not %q", a.output)
 			}
+			// A timeout of 0 or less would bound no request at all.
+			if a.timeout <= 0 {
+				return usagef("--timeout must be positive, got %s", a.timeout)
+			}
 			return nil
 		},
 	}

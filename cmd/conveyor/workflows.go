@@ -307,9 +307,14 @@ func (f *runFollowFlags) register(cmd *cobra.Command) {
 	fl.DurationVar(&f.interval, "interval", time.Second, "how often --wait asks for the run")
 }
 
-func (f *runFollowFlags) check() error {
+func (f *runFollowFlags) check(cmd *cobra.Command) error {
 	if f.interval <= 0 {
 		return usagef("--interval must be positive, got %s", f.interval)
+	}
+	// Without --wait nothing asks for the run again: an interval given
+	// alone would be ignored without a word.
+	if cmd.Flags().Changed("interval") && !f.wait {
+		return usagef("--interval applies only with --wait")
 	}
 	return nil
 }
@@ -344,7 +349,7 @@ changes. The exit status is then 0 only if the run COMPLETED.`,
 					return err
 				}
 			}
-			if err := follow.check(); err != nil {
+			if err := follow.check(cmd); err != nil {
 				return err
 			}
 			c, err := a.api(cmd)
@@ -378,7 +383,7 @@ how many nodes stand where. With --wait, the run is followed to its end,
 as runs start --wait does.`,
 		Args: exactArgs(1, "ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := follow.check(); err != nil {
+			if err := follow.check(cmd); err != nil {
 				return err
 			}
 			c, err := a.api(cmd)
@@ -431,7 +436,7 @@ again; those that did keep their results. With --wait, the run is then
 followed to its end, as runs start --wait does.`,
 		Args: exactArgs(1, "ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := follow.check(); err != nil {
+			if err := follow.check(cmd); err != nil {
 				return err
 			}
 			c, err := a.api(cmd)
