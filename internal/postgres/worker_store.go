@@ -21,6 +21,11 @@ import (
 // sqlClaim takes tasks for a worker: lock the rows that are claimable
 // (PENDING and due, or IN_PROGRESS under an expired lease with attempts
 // left and no cancel pending), then start their attempts and record them.
+// Due means due now, with no margin: a task's message becomes available
+// only once the task is due, by the database's clock, and the claim's
+// transaction starts after the relay's that published it, so only a stray
+// message (a duplicate of an earlier attempt's) comes early, and a margin
+// would let it cut a retry's backoff short.
 // One statement, so one short transaction; under concurrent claims the FOR
 // UPDATE re-checks the condition on the row the winner committed, so only
 // one claim of a task succeeds. Rows are locked in id order, so concurrent
@@ -33,7 +38,7 @@ WITH locked AS (
 	-- analyzed yet) made the planner scan every pending task per claim.
 	SELECT id AS locked_id FROM tasks
 	WHERE id = ANY($1::uuid[]) AND CASE status
-		WHEN `+lit(task.StatusPending)+` THEN admitted AND next_run_at <= now() + interval '1 second'
+		WHEN `+lit(task.StatusPending)+` THEN admitted AND next_run_at <= now()
 		WHEN `+lit(task.StatusInProgress)+` THEN lease_expires_at < now() AND attempt < max_attempts
 			AND cancel_requested_at IS NULL
 		ELSE false END

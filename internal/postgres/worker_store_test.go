@@ -356,6 +356,29 @@ func TestScheduledRetryWaitsForItsTime(t *testing.T) {
 	require.Equal(t, 2, b.claim(t, id, "w2").Attempt)
 }
 
+// A delivery that comes before its task is due (a duplicate of an earlier
+// attempt's message, say) is refused however soon the task is due: a
+// retry's backoff of less than a second (the first one, by default, is
+// half a second to a second) must not be skipped by a duplicate message.
+func TestAClaimRefusesATaskDueWithinTheSecond(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	id := b.pending(t, 3)
+	l := b.claim(t, id, "w1")
+	b.apply(t, task.Change{TaskID: id, Version: l.Version, Transition: task.RetryLater, Error: "boom",
+		Delay: 800 * time.Millisecond})
+
+	got, err := b.worker.Claim(ctx, []uuid.UUID{id}, "w2", time.Minute)
+	require.NoError(t, err)
+	require.Empty(t, got, "a task due in 800 ms is not claimed yet")
+
+	require.Eventually(t, func() bool {
+		got, err := b.worker.Claim(ctx, []uuid.UUID{id}, "w2", time.Minute)
+		require.NoError(t, err)
+		return len(got) == 1
+	}, 5*time.Second, 50*time.Millisecond, "claimed once due")
+}
+
 // An outcome PostgreSQL refuses (a result holding \u0000, which jsonb
 // cannot store) fails only its own change: the rest of the batch lands.
 func TestABadOutcomeFailsAloneInItsBatch(t *testing.T) {
