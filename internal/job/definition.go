@@ -238,10 +238,14 @@ func (f File) Validate() Problems {
 	for i, wf := range f.Workflows {
 		prefix := fmt.Sprintf("workflows[%d]", i)
 		ps = append(ps, wf.Validate().under(prefix)...)
-		for j, n := range wf.Nodes {
-			// A job name that breaks the name rule is reported as such.
-			if _, ok := names[n.Job]; !ok && checkName("job", n.Job) == nil {
-				ps = append(ps, Problem{Path: fmt.Sprintf("%s.nodes[%d].job", prefix, j), Message: fmt.Sprintf("unknown job %q: declare it under jobs:", n.Job)})
+		// A workflow over the node limit is refused for its size alone
+		// (Workflow.Validate), not with a problem per node.
+		if len(wf.Nodes) <= MaxNodes {
+			for j, n := range wf.Nodes {
+				// A job name that breaks the name rule is reported as such.
+				if _, ok := names[n.Job]; !ok && checkName("job", n.Job) == nil {
+					ps = append(ps, Problem{Path: fmt.Sprintf("%s.nodes[%d].job", prefix, j), Message: fmt.Sprintf("unknown job %q: declare it under jobs:", n.Job)})
+				}
 			}
 		}
 		if first, ok := flows[wf.Name]; ok && wf.Name != "" {

@@ -159,6 +159,11 @@ func (wf Workflow) Validate() Problems {
 		add("nodes", errors.New(`a workflow needs at least one node: list them under "nodes"`))
 	case n > MaxNodes:
 		add("nodes", fmt.Errorf("a workflow has at most %d nodes, got %d: split it into several workflows", MaxNodes, n))
+		// Its nodes are not checked one by one: the workflow must be
+		// rewritten anyway, and the checks (each unknown dependency lists
+		// the nodes) would take time quadratic in a count that only the
+		// size of the request bounds.
+		return ps
 	}
 
 	nodes := wf.Normalized().Nodes

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -436,6 +437,27 @@ func TestParseWorkflowProblems(t *testing.T) {
 			require.Equal(t, tt.want, got)
 		})
 	}
+}
+
+// A workflow far over the node limit, which fits in an API body as a line
+// per node (an alias of one node, each line 11 bytes), is refused for its
+// size alone, at once. Each node's own checks, each unknown dependency
+// listing every node, took time quadratic in the nodes (minutes for the
+// 95,000 nodes of a 1 MiB body) and answered one problem per node.
+func TestParseFarTooManyNodesIsCheap(t *testing.T) {
+	t.Parallel()
+	var b strings.Builder
+	b.WriteString("jobs: [{name: a, type: t}]\nworkflows:\n  - name: big\n    nodes:\n      - &n {job: a, depends_on: [z]}\n")
+	const n = 30000
+	for range n - 1 {
+		b.WriteString("      - *n\n")
+	}
+	ws := []want{{5, "workflows[0].nodes", fmt.Sprintf("a workflow has at most %d nodes, got %d", job.MaxNodes, n)}}
+	start := time.Now()
+	got := problems(t, b.String(), ws)
+	took := time.Since(start)
+	require.Equal(t, ws, got)
+	require.Less(t, took, 5*time.Second, "checking a file of %d bytes took %s", b.Len(), took)
 }
 
 func TestParseTooManyNodes(t *testing.T) {

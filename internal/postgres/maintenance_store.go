@@ -55,12 +55,16 @@ ORDER BY next_run_at LIMIT $2`)
 // results go with them (the tasks_deleted trigger), and so do their
 // idempotency keys (ON DELETE CASCADE). The tasks of a workflow run still
 // running stay: the run reads its completed nodes' tasks (their status, and
-// their results for the nodes below them) until it ends.
+// their results for the nodes below them) until it ends. So do the tasks,
+// of earlier runs, whose result a node of a running run memoized: the
+// nodes below it read that result when they are released.
 var sqlDeleteExpired = statement("tasks.delete_expired", `
 DELETE FROM tasks WHERE id IN (
 	SELECT id FROM tasks t WHERE `+isTerminal+` AND completed_at < now() - $1 * interval '1 millisecond'
 		AND (t.run_id IS NULL OR NOT EXISTS (SELECT 1 FROM workflow_runs r
 			WHERE r.id = t.run_id AND r.status = '`+job.RunRunning+`'))
+		AND NOT EXISTS (SELECT 1 FROM run_nodes n JOIN workflow_runs r ON r.id = n.run_id
+			WHERE n.task_id = t.id AND n.state = '`+job.NodeMemoized+`' AND r.status = '`+job.RunRunning+`')
 	LIMIT $2)`)
 
 // sqlReleaseParked is the backstop of WorkerStore.TypesReady: messages

@@ -92,8 +92,10 @@ SELECT count(*) > 0 FROM run`)
 // sqlRunResume puts a failed or cancelled run back to RUNNING, once no
 // task of it is in flight any more: its nodes that did not complete wait
 // again, to run anew, and so do those whose task retention has deleted
-// since (their result is gone: the nodes below them could not read it). It
-// returns whether the run was resumed.
+// since (their result is gone: the nodes below them could not read it).
+// Each of those nodes runs the org's job of its name as it is now: a job
+// removed while the run was under way (the node was skipped) and declared
+// again since has another id. It returns whether the run was resumed.
 var sqlRunResume = statement("workflow_runs.resume", `
 WITH run AS (
 	UPDATE workflow_runs SET status = 'RUNNING', error = NULL, finished_at = NULL, updated_at = now()
@@ -101,7 +103,8 @@ WITH run AS (
 		AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = $2 AND t.status IN (`+inFlight+`))
 	RETURNING id
 ), reset AS (
-	UPDATE run_nodes n SET state = 'WAITING', task_id = NULL, memo_key = NULL, memoized_from = NULL
+	UPDATE run_nodes n SET state = 'WAITING', task_id = NULL, memo_key = NULL, memoized_from = NULL,
+		job_id = coalesce((SELECT j.id FROM jobs j WHERE j.org_id = n.org_id AND j.name = n.job), n.job_id)
 	WHERE n.run_id = (SELECT id FROM run) AND (n.state = 'SKIPPED' OR (n.state = 'SUBMITTED'
 		AND EXISTS (SELECT 1 FROM tasks t WHERE t.id = n.task_id AND t.status IN ('FAILED', 'CANCELLED')))
 		OR (n.state IN ('SUBMITTED', 'MEMOIZED') AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = n.task_id)))

@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/conveyorhq/conveyor/internal/auth"
@@ -558,4 +560,132 @@ jobs:
 	r, err := h.store.Run(ctx, orgB, runB)
 	require.NoError(t, err)
 	require.Equal(t, "PENDING", nodeStatus(r)["c"], "org B's c runs: org A's result is not org B's to reuse")
+}
+
+// A run whose node was memoized reads that node's result from the earlier
+// run's task, whatever that run's status: retention must keep the task
+// while a run still under way may hand its result to the nodes below.
+// Otherwise d, released after retention, runs with null for its memoized
+// parent b.
+func TestWorkflowMemoizedResultOutlivesRetention(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailStop)
+	ctx := context.Background()
+	first, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{})
+	require.NoError(t, err)
+	h.settle(h.nodeTasks(first.ID)["a"].ID, task.Complete, `{"a": 1}`)
+	tasks := h.nodeTasks(first.ID)
+	h.settle(tasks["b"].ID, task.Complete, `{"b": 1}`)
+	h.settle(tasks["c"].ID, task.Complete, `{"c": 1}`)
+	h.settle(h.nodeTasks(first.ID)["d"].ID, task.Complete, `{}`)
+	require.Equal(t, job.RunCompleted, h.run(first.ID).Status)
+
+	// c's job changes: the next run takes a and b from the first, runs c.
+	applyFile(t, h.db, h.p, strings.Replace(fmt.Sprintf(diamondFile, job.FailStop),
+		"{name: c, type: wf.c}", "{name: c, type: wf.c, payload: {v: 2}}", 1))
+	second, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{})
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"a": "MEMOIZED", "b": "MEMOIZED", "c": "PENDING", "d": "WAITING"}, nodeStatus(second))
+
+	// A week later, c is still running; retention passes over the first run.
+	firstTasks := h.nodeTasks(first.ID)
+	h.expire(firstTasks["a"].ID, firstTasks["b"].ID, firstTasks["c"].ID, firstTasks["d"].ID)
+	h.settle(h.nodeTasks(second.ID)["c"].ID, task.Complete, `{"c": 2}`)
+
+	d := h.nodeTasks(second.ID)["d"]
+	require.NotEqual(t, uuid.Nil, d.ID, "d's parents are done: d is submitted")
+	var inputs []byte
+	require.NoError(t, h.db.Pool.QueryRow(ctx, `SELECT inputs FROM tasks WHERE id = $1`, d.ID).Scan(&inputs))
+	require.JSONEq(t, `{"params": {}, "parents": {"b": {"b": 1}, "c": {"c": 2}}}`, string(inputs))
+}
+
+// Siblings a worker completes in one batch (one statement) each write
+// their output datasets; the node below them, released as the batch
+// settles, must record the versions both wrote, not the ones from before
+// the second's trigger ran.
+func TestWorkflowBatchedSiblingsRecordTheirDatasetsBeforeTheJoin(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	ctx := context.Background()
+	applyFile(t, db, admin, `
+jobs:
+  - {name: a, type: wf.a}
+  - {name: b, type: wf.b}
+  - {name: c, type: wf.c}
+  - {name: d, type: wf.d}
+workflows:
+  - name: join
+    nodes:
+      - {job: a}
+      - {job: b, depends_on: [a], output_datasets: [xb]}
+      - {job: c, depends_on: [a], output_datasets: [xc]}
+      - {job: d, depends_on: [b, c], input_datasets: [xb, xc]}
+`)
+	h := &wfHarness{t: t, db: db, p: admin, store: postgres.NewJobStore(db.Pool)}
+	run, err := h.store.StartRun(ctx, admin, "join", job.RunRequest{})
+	require.NoError(t, err)
+	h.settle(h.nodeTasks(run.ID)["a"].ID, task.Complete, `{}`)
+	tasks := h.nodeTasks(run.ID)
+	finish(t, db, []uuid.UUID{tasks["b"].ID, tasks["c"].ID})
+
+	d := h.nodeTasks(run.ID)["d"]
+	require.NotEqual(t, uuid.Nil, d.ID)
+	rows, err := db.Pool.Query(ctx, `SELECT i.input_dataset, i.input_version,
+		(SELECT max(v.id) FROM dataset_versions v WHERE v.dataset = i.input_dataset)
+		FROM task_inputs i WHERE i.task_id = $1 ORDER BY 1`, d.ID)
+	require.NoError(t, err)
+	var name string
+	var read int64
+	var latest *int64
+	seen := 0
+	_, err = pgx.ForEachRow(rows, []any{&name, &read, &latest}, func() error {
+		seen++
+		require.NotNil(t, latest, "%s: no version was written", name)
+		require.Equal(t, *latest, read, "d read %s at version %d, but its parent wrote %d before d started", name, read, *latest)
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, 2, seen)
+}
+
+// A node whose job was removed while its run was under way is skipped and
+// fails the run. Once the job is declared again, a retry runs the node
+// with it: the node names its job, and the removed job's id must not keep
+// it failing with "job b no longer exists".
+func TestWorkflowRetryRunsANodeWhoseJobWasDeclaredAgain(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	ctx := context.Background()
+	const file = `
+jobs:
+  - {name: a, type: wf.a}
+  - {name: b, type: wf.b}
+workflows:
+  - name: pair
+    nodes:
+      - {job: a}
+      - {job: b, depends_on: [a]}
+`
+	applyFile(t, db, admin, file)
+	h := &wfHarness{t: t, db: db, p: admin, store: postgres.NewJobStore(db.Pool)}
+	run, err := h.store.StartRun(ctx, admin, "pair", job.RunRequest{})
+	require.NoError(t, err)
+	onlyA, err := job.Parse([]byte("jobs:\n  - {name: a, type: wf.a}\n"))
+	require.NoError(t, err)
+	_, err = h.store.Apply(ctx, admin, onlyA, false, true) // b and the workflow are removed
+	require.NoError(t, err)
+	h.settle(h.nodeTasks(run.ID)["a"].ID, task.Complete, `{}`)
+	failed := h.run(run.ID)
+	require.Equal(t, job.RunFailed, failed.Status)
+	require.Contains(t, failed.Error, "job b no longer exists")
+
+	applyFile(t, db, admin, file) // b is back
+	retried, err := h.store.RetryRun(ctx, admin, run.ID)
+	require.NoError(t, err)
+	require.Equal(t, job.RunRunning, retried.Status, "error: %s", retried.Error)
+	require.Equal(t, map[string]string{"a": "COMPLETED", "b": "PENDING"}, nodeStatus(retried))
+	h.settle(h.nodeTasks(run.ID)["b"].ID, task.Complete, `{}`)
+	require.Equal(t, job.RunCompleted, h.run(run.ID).Status)
 }
