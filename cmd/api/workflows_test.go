@@ -477,3 +477,33 @@ func TestRunCancelRecoversFromADeadlockWithAWorker(t *testing.T) {
 	status, _ := b.statusOf(t, taskA)
 	require.Equal(t, "CANCELLED", status)
 }
+
+// A node's task is retried with its run: retried alone it would complete
+// while the run had skipped the nodes below it for good. The task's
+// retry says so; a bulk retry leaves it out.
+func TestARunsTaskIsRetriedWithItsRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.applied(t, "", diamondJobs)
+	started := b.post(t, "/v1/workflows/diamond/runs", "")
+	require.Equal(t, http.StatusCreated, started.status, string(started.body))
+	id := started.json(t)["id"].(string)
+	nodes, _ := runNodes(t, started.json(t))
+	taskA := nodes["a"]["task_id"].(string)
+	cancelled := b.post(t, "/v1/runs/"+id+"/cancel", "")
+	require.Equal(t, http.StatusOK, cancelled.status, string(cancelled.body))
+
+	retried := b.post(t, "/v1/tasks/"+taskA+"/retry", "")
+	require.Equal(t, http.StatusConflict, retried.status, string(retried.body))
+	require.Contains(t, retried.json(t)["detail"], "/v1/runs/"+id+"/retry")
+	status, _ := b.statusOf(t, taskA)
+	require.Equal(t, "CANCELLED", status, "a refused retry changes nothing")
+
+	bulk := b.post(t, "/v1/tasks/retry", `{"filter":{"type":"wf.a"}}`)
+	require.Equal(t, http.StatusOK, bulk.status, string(bulk.body))
+	require.EqualValues(t, 0, bulk.json(t)["matched"], string(bulk.body))
+
+	run := b.post(t, "/v1/runs/"+id+"/retry", "")
+	require.Equal(t, http.StatusOK, run.status, string(run.body))
+	require.Equal(t, "RUNNING", run.json(t)["status"])
+}

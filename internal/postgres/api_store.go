@@ -70,8 +70,18 @@ var sqlTaskEvents = statement("task_events.list", `SELECT e.id, t.id, e.status, 
 		SELECT * FROM task_events WHERE task_id = t.id AND org_id = $3 ORDER BY id DESC LIMIT $2) e ON true
 	WHERE t.id = $1 AND t.org_id = $3`)
 
-var sqlTaskStanding = statement("tasks.standing", `SELECT status, version, cancel_requested_at IS NOT NULL
+var sqlTaskStanding = statement("tasks.standing", `SELECT status, version, cancel_requested_at IS NOT NULL,
+	run_id, coalesce(node, '')
 	FROM tasks WHERE id = $1 AND org_id = $2`)
+
+// standing is where a task stands, as a single-task action reads it.
+type standing struct {
+	status        task.Status
+	cancelPending bool
+	// run and node name the workflow run and node the task is of.
+	run  *uuid.UUID
+	node string
+}
 
 var sqlKnownTypes = statement("task_types.list", `SELECT name FROM task_types ORDER BY name`)
 
@@ -446,8 +456,8 @@ func (s *APIStore) Events(ctx context.Context, p auth.Principal, id uuid.UUID, l
 // conflict.
 func (s *APIStore) Cancel(ctx context.Context, p auth.Principal, id uuid.UUID, trace task.Carrier) (task.Task, task.CancelOutcome, error) {
 	var outcome task.CancelOutcome
-	t, err := s.transition(ctx, p, id, trace, func(status task.Status, cancelPending bool) (task.Transition, error) {
-		tr, o, err := task.OnCancel(status, cancelPending)
+	t, err := s.transition(ctx, p, id, trace, func(st standing) (task.Transition, error) {
+		tr, o, err := task.OnCancel(st.status, st.cancelPending)
 		outcome = o
 		return tr, err
 	})
@@ -455,10 +465,17 @@ func (s *APIStore) Cancel(ctx context.Context, p auth.Principal, id uuid.UUID, t
 }
 
 // Retry puts a FAILED or CANCELLED task back to PENDING with attempt 0 and
-// queues it again, under the retrying request's trace.
+// queues it again, under the retrying request's trace. A task of a
+// workflow run is retried with its run: its run has already skipped the
+// nodes below it, and would not release them when it completed.
 func (s *APIStore) Retry(ctx context.Context, p auth.Principal, id uuid.UUID, trace task.Carrier) (task.Task, error) {
-	return s.transition(ctx, p, id, trace, func(status task.Status, _ bool) (task.Transition, error) {
-		return task.OnRetry(status)
+	return s.transition(ctx, p, id, trace, func(st standing) (task.Transition, error) {
+		tr, err := task.OnRetry(st.status)
+		if err == nil && st.run != nil {
+			return "", task.Errorf(task.ErrCodeConflict, "the task is node %s of workflow run %s: retry the run "+
+				"(POST /v1/runs/%s/retry), which runs its failed, cancelled and skipped nodes again", st.node, st.run, st.run)
+		}
+		return tr, err
 	})
 }
 
@@ -467,18 +484,20 @@ func (s *APIStore) Retry(ctx context.Context, p auth.Principal, id uuid.UUID, tr
 // scope; if another writer moved the task meanwhile, it reads again. An
 // empty transition changes nothing.
 func (s *APIStore) transition(ctx context.Context, p auth.Principal, id uuid.UUID, trace task.Carrier,
-	decide func(task.Status, bool) (task.Transition, error)) (task.Task, error) {
+	decide func(standing) (task.Transition, error)) (task.Task, error) {
 	for range 20 {
 		var t task.Task
 		var fenced, queued bool
 		err := inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
+			var st standing
 			var status string
 			var version int
-			var cancelPending bool
-			if err := tx.QueryRow(ctx, sqlTaskStanding, id, p.OrgID).Scan(&status, &version, &cancelPending); err != nil {
+			if err := tx.QueryRow(ctx, sqlTaskStanding, id, p.OrgID).Scan(&status, &version, &st.cancelPending,
+				&st.run, &st.node); err != nil {
 				return translate(err)
 			}
-			tr, err := decide(task.Status(status), cancelPending)
+			st.status = task.Status(status)
+			tr, err := decide(st)
 			if err != nil {
 				return err
 			}

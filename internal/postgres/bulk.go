@@ -25,7 +25,8 @@ const (
 // would change: in one of statuses (the action's, narrowed by the
 // filter's). A running task already asked to stop is left out of a
 // cancel: task.OnCancel writes nothing for it, so counting it would make a
-// filter match forever.
+// filter match forever. A task of a workflow run is left out of a retry:
+// it is retried with its run.
 //
 // The statuses are spelt out, running apart from the rest: an org's
 // running tasks are in tasks_running and its others in tasks_org_status
@@ -51,6 +52,10 @@ func bulkWhere(org uuid.UUID, a task.Action, statuses []task.Status, f task.Filt
 		arms = append(arms, "false")
 	}
 	w.and(strings.Join(arms, " OR "))
+	// A task of a workflow run is retried with its run (APIStore.Retry).
+	if a == task.ActionRetry {
+		w.and("run_id IS NULL")
+	}
 	return w
 }
 
