@@ -211,6 +211,12 @@ type issuerKeys struct {
 	keys     jose.JSONWebKeySet
 	fetched  int // fetches so far
 	lastMiss time.Time
+	// failedAt and failure are the last fetch that failed, answered
+	// instead of a fetch for discoveryRetry after it: while the issuer is
+	// down, every token of an unknown key id would otherwise ask it again,
+	// one after the other behind fetching.
+	failedAt time.Time
+	failure  error
 }
 
 // keysFetchKey is the context key under which OIDC.Verify leaves room for
@@ -281,6 +287,26 @@ func (k *issuerKeys) refresh(ctx context.Context, seen int) error {
 	if done {
 		return nil
 	}
+	k.mu.Lock()
+	failure := k.failure
+	recent := failure != nil && k.now().Sub(k.failedAt) < discoveryRetry
+	k.mu.Unlock()
+	if recent {
+		return failure
+	}
+	// The fetch runs to its end whether or not its caller waits for it,
+	// so its failure always speaks of the issuer.
+	if err := k.fetch(ctx); err != nil {
+		k.mu.Lock()
+		k.failedAt, k.failure = k.now(), err
+		k.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// fetch reads the issuer's key set and holds it.
+func (k *issuerKeys) fetch(ctx context.Context) error {
 	// The fetch outlives the request that began it: the others wait on it.
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
@@ -301,7 +327,7 @@ func (k *issuerKeys) refresh(ctx context.Context, seen int) error {
 		return fmt.Errorf("fetch keys: %w", err)
 	}
 	k.mu.Lock()
-	k.keys, k.fetched = set, k.fetched+1
+	k.keys, k.fetched, k.failure = set, k.fetched+1, nil
 	k.mu.Unlock()
 	return nil
 }

@@ -225,12 +225,14 @@ func TestOIDCUnreachableIssuer(t *testing.T) {
 // A token signed with a key the issuer cannot serve, because it is down
 // as the token arrives, meets the issuer's unavailability, not a bad token:
 // the API answers 503 and keeps the person's open streams, instead of 401.
-// Once the issuer is back, the same token verifies.
+// Once the issuer is back, and the failure no longer stands for it, the
+// same token verifies.
 func TestOIDCKeysTheIssuerCannotServeAreItsUnavailability(t *testing.T) {
 	t.Parallel()
 	iss := testenv.NewIssuer(t)
 	tr := newIssuerTransport()
-	v := auth.NewOIDC(iss.URL, oidcAudience, auth.WithHTTPClient(&http.Client{Transport: tr}))
+	clock := newFakeClock()
+	v := auth.NewOIDC(iss.URL, oidcAudience, auth.WithHTTPClient(&http.Client{Transport: tr}), auth.WithClock(clock.now))
 	_, err := v.Verify(t.Context(), iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience}))
 	require.NoError(t, err)
 
@@ -242,7 +244,47 @@ func TestOIDCKeysTheIssuerCannotServeAreItsUnavailability(t *testing.T) {
 	requireNoToken(t, err, raw)
 
 	tr.down.Store(false)
+	clock.advance(time.Second)
 	got, err := v.Verify(t.Context(), raw)
+	require.NoError(t, err)
+	require.Equal(t, "alice", got.Subject)
+}
+
+// While the issuer cannot serve its keys, tokens of key ids the verifier
+// does not hold (a rotation it has not seen, or forgeries naming our
+// issuer) meet that failure without asking the issuer again, until a
+// second has passed: a down issuer is not fetched from by every request,
+// nor do the requests queue up behind one fetch each. Once the issuer is
+// back and the second has passed, the rotated-in key is taken.
+func TestOIDCKeysAFailedFetchIsNotRepeatedByEveryToken(t *testing.T) {
+	t.Parallel()
+	iss, forger := testenv.NewIssuer(t), testenv.NewIssuer(t)
+	tr := newIssuerTransport()
+	clock := newFakeClock()
+	v := auth.NewOIDC(iss.URL, oidcAudience, auth.WithHTTPClient(&http.Client{Transport: tr}), auth.WithClock(clock.now))
+	ctx := t.Context()
+	_, err := v.Verify(ctx, iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience}))
+	require.NoError(t, err)
+	fetches := tr.hits(jwksPath)
+
+	iss.Rotate(t)
+	tr.down.Store(true)
+	rotated := iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience})
+	for range 50 {
+		forger.Rotate(t) // a new key id each time
+		_, err := v.Verify(ctx, forger.Token(t, jwtClaims{"sub": "mallory", "aud": oidcAudience, "iss": iss.URL}))
+		require.ErrorIs(t, err, auth.ErrIssuerUnavailable)
+		_, err = v.Verify(ctx, rotated)
+		require.ErrorIs(t, err, auth.ErrIssuerUnavailable, "the token was not judged: the issuer could not say")
+	}
+	require.LessOrEqual(t, tr.hits(jwksPath), fetches+1, "one fetch while the issuer is down, not one per token")
+
+	tr.down.Store(false)
+	clock.advance(discoveryRetryWithin)
+	_, err = v.Verify(ctx, rotated)
+	require.ErrorIs(t, err, auth.ErrIssuerUnavailable, "the last failure, within the retry interval")
+	clock.advance(time.Second)
+	got, err := v.Verify(ctx, rotated)
 	require.NoError(t, err)
 	require.Equal(t, "alice", got.Subject)
 }

@@ -84,9 +84,23 @@ func (d *Directory) TouchKeys(ctx context.Context, ids []uuid.UUID) error {
 // EnsureOrg makes the org with the slug if it is missing, and returns its
 // id.
 func (d *Directory) EnsureOrg(ctx context.Context, slug string) (uuid.UUID, error) {
-	var org uuid.UUID
-	err := d.pool.QueryRow(ctx, sqlEnsureOrg, slug, slug).Scan(&org)
+	org, err := ensureOrg(ctx, d.pool, slug)
 	return org, translate(err)
+}
+
+// ensureOrg runs sqlEnsureOrg, and again when it answers no row: its
+// insert then waited for another transaction's insert of the slug, which
+// committed after the statement's snapshot was taken, so its own SELECT
+// cannot see that row. A second statement has a snapshot that does.
+func ensureOrg(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, slug string) (uuid.UUID, error) {
+	var org uuid.UUID
+	err := q.QueryRow(ctx, sqlEnsureOrg, slug, slug).Scan(&org)
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = q.QueryRow(ctx, sqlEnsureOrg, slug, slug).Scan(&org)
+	}
+	return org, err
 }
 
 // Bootstrap makes the org with the slug if it is missing, and a new admin
@@ -94,8 +108,8 @@ func (d *Directory) EnsureOrg(ctx context.Context, slug string) (uuid.UUID, erro
 func (d *Directory) Bootstrap(ctx context.Context, slug, name string) (string, error) {
 	var token string
 	err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
-		var org uuid.UUID
-		if err := tx.QueryRow(ctx, sqlEnsureOrg, slug, slug).Scan(&org); err != nil {
+		org, err := ensureOrg(ctx, tx, slug)
+		if err != nil {
 			return fmt.Errorf("org %q: %w", slug, translate(err))
 		}
 		if _, err := tx.Exec(ctx, sqlSetScope, scopeArgs(auth.Scope{OrgID: org, SeeAll: true})...); err != nil {
