@@ -236,6 +236,11 @@ func TestBulkCancelRecoversFromADeadlockWithAWorker(t *testing.T) {
 	worker, err := b.db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = worker.Rollback(ctx) }()
+	// PostgreSQL looks for a deadlock in the session whose wait outlasts
+	// its deadlock_timeout first, and rolls that one back: this session
+	// waits long, so the API's transaction is always the one.
+	_, err = worker.Exec(ctx, `SET LOCAL deadlock_timeout = '30s'`)
+	require.NoError(t, err)
 	_, err = worker.Exec(ctx, `SELECT 1 FROM tasks WHERE id = $1 FOR UPDATE`, second)
 	require.NoError(t, err)
 
