@@ -140,7 +140,9 @@ var (
 	// attempts are left.
 	ErrTimeout = errors.New("conveyor: attempt timed out")
 	// ErrAwaitChildren: Gather's children have not all finished. A handler
-	// returns it as it is; the task waits for them and runs again.
+	// returns it as it is; the task waits for them and runs again. One
+	// returned when Gather reported no child still running fails the task:
+	// nothing would wake it.
 	ErrAwaitChildren = errors.New("conveyor: waiting for children")
 )
 

@@ -27,8 +27,11 @@ import (
 // only writer of the task while it runs, so the lease's version moves in one
 // place.
 type execution struct {
-	w        *Worker
-	task     task.Task
+	w    *Worker
+	task task.Task
+	// awaiting says Gather reported children still running: only then
+	// does the task wait for them (they wake it when they end).
+	awaiting atomic.Bool
 	lease    task.Lease
 	handler  conveyor.HandlerFunc
 	log      taskLog
@@ -486,6 +489,7 @@ func (e *execution) Gather(ctx context.Context, children ...conveyor.Child) ([]c
 		}
 	}
 	if running > 0 {
+		e.awaiting.Store(true)
 		return out, fmt.Errorf("%w: %d of %d still running", conveyor.ErrAwaitChildren, running, len(children))
 	}
 	return out, nil
@@ -653,9 +657,15 @@ func (e *execution) finish(ctx context.Context, out outcome) {
 			Detail: map[string]any{"handed_back": reason, "attempt": e.task.Attempt}})
 	case e.timedOut:
 		e.fail(ctx, fmt.Errorf("%w after %s", conveyor.ErrTimeout, e.runTime()), false)
-	case errors.Is(out.err, conveyor.ErrAwaitChildren):
+	case errors.Is(out.err, conveyor.ErrAwaitChildren) && e.awaiting.Load():
 		e.store(ctx, "awaiting", task.Change{Transition: task.Await,
 			Detail: map[string]any{"attempt": e.task.Attempt, "waiting": out.err.Error()}})
+	case errors.Is(out.err, conveyor.ErrAwaitChildren):
+		// No child of this attempt runs, so none would wake the task: it
+		// would be queued again and again, using no attempt. A handler
+		// returns the error Gather gave it, not one of its own.
+		e.fail(ctx, fmt.Errorf("%w, but Gather reported no child still running: return the error Gather returns",
+			out.err), true)
 	case out.err == nil:
 		result, err := out.encoded, out.encodeErr
 		if err == nil {

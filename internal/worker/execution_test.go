@@ -181,3 +181,20 @@ func TestGatherRefusesANegativeMaxAttempts(t *testing.T) {
 		require.ErrorContains(t, err, "max_attempts")
 	}
 }
+
+// A handler that returns ErrAwaitChildren when Gather said no such thing
+// fails its task for good: no child of it runs, so none would wake it, and
+// it would be queued again and again without using an attempt.
+func TestWorkerFailsAnAwaitWithNoChildRunning(t *testing.T) {
+	b := setup(t, testConfig{handlers: []conveyor.Handler{
+		conveyor.Handle("t.await", func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) {
+			return nil, conveyor.ErrAwaitChildren
+		}),
+	}})
+	id := b.store.add("t.await", 3)
+	b.deliver(t, id)
+	require.Equal(t, "failed", b.finished(t, id))
+	got := b.store.get(id)
+	require.Equal(t, task.StatusFailed, got.Status)
+	require.Contains(t, got.Error, "Gather reported no child still running")
+}
