@@ -34,6 +34,9 @@ type fakeStore struct {
 	// call claim and then answer an error (a commit whose reply is lost),
 	// fail makes it answer an error having claimed nothing.
 	claimReply func(ids []uuid.UUID) (lose, fail bool)
+	// afterClaim, when set, runs (under mu) after a claim call's tasks are
+	// claimed, before the call answers.
+	afterClaim func()
 	// typesGate, when set, holds TypesReady until it is closed.
 	typesGate chan struct{}
 	// writeTime, when set, is how long each ApplyAndClaim takes, as a
@@ -77,6 +80,11 @@ func (s *fakeStore) get(id uuid.UUID) task.Task {
 func (s *fakeStore) requestCancel(id uuid.UUID) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.requestCancelLocked(id)
+}
+
+// requestCancelLocked is requestCancel under mu.
+func (s *fakeStore) requestCancelLocked(id uuid.UUID) int {
 	t := s.tasks[id]
 	now := time.Now()
 	t.CancelRequestedAt, t.State = &now, task.StateCancelRequested
@@ -105,6 +113,11 @@ func (s *fakeStore) ApplyAndClaim(ctx context.Context, changes []task.Change, id
 		return out, errs, nil, errors.New("connection reset before the claim")
 	}
 	tasks, err := s.Claim(ctx, ids, workerID, lease)
+	s.mu.Lock()
+	if s.afterClaim != nil && len(tasks) > 0 {
+		s.afterClaim()
+	}
+	s.mu.Unlock()
 	if lose {
 		return out, errs, nil, errors.New("connection reset after the claim's commit")
 	}

@@ -177,6 +177,10 @@ type Worker struct {
 	// claim reported failed is adopted only when no other delivery of its
 	// task is there (under mu).
 	claiming map[uuid.UUID]int
+	// early holds the newest cancel broadcast heard for a task being
+	// claimed here and not listed in running yet: the API may see the
+	// claim committed before its answer reaches the worker (under mu).
+	early map[uuid.UUID]int
 
 	// The credit the broker gets (see prefetch): long counts running
 	// handlers past LongAfter; orphans counts running tasks whose
@@ -217,6 +221,7 @@ func New(cfg Config, deps Deps, handlers []conveyor.Handler) (*Worker, error) {
 		slots:    make(chan struct{}, cfg.Concurrency),
 		running:  map[uuid.UUID]*execution{},
 		claiming: map[uuid.UUID]int{},
+		early:    map[uuid.UUID]int{},
 		stopping: make(chan struct{}),
 		credit:   make(chan struct{}, 1),
 	}
@@ -690,6 +695,9 @@ func (w *Worker) listenCancels(src Source) {
 		case c := <-src.Cancels():
 			w.mu.Lock()
 			e := w.running[c.TaskID]
+			if e == nil && w.claiming[c.TaskID] > 0 {
+				w.early[c.TaskID] = max(w.early[c.TaskID], c.Version)
+			}
 			w.mu.Unlock()
 			if e != nil {
 				e.requestCancel(c.Version)
@@ -759,8 +767,13 @@ func (w *Worker) process(ctx context.Context, d outbox.Delivery, release func())
 	e.release = release
 	w.mu.Lock()
 	w.running[e.task.ID] = e
+	early := w.early[e.task.ID]
 	w.claimDone(e.task.ID)
 	w.mu.Unlock()
+	if early > 0 {
+		// The run loop ignores it if it is of an earlier run.
+		e.requestCancel(early)
+	}
 	defer func() {
 		w.mu.Lock()
 		// A handler that ignored its context may return after the
@@ -807,6 +820,7 @@ func (w *Worker) claimOnce(ctx context.Context, d outbox.Delivery, failed bool) 
 func (w *Worker) claimDone(id uuid.UUID) {
 	if w.claiming[id]--; w.claiming[id] <= 0 {
 		delete(w.claiming, id)
+		delete(w.early, id)
 	}
 }
 

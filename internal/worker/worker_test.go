@@ -55,7 +55,10 @@ type testConfig struct {
 	longAfter       time.Duration
 	// progressInterval is Config.ProgressInterval: 0, 10 ms.
 	progressInterval time.Duration
-	handlers         []conveyor.Handler
+	// heartbeat is Config.Heartbeat (0: 100 ms), with a lease ten times
+	// as long (0: 2 s).
+	heartbeat time.Duration
+	handlers  []conveyor.Handler
 	// tracerProvider, when set, traces the worker (a no-op tracer
 	// otherwise).
 	tracerProvider oteltrace.TracerProvider
@@ -92,9 +95,15 @@ func setup(t *testing.T, tc testConfig) *testBundle {
 	if tc.tracerProvider != nil {
 		deps.TracerProvider = tc.tracerProvider
 	}
+	lease := 2 * time.Second
+	if tc.heartbeat == 0 {
+		tc.heartbeat = 100 * time.Millisecond
+	} else {
+		lease = 10 * tc.heartbeat
+	}
 	w, err := New(Config{
 		Info:        registry.Worker{ID: "w1"},
-		Concurrency: tc.concurrency, Lease: 2 * time.Second, Heartbeat: 100 * time.Millisecond,
+		Concurrency: tc.concurrency, Lease: lease, Heartbeat: tc.heartbeat,
 		ProgressInterval: tc.progressInterval, BackoffBase: time.Millisecond, BackoffMax: 10 * time.Millisecond,
 		ShutdownTimeout: time.Second, MaxRunTime: tc.maxRunTime, ReadAhead: tc.readAhead, ReadAheadMax: tc.readAheadMax, TasksPerMessage: tc.tasksPerMessage,
 		LongAfter:           tc.longAfter,
@@ -234,6 +243,25 @@ func TestWorkerReconnectsWhenItsSourceStops(t *testing.T) {
 // A cancel broadcast names the version of its request: one that predates
 // the current run (a late broadcast of a cancel that was followed by a
 // retry) does not stop it; a current one does.
+// A cancel broadcast that comes while the task's claim is on its way back
+// (the API saw it running, the worker does not list it yet) stops the
+// handler as soon as it starts, not at the next lease renewal.
+func TestWorkerHonoursACancelThatCameDuringItsClaim(t *testing.T) {
+	h := newBlocking()
+	b := setup(t, testConfig{heartbeat: time.Minute, handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	id := b.store.add("t.block", 3)
+	b.store.mu.Lock()
+	b.store.afterClaim = func() {
+		v := b.store.requestCancelLocked(id) // what the API does, the task now running
+		b.src.cancels <- outbox.Cancel{TaskID: id, Version: v}
+		time.Sleep(50 * time.Millisecond) // the broadcast is heard before the claim's answer
+	}
+	b.store.mu.Unlock()
+	b.deliver(t, id)
+	require.Equal(t, "cancelled", b.finished(t, id))
+	require.Equal(t, task.StatusCancelled, b.store.get(id).Status)
+}
+
 func TestWorkerIgnoresACancelOfAnEarlierRun(t *testing.T) {
 	h := newBlocking()
 	b := setup(t, testConfig{handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
