@@ -5,12 +5,10 @@ import (
 	"fmt"
 	"net/http"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/conveyorhq/conveyor/internal/auth"
-	"github.com/conveyorhq/conveyor/internal/testenv"
 )
 
 // statusOf reads a task's status and whether a cancel is pending, as the
@@ -248,15 +246,7 @@ func TestBulkCancelRecoversFromADeadlockWithAWorker(t *testing.T) {
 	go func() { answer <- b.post(t, "/v1/tasks/cancel", `{"filter":{"type":"bd.child"},"expected":2}`) }()
 	// The bulk cancel has settled both children and locked the first
 	// parent; it waits for the second.
-	testenv.Eventually(t, 10*time.Second, func() error {
-		var waiting int
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting))
-		if waiting == 0 {
-			return fmt.Errorf("the bulk cancel does not wait for the second parent yet")
-		}
-		return nil
-	})
+	b.db.WaitForLockWait(t)
 	// The worker's batch goes on to the first parent: a deadlock, which
 	// PostgreSQL breaks by rolling back the bulk cancel (it waited first).
 	_, err = worker.Exec(ctx, `SELECT 1 FROM tasks WHERE id = $1 FOR UPDATE`, first)

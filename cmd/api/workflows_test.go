@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"regexp"
 	"testing"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/conveyorhq/conveyor/internal/postgres"
 	"github.com/conveyorhq/conveyor/internal/task"
-	"github.com/conveyorhq/conveyor/internal/testenv"
 )
 
 // diamondJobs is a jobs file of four jobs and the workflow diamond: a,
@@ -462,15 +460,7 @@ func TestRunCancelRecoversFromADeadlockWithAWorker(t *testing.T) {
 
 	answer := make(chan response, 1)
 	go func() { answer <- b.post(t, "/v1/runs/"+id+"/cancel", "") }()
-	testenv.Eventually(t, 10*time.Second, func() error {
-		var waiting int
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting))
-		if waiting == 0 {
-			return fmt.Errorf("the cancel does not wait for the task yet")
-		}
-		return nil
-	})
+	b.db.WaitForLockWait(t)
 	// The batch's trigger goes on to the run: a deadlock.
 	_, err = worker.Exec(ctx, `SELECT 1 FROM workflow_runs WHERE id = $1 FOR UPDATE`, id)
 	require.NoError(t, err)

@@ -36,9 +36,7 @@ func bulkWhere(org uuid.UUID, a task.Action, statuses []task.Status, f task.Filt
 	f.Status = ""
 	w := taskWhere(org, f)
 	var arms []string
-	if others := slices.DeleteFunc(slices.Clone(statuses), func(s task.Status) bool {
-		return s == task.StatusInProgress
-	}); len(others) > 0 {
+	if others := notInProgress(statuses); len(others) > 0 {
 		arms = append(arms, "status IN ("+litList(others)+")")
 	}
 	if slices.Contains(statuses, task.StatusInProgress) {

@@ -2,10 +2,8 @@ package postgres_test
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -13,7 +11,6 @@ import (
 	"github.com/conveyorhq/conveyor/internal/auth"
 	"github.com/conveyorhq/conveyor/internal/postgres"
 	"github.com/conveyorhq/conveyor/internal/testdb"
-	"github.com/conveyorhq/conveyor/internal/testenv"
 )
 
 // Two callers making the same org at once (two `api bootstrap` runs, two
@@ -57,17 +54,7 @@ func TestEnsureOrgMeetsAnOrgMadeMeanwhile(t *testing.T) {
 			done <- outcome{id, err}
 		}()
 		// The second caller's insert waits for the first one's row.
-		testenv.Eventually(t, 10*time.Second, func() error {
-			var waiting int
-			if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-				WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
-				return err
-			}
-			if waiting == 0 {
-				return fmt.Errorf("no statement waits for a lock yet")
-			}
-			return nil
-		})
+		db.WaitForLockWait(t)
 		require.NoError(t, tx.Commit(ctx))
 
 		got := <-done

@@ -15,7 +15,6 @@ import (
 	"github.com/conveyorhq/conveyor/internal/postgres"
 	"github.com/conveyorhq/conveyor/internal/task"
 	"github.com/conveyorhq/conveyor/internal/testdb"
-	"github.com/conveyorhq/conveyor/internal/testenv"
 )
 
 // fixture is a task as a filter sees it.
@@ -148,17 +147,7 @@ func TestBulkSkipsATaskThatChangedMeanwhile(t *testing.T) {
 		done <- outcome{res, err}
 	}()
 	// The bulk action has read the versions and waits for b's lock.
-	testenv.Eventually(t, 10*time.Second, func() error {
-		var waiting int
-		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
-			return err
-		}
-		if waiting == 0 {
-			return fmt.Errorf("no statement waits for a lock yet")
-		}
-		return nil
-	})
+	db.WaitForLockWait(t)
 	require.NoError(t, tx.Commit(ctx))
 
 	got := <-done

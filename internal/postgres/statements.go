@@ -51,6 +51,12 @@ func StatementName(sql string) string {
 // package task, and the statements spell them from there.
 func lit(s task.Status) string { return "'" + string(s) + "'" }
 
+// notInProgress is ss without IN_PROGRESS: the statuses tasks_org_status
+// holds, running tasks being in tasks_running alone (migration 014).
+func notInProgress(ss []task.Status) []task.Status {
+	return slices.DeleteFunc(slices.Clone(ss), func(s task.Status) bool { return s == task.StatusInProgress })
+}
+
 // litList is a list of statuses as SQL literals, for IN (...).
 func litList(ss []task.Status) string {
 	out := make([]string, len(ss))
@@ -68,7 +74,5 @@ var (
 	// notRunning is spelt as the predicate of tasks_org_status, which
 	// holds every task but the running ones (migration 014), so that the
 	// planner sees the index serves it.
-	notRunning = "status IN (" + litList(slices.DeleteFunc(slices.Clone(task.Statuses), func(s task.Status) bool {
-		return s == task.StatusInProgress
-	})) + ")"
+	notRunning = "status IN (" + litList(notInProgress(task.Statuses)) + ")"
 )

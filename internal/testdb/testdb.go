@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/conveyorhq/conveyor/internal/postgres"
+	"github.com/conveyorhq/conveyor/internal/testenv"
 )
 
 // DefaultAdminURL is the server the tests use unless TEST_DATABASE_URL says
@@ -179,4 +180,22 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// WaitForLockWait waits until a session of the database waits for a lock:
+// for tests that hold a row and need another transaction queued behind it
+// before they go on.
+func (db *DB) WaitForLockWait(t testing.TB) {
+	t.Helper()
+	testenv.Eventually(t, 10*time.Second, func() error {
+		var waiting int
+		if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+			return err
+		}
+		if waiting == 0 {
+			return fmt.Errorf("no statement waits for a lock yet")
+		}
+		return nil
+	})
 }
