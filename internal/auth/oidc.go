@@ -186,6 +186,12 @@ func (o *OIDC) discover(ctx context.Context) (*oidc.IDTokenVerifier, error) {
 // other unknown key ids from making the key set fetch the issuer's keys.
 const unknownKeyEvery = 5 * time.Second
 
+// keysMaxAge is how long the issuer's keys are held before a token makes
+// the key set fetch them again. An issuer that withdraws a key (it leaked)
+// without rotating another in is heard within this time: tokens signed
+// with the withdrawn key are refused from then on.
+const keysMaxAge = 10 * time.Minute
+
 // maxKeySetBytes bounds the issuer's key set document.
 const maxKeySetBytes = 1 << 20
 
@@ -198,7 +204,10 @@ const maxKeySetBytes = 1 << 20
 // the keys, which is how a rotated-in key is picked up; after such a token
 // failed, other unknown key ids are refused for unknownKeyEvery. A
 // rotated-in key is picked up on its first use, unless a forged token came
-// just before it.
+// just before it. Keys held for keysMaxAge are fetched again beside the
+// token that finds them so, which is checked against the keys held: no
+// request waits for the issuer while its keys are known, and one that is
+// down keeps the keys it last published.
 type issuerKeys struct {
 	url    string
 	client *http.Client
@@ -207,10 +216,14 @@ type issuerKeys struct {
 
 	fetching sync.Mutex // one fetch at a time; the others wait for it
 
-	mu       sync.Mutex
-	keys     jose.JSONWebKeySet
-	fetched  int // fetches so far
-	lastMiss time.Time
+	// renewing says a fetch of keys grown old is under way.
+	renewing atomic.Bool
+
+	mu        sync.Mutex
+	keys      jose.JSONWebKeySet
+	fetched   int // fetches so far
+	fetchedAt time.Time
+	lastMiss  time.Time
 	// failedAt and failure are the last fetch that failed, answered
 	// instead of a fetch for discoveryRetry after it: while the issuer is
 	// down, every token of an unknown key id would otherwise ask it again,
@@ -233,6 +246,9 @@ func (k *issuerKeys) VerifySignature(ctx context.Context, raw string) ([]byte, e
 	}
 	kid := jws.Signatures[0].Header.KeyID
 	keys, seen, missed := k.lookup(kid)
+	if len(keys) > 0 {
+		k.renewIfOld(ctx, seen)
+	}
 	if len(keys) == 0 && !missed {
 		if err := k.refresh(ctx, seen); err != nil {
 			if p, ok := ctx.Value(keysFetchKey{}).(*error); ok {
@@ -263,6 +279,23 @@ func (k *issuerKeys) lookup(kid string) (keys []jose.JSONWebKey, fetched int, mi
 		keys = k.keys.Key(kid)
 	}
 	return keys, k.fetched, !k.lastMiss.IsZero() && k.now().Sub(k.lastMiss) < unknownKeyEvery
+}
+
+// renewIfOld fetches the issuer's keys again, in the background, when
+// those held are older than keysMaxAge; seen is the fetches they come from.
+// One such fetch runs at a time. A failed one is answered as refresh
+// answers it, so a down issuer is asked at most once per discoveryRetry.
+func (k *issuerKeys) renewIfOld(ctx context.Context, seen int) {
+	k.mu.Lock()
+	old := k.now().Sub(k.fetchedAt) >= keysMaxAge
+	k.mu.Unlock()
+	if !old || !k.renewing.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer k.renewing.Store(false)
+		_ = k.refresh(context.WithoutCancel(ctx), seen)
+	}()
 }
 
 // verifyWith checks jws against each of keys, and returns its payload once
@@ -327,7 +360,7 @@ func (k *issuerKeys) fetch(ctx context.Context) error {
 		return fmt.Errorf("fetch keys: %w", err)
 	}
 	k.mu.Lock()
-	k.keys, k.fetched, k.failure = set, k.fetched+1, nil
+	k.keys, k.fetched, k.fetchedAt, k.failure = set, k.fetched+1, k.now(), nil
 	k.mu.Unlock()
 	return nil
 }

@@ -149,6 +149,73 @@ func TestOIDCKeyRotation(t *testing.T) {
 	require.Equal(t, 1, tr.hits(discoveryPath), "the provider is discovered once")
 }
 
+// An issuer that withdraws its key without a token of another key id
+// coming is heard once the keys held grow old: the token that finds them
+// so is checked against them, without waiting for the issuer, and tokens
+// of the withdrawn key are refused once the keys are fetched again.
+func TestOIDCAWithdrawnKeyIsRefusedOnceTheKeysHeldGrowOld(t *testing.T) {
+	t.Parallel()
+	iss := testenv.NewIssuer(t)
+	tr := newIssuerTransport()
+	clock := newFakeClock()
+	v := auth.NewOIDC(iss.URL, oidcAudience, auth.WithHTTPClient(&http.Client{Transport: tr}), auth.WithClock(clock.now))
+	ctx := t.Context()
+	old := iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience})
+	_, err := v.Verify(ctx, old)
+	require.NoError(t, err)
+
+	iss.Rotate(t) // the old key is no longer published
+	clock.advance(9 * time.Minute)
+	_, err = v.Verify(ctx, old)
+	require.NoError(t, err, "keys held for less than their age are not fetched again")
+	require.Equal(t, 1, tr.hits(jwksPath))
+
+	clock.advance(2 * time.Minute)
+	require.Eventually(t, func() bool {
+		_, err := v.Verify(ctx, old)
+		return err != nil
+	}, 5*time.Second, 10*time.Millisecond, "the withdrawn key still verifies")
+	// The withdrawn key id is now unknown: its first token asked the
+	// issuer once more, as any unknown key id does, and no other does.
+	fetches := tr.hits(jwksPath)
+	require.LessOrEqual(t, fetches, 3)
+	_, err = v.Verify(ctx, old)
+	require.ErrorContains(t, err, "not published")
+	requireNoToken(t, err, old)
+	_, err = v.Verify(ctx, iss.Token(t, jwtClaims{"sub": "bob", "aud": oidcAudience}))
+	require.NoError(t, err)
+	require.Equal(t, fetches, tr.hits(jwksPath))
+}
+
+// While the issuer is down, keys grown old are still the keys it last
+// published: their tokens verify, and the issuer is asked at most once a
+// second, not by every token.
+func TestOIDCOldKeysOfADownIssuerStillVerify(t *testing.T) {
+	t.Parallel()
+	iss := testenv.NewIssuer(t)
+	tr := newIssuerTransport()
+	clock := newFakeClock()
+	v := auth.NewOIDC(iss.URL, oidcAudience, auth.WithHTTPClient(&http.Client{Transport: tr}), auth.WithClock(clock.now))
+	ctx := t.Context()
+	raw := iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience})
+	_, err := v.Verify(ctx, raw)
+	require.NoError(t, err)
+
+	tr.down.Store(true)
+	clock.advance(11 * time.Minute)
+	for range 20 {
+		_, err := v.Verify(ctx, raw)
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool { return tr.hits(jwksPath) == 2 }, 5*time.Second, 10*time.Millisecond)
+	for range 20 {
+		_, err := v.Verify(ctx, raw)
+		require.NoError(t, err)
+	}
+	time.Sleep(50 * time.Millisecond) // a fetch wrongly begun would show
+	require.Equal(t, 2, tr.hits(jwksPath), "a failed fetch is not repeated within a second")
+}
+
 // An issuer that cannot be reached does not stop the verifier being made;
 // Verify then fails.
 // Forged tokens naming our issuer, each signed with a key id it never
