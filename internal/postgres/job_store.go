@@ -211,10 +211,21 @@ func (s *JobStore) Apply(ctx context.Context, p auth.Principal, file job.File, d
 			current.Workflows = append(current.Workflows, w.Definition)
 			storedFlows[w.Definition.Name] = w.Definition
 		}
+		declared := map[string]job.Definition{}
+		for _, d := range file.Jobs {
+			declared[d.Name] = d
+		}
 		stored := map[string]job.Definition{}
 		for _, j := range jobs {
-			current.Jobs = append(current.Jobs, j.Definition)
-			stored[j.Name] = j.Definition
+			d := j.Definition
+			// The stored definition went through jsonb, which writes some
+			// payload numbers otherwise (1e-7 as 0.0000001): a job whose
+			// config_hash is that of its declaration is that declaration.
+			if w, ok := declared[j.Name]; ok && w.Hash() == j.ConfigHash {
+				d = w
+			}
+			current.Jobs = append(current.Jobs, d)
+			stored[j.Name] = d
 		}
 		storedTypes := map[string]job.TypeLimit{}
 		for _, t := range types {

@@ -672,3 +672,30 @@ func TestCronAfterAnUnreadableScheduleMakesOnlyItsTicks(t *testing.T) {
 		require.True(t, at.Truncate(5*time.Second).Equal(at), "%s is no tick of */5 * * * * *", at.Format(time.RFC3339Nano))
 	}
 }
+
+// Applying the same file again changes nothing, also when a job's payload
+// holds numbers that PostgreSQL writes back otherwise (1e-7 as 0.0000001,
+// 1e21 in full): the stored definition went through jsonb, and compared as
+// read back, it showed the job as updated on every apply.
+func TestApplyAgainWithPayloadNumbersIsUnchanged(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	ctx := context.Background()
+	f, err := job.Parse([]byte(`jobs:
+  - name: tuned
+    type: tuned.t
+    payload: {threshold: 1e-7, budget: 1e21, scale: 2.5}
+    source: {kind: cron, schedule: "0 2 * * *", timezone: Europe/Paris}
+`))
+	require.NoError(t, err)
+	store := postgres.NewJobStore(db.Pool)
+	_, err = store.Apply(ctx, admin, f, false, false)
+	require.NoError(t, err)
+	for _, dryRun := range []bool{true, false} {
+		changes, err := store.Apply(ctx, admin, f, dryRun, false)
+		require.NoError(t, err)
+		require.Equal(t, []job.Change{{Op: job.OpUnchanged, Kind: job.KindJob, Name: "tuned"}}, changes,
+			"dry run %t: the same file again changes nothing", dryRun)
+	}
+}
