@@ -72,6 +72,8 @@ type Reporter interface {
 	// start when the last child has finished; calling Gather with the same
 	// children then returns their outcomes. Children that are still
 	// running when the parent is cancelled or fails are cancelled.
+	// Children it refuses (a bad key, a type or payload the API would
+	// refuse) are refused on every attempt: that error is Permanent.
 	Gather(ctx context.Context, children ...Child) ([]ChildResult, error)
 }
 

@@ -24,6 +24,11 @@ import (
 
 // run wires a worker and runs it until ctx is done.
 func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []conveyor.Handler) error {
+	// Before the database: one that is down is waited for, one that is up
+	// is migrated, and neither is worth it for handlers that cannot run.
+	if err := runner.CheckHandlers(handlers); err != nil {
+		return err
+	}
 	hostname, _ := os.Hostname()
 	if cfg.ID == "" {
 		cfg.ID = fmt.Sprintf("%s-%d-%s", hostname, os.Getpid(), uuid.NewString()[:6])

@@ -18,6 +18,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/conveyorhq/conveyor/internal/apiclient"
 	"github.com/conveyorhq/conveyor/internal/testenv"
 )
 
@@ -873,4 +874,72 @@ func TestFlagsThatWouldDoNothingAreRefused(t *testing.T) {
 		require.Contains(t, r.stderr, c.says, "%v", c.args)
 	}
 	require.Empty(t, api.recorded(), "nothing asked of the API")
+}
+
+// get writes one "key: value" line per field, whatever the task's text
+// holds: an error of several lines (errors.Join) or a state with an
+// escape sequence neither breaks the lines nor reaches the terminal.
+func TestGetKeepsOneLinePerField(t *testing.T) {
+	t.Parallel()
+	api := newFakeAPI(t)
+	api.json("GET /v1/tasks/{id}", 200, `{"id":"t1","type":"demo.sleep","status":"FAILED","state":"Step\t2\u001b[2J","progress":40,
+		"attempt":1,"max_attempts":1,"error":"step 3: boom\nstep 4: not run","created_at":"2026-11-23T11:58:00Z"}`)
+	r := newCLI(t, api).run("get", "t1")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, `id:       t1
+type:     demo.sleep
+status:   FAILED
+progress: 40%
+state:    Step 2 [2J
+error:    step 3: boom step 4: not run
+attempt:  1 of 1
+priority: 0
+created:  2026-11-23T11:58:00.000Z
+`, r.stdout)
+}
+
+// Below the bars, the error of a task that failed is written whole, but
+// on its line: an escape sequence in it is not sent to the terminal, and
+// a line of it does not read as a line of its own.
+func TestBarViewWritesAFailedTasksErrorOnItsLine(t *testing.T) {
+	t.Parallel()
+	var out testenv.SyncBuffer
+	v := newBarView(&out, []string{"t1"}, func() time.Time { return testNow })
+	v.event(0, apiclient.Event{ID: 1, TaskID: "t1", Type: "demo.sleep", Status: apiclient.StatusFailed,
+		Error: "step 3: boom\n\x1b[2Jstep 4: not run", CreatedAt: testNow})
+	v.end(0, taskEnd{status: apiclient.StatusFailed, taskErr: "step 3: boom\n\x1b[2Jstep 4: not run"})
+	v.close()
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	require.Equal(t, "t1 FAILED: step 3: boom  [2Jstep 4: not run", lines[len(lines)-1])
+	require.NotContains(t, out.String(), "\x1b[2J")
+}
+
+// An API that takes longer than --timeout to answer was reached: the error
+// says it did not answer in time, not that it cannot be reached (which
+// sends people to look for a network fault).
+func TestSlowAPIIsNotUnreachable(t *testing.T) {
+	t.Parallel()
+	api := newFakeAPI(t)
+	api.mux.HandleFunc("GET /v1/tasks/{id}", func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-time.After(5 * time.Second):
+		}
+	})
+	r := newCLI(t, api).run("get", "x", "--timeout", "50ms")
+	require.Equal(t, 1, r.code)
+	require.Equal(t, "conveyor: the API at "+api.srv.URL+" did not answer within 50ms\n", r.stderr)
+}
+
+// A submission answered with the task of its idempotency key says so:
+// --no-dedupe, which the note about duplicates of the same input offers,
+// would not submit it again (and may have been given).
+func TestSubmitIdempotencyKeyReused(t *testing.T) {
+	t.Parallel()
+	api := newFakeAPI(t)
+	api.json("POST /v1/tasks", 200, `{"id":"old-id","type":"demo.sleep","status":"PENDING","created_at":"2026-11-23T12:00:00Z"}`)
+	r := newCLI(t, api).run("submit", "demo.sleep", "-p", `{"steps":1}`, "-k", "order-42", "--no-dedupe")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, "old-id\n", r.stdout)
+	require.Equal(t, "conveyor: the idempotency key order-42 is task old-id's (PENDING), which is not submitted again\n", r.stderr)
 }

@@ -79,7 +79,9 @@ func fields(w io.Writer, kv ...string) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
 	for i := 0; i+1 < len(kv); i += 2 {
 		if kv[i+1] != "" {
-			fmt.Fprintf(tw, "%s:\t%s\n", kv[i], kv[i+1])
+			// As a table's cell: a tab, a newline or an escape sequence
+			// in a value would break the lines.
+			fmt.Fprintf(tw, "%s:\t%s\n", kv[i], oneLine(kv[i+1]))
 		}
 	}
 	return tw.Flush()

@@ -97,7 +97,14 @@ is 0 only if it COMPLETED.`,
 			if err != nil {
 				return err
 			}
-			if !created {
+			switch {
+			case created:
+			case key != "" && noDedupe:
+				// Only the key can have matched: --no-dedupe is no way out.
+				fmt.Fprintf(a.stderr, "conveyor: the idempotency key %s is task %s's (%s), which is not submitted again\n", key, t.ID, t.Status)
+			case key != "":
+				fmt.Fprintf(a.stderr, "conveyor: the same idempotency key or input as task %s (%s), which is not submitted again\n", t.ID, t.Status)
+			default:
 				fmt.Fprintf(a.stderr, "conveyor: the same input as task %s (%s), which is not submitted again (unless --no-dedupe)\n", t.ID, t.Status)
 			}
 			return a.writeNewTask(cmd.Context(), c, t, wait)

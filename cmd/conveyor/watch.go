@@ -251,7 +251,9 @@ func (v *barView) close() {
 	v.p.Wait()
 	for _, tb := range v.bars {
 		if r := tb.ended; r != nil && r.status == apiclient.StatusFailed && r.taskErr != "" {
-			fmt.Fprintf(v.w, "%s %s\n", tb.id, r.final())
+			// Whole, but on one line and harmless on the terminal, as
+			// every other line that shows a task's text.
+			fmt.Fprintf(v.w, "%s %s\n", tb.id, oneLine(r.final()))
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"mime"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -73,11 +74,26 @@ func New(cfg Config) (*Client, error) {
 	return &Client{
 		base: u,
 		cfg:  cfg,
-		http: &http.Client{Timeout: cfg.Timeout, Transport: transport},
+		http: &http.Client{Timeout: cfg.Timeout, Transport: transport, CheckRedirect: sameMethod},
 		// A stream lives as long as its caller wants; its silence is
 		// bounded by StreamIdleTimeout instead.
-		stream: &http.Client{Transport: transport},
+		stream: &http.Client{Transport: transport, CheckRedirect: sameMethod},
 	}, nil
+}
+
+// sameMethod follows a redirect only when the request goes on with its
+// method (a read, or a 307 or 308): a 301, 302 or 303 turns a POST into a
+// GET without its body, whose answer (a listing, say) would be taken for
+// the write's. Such a redirect is answered as it came, an error that
+// says where to.
+func sameMethod(req *http.Request, via []*http.Request) error {
+	if req.Method != via[0].Method {
+		return http.ErrUseLastResponse
+	}
+	if len(via) >= 10 {
+		return errors.New("stopped after 10 redirects")
+	}
+	return nil
 }
 
 // URL is the API's base URL.
@@ -213,6 +229,10 @@ func (c *Client) send(ctx context.Context, hc *http.Client, req request) (*http.
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return nil, ctxErr
 		}
+		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() && hc.Timeout > 0 {
+			// Reached, maybe, but slow: not a network fault to look for.
+			return nil, fmt.Errorf("the API at %s did not answer within %s", c.base, hc.Timeout)
+		}
 		return nil, fmt.Errorf("cannot reach the API at %s: %w", c.base, unwrapURLError(err))
 	}
 	return resp, nil
@@ -264,6 +284,11 @@ func readError(resp *http.Response) error {
 		}
 	}
 	e.Title = http.StatusText(resp.StatusCode)
+	if loc, err := resp.Location(); err == nil && resp.StatusCode < 400 {
+		e.Detail = fmt.Sprintf("the API redirects %s %s to %s: use the API's URL there",
+			resp.Request.Method, resp.Request.URL.Path, loc)
+		return e
+	}
 	if text := strings.TrimSpace(string(body)); text != "" && len(text) <= 200 && !strings.ContainsAny(text, "<>") {
 		e.Detail = text
 	}

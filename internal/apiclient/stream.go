@@ -1,6 +1,7 @@
 package apiclient
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -199,6 +200,11 @@ func (f *follower) connect(ctx context.Context) (end string, progressed bool, er
 			if errors.Is(context.Cause(ctx), errSilent) {
 				// Not the caller's cancellation, which ends the stream.
 				return "", progressed, fmt.Errorf("GET %s: %w for %s", f.path, errSilent, f.c.cfg.StreamIdleTimeout)
+			}
+			if errors.Is(rerr, bufio.ErrTooLong) {
+				// A resume would stop at the same frame again.
+				return "", progressed, &permanentError{fmt.Errorf("GET %s: an event is larger than the %d MiB this client reads (a large task result?)",
+					f.path, maxFrameSize>>20)}
 			}
 			// The server opened the stream: a quiet one that a proxy or a
 			// restart closes has not failed (the org's stream also says so

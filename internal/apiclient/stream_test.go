@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -438,4 +439,35 @@ func TestFollowTaskGivesUpOnASilentStreamWithoutSayingCancelled(t *testing.T) {
 	require.ErrorContains(t, err, "lost after 2 reconnects")
 	require.NotErrorIs(t, err, context.Canceled, "%v", err)
 	require.ErrorContains(t, err, "silent")
+}
+
+// A frame larger than the client reads (a COMPLETED event carrying a
+// large result) would come again on every resume: it is reported, not
+// retried for ever.
+func TestFollowTaskReportsAFrameTooLargeToRead(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	conns := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		conns++
+		mu.Unlock()
+		w.Header().Set("Content-Type", "text/event-stream")
+		e := apiclient.Event{ID: 7, TaskID: "t10", Status: apiclient.StatusCompleted, Progress: 100,
+			Result: json.RawMessage(`"` + strings.Repeat("x", 9<<20) + `"`)}
+		b, err := json.Marshal(e)
+		require.NoError(t, err)
+		fmt.Fprintf(w, "id: 7\nevent: task\ndata: %s\n\nevent: end\ndata: {\"task_id\":\"t10\",\"status\":\"COMPLETED\"}\n\n", b)
+	}))
+	t.Cleanup(srv.Close)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	_, err := newClient(t, srv.URL).FollowTask(ctx, "t10", func(apiclient.Event) error { return nil })
+	require.Error(t, err)
+	require.NotErrorIs(t, err, context.DeadlineExceeded, "reconnected for ever")
+	require.ErrorContains(t, err, "larger than the 8 MiB this client reads")
+	mu.Lock()
+	defer mu.Unlock()
+	require.LessOrEqual(t, conns, 6, "reconnected %d times", conns)
 }

@@ -92,3 +92,48 @@ func TestOverview(t *testing.T) {
 		o.Workers)
 	require.Empty(t, o.Leader)
 }
+
+// A proxy that redirects (http to https, an old host to a new one) with
+// 301, 302 or 303 would turn a POST into a GET of the same path, its body
+// dropped: a submission would then read the listing of GET /v1/tasks as
+// its task, and succeed without submitting anything. A write that is
+// redirected is an error that says where to.
+func TestARedirectedWriteIsNotFollowedAsAGet(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var got []string
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.Method+" "+r.URL.Path)
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		switch r.Method + " " + r.URL.Path {
+		case "GET /v1/tasks":
+			_, _ = w.Write([]byte(`{"tasks":[]}`))
+		case "GET /v1/tasks/t1":
+			_, _ = w.Write([]byte(`{"id":"t1","status":"PENDING"}`))
+		default:
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write([]byte(`{"id":"t1","status":"PENDING"}`))
+		}
+	}))
+	t.Cleanup(api.Close)
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, api.URL+r.URL.Path, http.StatusMovedPermanently)
+	}))
+	t.Cleanup(proxy.Close)
+	c, err := apiclient.New(apiclient.Config{URL: proxy.URL})
+	require.NoError(t, err)
+
+	_, _, err = c.Submit(t.Context(), apiclient.SubmitRequest{Type: "demo.noop"}, "")
+	require.Error(t, err, "a redirected submission reported a success")
+	require.Equal(t, http.StatusMovedPermanently, apiclient.StatusOf(err))
+	require.ErrorContains(t, err, api.URL+"/v1/tasks")
+	// A read may follow a redirect: it reads the same thing there.
+	task, err := c.Task(t.Context(), "t1")
+	require.NoError(t, err)
+	require.Equal(t, "t1", task.ID)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []string{"GET /v1/tasks/t1"}, got)
+}

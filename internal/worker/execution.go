@@ -430,6 +430,12 @@ func (e *execution) call() (out outcome) {
 	out = outcome{result: result, err: err}
 	if err == nil {
 		out.encoded, out.encodeErr = json.Marshal(result)
+	} else {
+		// The error's methods are the handler's code too, read here so
+		// that a panic of theirs (a typed nil pointer's Error, say) is
+		// recovered, as the result's encoding is: finish reads them again
+		// in the run loop, where nothing would.
+		_, _, _ = err.Error(), conveyor.IsPermanent(err), errors.Is(err, conveyor.ErrAwaitChildren)
 	}
 	return out
 }
@@ -438,6 +444,8 @@ var childKey = regexp.MustCompile(task.ChildKeyPattern)
 
 // Gather implements conveyor.Reporter: it submits the children not
 // submitted yet and returns their outcomes once all have finished.
+// Children it refuses are refused on every attempt: that error is
+// Permanent.
 func (e *execution) Gather(ctx context.Context, children ...conveyor.Child) ([]conveyor.ChildResult, error) {
 	if e.hctx.Err() != nil {
 		return nil, context.Cause(e.hctx)
@@ -446,15 +454,15 @@ func (e *execution) Gather(ctx context.Context, children ...conveyor.Child) ([]c
 	seen := make(map[string]bool, len(children))
 	for i, c := range children {
 		if !childKey.MatchString(c.Key) {
-			return nil, fmt.Errorf("child %d: key %q must match %s", i, c.Key, task.ChildKeyPattern)
+			return nil, conveyor.Permanent(fmt.Errorf("child %d: key %q must match %s", i, c.Key, task.ChildKeyPattern))
 		}
 		if seen[c.Key] {
-			return nil, fmt.Errorf("child %d: key %q given twice", i, c.Key)
+			return nil, conveyor.Permanent(fmt.Errorf("child %d: key %q given twice", i, c.Key))
 		}
 		seen[c.Key] = true
 		payload, err := json.Marshal(c.Payload)
 		if err != nil {
-			return nil, fmt.Errorf("child %s: payload: %w", c.Key, err)
+			return nil, conveyor.Permanent(fmt.Errorf("child %s: payload: %w", c.Key, err))
 		}
 		in := task.SubmitInput{Type: c.Type, Payload: payload, Priority: &e.task.Priority, Dedupe: new(bool)}
 		// Only 0 means the default: a negative count is refused with the
@@ -464,7 +472,7 @@ func (e *execution) Gather(ctx context.Context, children ...conveyor.Child) ([]c
 		}
 		sub, err := task.NewSubmission(in, task.Defaults{MaxAttempts: task.DefaultMaxAttempts}, "")
 		if err != nil {
-			return nil, fmt.Errorf("child %s: %w", c.Key, err)
+			return nil, conveyor.Permanent(fmt.Errorf("child %s: %w", c.Key, err))
 		}
 		sub.OrgID, sub.Visibility, sub.ParentID, sub.ChildKey = e.task.OrgID, e.task.Visibility, &e.task.ID, c.Key
 		subs[i] = sub

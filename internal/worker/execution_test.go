@@ -198,3 +198,63 @@ func TestWorkerFailsAnAwaitWithNoChildRunning(t *testing.T) {
 	require.Equal(t, task.StatusFailed, got.Status)
 	require.Contains(t, got.Error, "Gather reported no child still running")
 }
+
+// Children Gather refuses (a bad key, a key twice, a type or payload the
+// API would refuse) are refused again on every attempt: returned as the
+// README's fan-out does, the error fails the task at once, instead of
+// spending each attempt and its backoff on the same refusal.
+func TestWorkerFailsAtOnceOnChildrenGatherRefuses(t *testing.T) {
+	for name, children := range map[string][]conveyor.Child{
+		"bad key":      {{Key: "part 0", Type: "t.child"}},
+		"key twice":    {{Key: "a", Type: "t.child"}, {Key: "a", Type: "t.child"}},
+		"bad type":     {{Key: "a", Type: "Not a type!"}},
+		"not object":   {{Key: "a", Type: "t.child", Payload: []int{1}}},
+		"no encoding":  {{Key: "a", Type: "t.child", Payload: make(chan int)}},
+		"max attempts": {{Key: "a", Type: "t.child", MaxAttempts: -1}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			b := setup(t, testConfig{handlers: []conveyor.Handler{
+				conveyor.Handle("t.fanout", func(ctx context.Context, _ conveyor.Task, r conveyor.Reporter) (any, error) {
+					results, err := r.Gather(ctx, children...)
+					if err != nil {
+						return nil, err
+					}
+					return len(results), nil
+				}),
+			}})
+			id := b.store.add("t.fanout", 3)
+			b.deliver(t, id)
+			require.Equal(t, "failed", b.finished(t, id))
+			got := b.store.get(id)
+			require.Equal(t, task.StatusFailed, got.Status, "%s", got.Error)
+			require.Equal(t, 1, got.Attempt)
+		})
+	}
+}
+
+// nilErr is an error type whose Error reads its fields: a nil *nilErr
+// returned as an error (Go's typed nil) panics when its text is read.
+type nilErr struct{ msg string }
+
+func (e *nilErr) Error() string { return e.msg }
+
+// A handler's error whose Error method panics (a typed nil pointer, the
+// common case) is the handler's panic, recovered where it ran: it fails
+// the attempt and the worker runs on, instead of crashing the worker's
+// process with every task it runs.
+func TestWorkerRecoversAPanicInTheErrorsText(t *testing.T) {
+	b := setup(t, testConfig{handlers: []conveyor.Handler{
+		conveyor.Handle("t.nilerr", func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) {
+			var err *nilErr
+			return nil, err
+		}),
+		conveyor.Handle("t.ok", func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) { return 1, nil }),
+	}})
+	bad := b.store.add("t.nilerr", 1)
+	b.deliver(t, bad)
+	require.Equal(t, "failed", b.finished(t, bad))
+	require.Contains(t, b.store.get(bad).Error, "handler panicked")
+	good := b.store.add("t.ok", 3)
+	b.deliver(t, good)
+	require.Equal(t, "completed", b.finished(t, good))
+}

@@ -210,8 +210,8 @@ type Deps struct {
 
 // New returns a worker for the given handlers. Info.Types is set from them.
 func New(cfg Config, deps Deps, handlers []conveyor.Handler) (*Worker, error) {
-	if len(handlers) == 0 {
-		return nil, errors.New("worker: no handlers")
+	if err := CheckHandlers(handlers); err != nil {
+		return nil, err
 	}
 	w := &Worker{
 		cfg: cfg, store: deps.Store, broker: deps.Broker, handlers: map[string]conveyor.HandlerFunc{},
@@ -241,24 +241,38 @@ func New(cfg Config, deps Deps, handlers []conveyor.Handler) (*Worker, error) {
 	w.writes = &pair[task.Change, task.Applied, uuid.UUID, *task.Task]{a: w.changes, b: w.claims, timeout: cfg.Lease, flush: w.flush,
 		flights: cfg.WriteFlights, join: writeJoin}
 	for _, h := range handlers {
-		// A Handler's fields are exported: one built without
-		// conveyor.Handle is checked here as Handle would have, since a
-		// type the API refuses names a queue no task reaches, and a nil
-		// function would fail every task of its type.
-		if err := task.ValidateType(h.Type); err != nil {
-			return nil, fmt.Errorf("worker: invalid task type %q: %s", h.Type, err.Message)
-		}
-		if h.Func == nil {
-			return nil, fmt.Errorf("worker: nil handler for type %q", h.Type)
-		}
-		if _, dup := w.handlers[h.Type]; dup {
-			return nil, fmt.Errorf("worker: two handlers for type %q", h.Type)
-		}
 		w.handlers[h.Type] = h.Func
 	}
 	w.cfg.Info.Types = w.Types()
 	w.dbOK.Store(true)
 	return w, nil
+}
+
+// CheckHandlers refuses handlers a worker cannot run: none at all, or
+// one New would refuse. A binary calls it before it connects to anything,
+// since they are a programming error.
+func CheckHandlers(handlers []conveyor.Handler) error {
+	if len(handlers) == 0 {
+		return errors.New("worker: no handlers")
+	}
+	seen := make(map[string]bool, len(handlers))
+	for _, h := range handlers {
+		// A Handler's fields are exported: one built without
+		// conveyor.Handle is checked here as Handle would have, since a
+		// type the API refuses names a queue no task reaches, and a nil
+		// function would fail every task of its type.
+		if err := task.ValidateType(h.Type); err != nil {
+			return fmt.Errorf("worker: invalid task type %q: %s", h.Type, err.Message)
+		}
+		if h.Func == nil {
+			return fmt.Errorf("worker: nil handler for type %q", h.Type)
+		}
+		if seen[h.Type] {
+			return fmt.Errorf("worker: two handlers for type %q", h.Type)
+		}
+		seen[h.Type] = true
+	}
+	return nil
 }
 
 // Types lists the task types the worker handles, sorted.
