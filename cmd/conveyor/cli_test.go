@@ -943,3 +943,18 @@ func TestSubmitIdempotencyKeyReused(t *testing.T) {
 	require.Equal(t, "old-id\n", r.stdout)
 	require.Equal(t, "conveyor: the idempotency key order-42 is task old-id's (PENDING), which is not submitted again\n", r.stderr)
 }
+
+// submit sends neither a priority nor a number of attempts unless given,
+// so the API's defaults apply: its help names those, not defaults of its
+// own that it never sends.
+func TestSubmitHelpClaimsNoDefaultsItDoesNotSend(t *testing.T) {
+	t.Parallel()
+	res := newCLI(t, nil).run("submit", "--help")
+	require.Zero(t, res.code, res.stderr)
+	for _, line := range strings.Split(res.stdout, "\n") {
+		if f := strings.Fields(line); len(f) > 0 && (f[0] == "--priority" || f[0] == "--max-attempts") {
+			require.NotContains(t, line, "(default", "a default the command does not send: %s", line)
+			require.Contains(t, line, "the API's")
+		}
+	}
+}
