@@ -9,8 +9,8 @@
 // Permanent. A panic is recovered and treated as an error.
 //
 // The context is cancelled when the task is cancelled through the API, when
-// the worker loses the task (its lease expired and another worker took it
-// over), when the attempt runs past the worker's maximum run time, and when
+// the worker loses the task (its lease expired, or its heartbeat timeout
+// passed with no progress report, and the attempt was ended), when the attempt runs past the worker's maximum run time, and when
 // the worker shuts down past its grace period; context.Cause tells which
 // (ErrCancelled, ErrLost, ErrTimeout, ErrShutdown). A handler must return
 // soon after its context is done; whatever it returns then is ignored,
@@ -130,8 +130,10 @@ var (
 	// ErrCancelled: the task was cancelled through the API. It ends
 	// CANCELLED.
 	ErrCancelled = errors.New("conveyor: task cancelled")
-	// ErrLost: this worker no longer holds the task (its lease expired and
-	// it was handed to another worker). Nothing the handler does is stored.
+	// ErrLost: this worker no longer holds the task: its lease expired, or
+	// the task's heartbeat timeout passed with no progress report, and the
+	// attempt was ended (retried or failed as attempts allow). Nothing the
+	// handler does is stored.
 	ErrLost = errors.New("conveyor: task lost by this worker")
 	// ErrShutdown: the worker is stopping and the grace period is over. The
 	// task is handed back and runs again elsewhere, unless the handler
