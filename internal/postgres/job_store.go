@@ -110,6 +110,65 @@ func limitsTightened(oldTotal, oldPerKey, total, perKey int) bool {
 // picked tasks before a pause (or a new limit) would admit them after it.
 var sqlWaitForAdmission = statement("scheduler.wait", `SELECT pg_advisory_xact_lock(`+fmt.Sprint(schedulerLock)+`)`)
 
+// sqlOlderTransactions says whether another session of the database is in
+// a transaction begun before $1. Those the caller cannot see (another
+// user's, without the right to read their activity) show no start and are
+// not waited for.
+var sqlOlderTransactions = statement("sessions.older_transactions", `
+SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+	WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'
+		AND xact_start < $1)`)
+
+var sqlClock = statement("sessions.clock", `SELECT clock_timestamp()`)
+
+// settleWait bounds how long a pause or a tighter limit waits for the
+// transactions that began before it to end.
+const settleWait = 2 * time.Second
+
+// withdrawal names whose admitted tasks a pause or a tighter limit took
+// back: a job, or (with no job) a type.
+type withdrawal struct{ job, typ *string }
+
+// settle takes back again the admissions ws took back, once the
+// transactions that began before they committed have ended (or after
+// settleWait). A submission decides whether its task waits from what its
+// statement read as it began: one that began before a pause committed
+// admits its task as if there were none, and commits it after the pause's
+// own withdrawal. Once settle returns, no such task is left admitted, so
+// no task of a paused job or type starts after the pause has answered.
+func (s *JobStore) settle(ctx context.Context, p auth.Principal, ws []withdrawal) error {
+	if len(ws) == 0 {
+		return nil
+	}
+	var since time.Time
+	if err := s.pool.QueryRow(ctx, sqlClock).Scan(&since); err != nil {
+		return translate(err)
+	}
+	deadline := time.Now().Add(settleWait)
+	for {
+		var older bool
+		if err := s.pool.QueryRow(ctx, sqlOlderTransactions, since).Scan(&older); err != nil {
+			return translate(err)
+		}
+		if !older || time.Now().After(deadline) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return translate(inScope(ctx, s.pool, orgWide(p), func(tx pgx.Tx) error {
+		for _, w := range ws {
+			if _, err := tx.Exec(ctx, sqlWithdraw, p.OrgID, w.job, w.typ); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+}
+
 // JobStore runs the API's statements on jobs and type limits.
 type JobStore struct {
 	pool *pgxpool.Pool
@@ -175,6 +234,7 @@ func scanTypeState(row pgx.CollectableRow) (job.TypeState, error) {
 // with prune.
 func (s *JobStore) Apply(ctx context.Context, p auth.Principal, file job.File, dryRun, prune bool) ([]job.Change, error) {
 	var changes []job.Change
+	var withdrawn []withdrawal
 	err := inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
 		if !dryRun {
 			if _, err := tx.Exec(ctx, sqlWaitForAdmission); err != nil {
@@ -277,6 +337,7 @@ func (s *JobStore) Apply(ctx context.Context, p auth.Principal, file job.File, d
 					// The job's tasks admitted under the old limits wait again,
 					// and are admitted as far as the new ones allow.
 					_, err = tx.Exec(ctx, sqlWithdraw, p.OrgID, c.Name, nil)
+					withdrawn = append(withdrawn, withdrawal{job: &c.Name})
 				}
 			case c.Kind == job.KindJob && c.Op == job.OpDelete:
 				_, err = tx.Exec(ctx, sqlJobDelete, p.OrgID, c.Name)
@@ -298,6 +359,7 @@ func (s *JobStore) Apply(ctx context.Context, p auth.Principal, file job.File, d
 					if o := storedTypes[c.Name]; err == nil &&
 						limitsTightened(o.MaxConcurrency, o.MaxConcurrencyPerKey, l.MaxConcurrency, l.MaxConcurrencyPerKey) {
 						_, err = tx.Exec(ctx, sqlWithdraw, p.OrgID, nil, c.Name)
+						withdrawn = append(withdrawn, withdrawal{typ: &c.Name})
 					}
 				}
 			case c.Kind == job.KindType && c.Op == job.OpDelete:
@@ -313,9 +375,10 @@ func (s *JobStore) Apply(ctx context.Context, p auth.Principal, file job.File, d
 		return nil, translate(err)
 	}
 	if !dryRun {
+		err = s.settle(ctx, p, withdrawn)
 		call(s.OnChange)
 	}
-	return changes, nil
+	return changes, err
 }
 
 // unsetTypeLimit removes a type's limits, and its row unless it is paused.
@@ -360,6 +423,7 @@ func orgWide(p auth.Principal) auth.Scope { return auth.Scope{OrgID: p.OrgID, Se
 // schedule does not tick and its tasks not yet started wait; running ones
 // finish.
 func (s *JobStore) PauseJob(ctx context.Context, p auth.Principal, name string, pause bool) error {
+	var withdrawn []withdrawal
 	err := inScope(ctx, s.pool, orgWide(p), func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, sqlWaitForAdmission); err != nil {
 			return err
@@ -380,6 +444,7 @@ func (s *JobStore) PauseJob(ctx context.Context, p auth.Principal, name string, 
 		}
 		if pause {
 			_, err := tx.Exec(ctx, sqlWithdraw, p.OrgID, name, nil)
+			withdrawn = append(withdrawn, withdrawal{job: &name})
 			return err
 		}
 		if !paused || schedule == nil || next == nil {
@@ -401,8 +466,9 @@ func (s *JobStore) PauseJob(ctx context.Context, p auth.Principal, name string, 
 	if err != nil {
 		return translate(err)
 	}
+	err = s.settle(ctx, p, withdrawn)
 	call(s.OnChange)
-	return nil
+	return err
 }
 
 // PauseType pauses (or resumes) a task type in the org: its tasks not yet
@@ -411,6 +477,7 @@ func (s *JobStore) PauseType(ctx context.Context, p auth.Principal, typ string, 
 	if err := task.ValidateType(typ); err != nil {
 		return err
 	}
+	var withdrawn []withdrawal
 	err := inScope(ctx, s.pool, orgWide(p), func(tx pgx.Tx) error {
 		if !pause {
 			if _, err := tx.Exec(ctx, sqlTypeResume, p.OrgID, typ); err != nil {
@@ -426,13 +493,15 @@ func (s *JobStore) PauseType(ctx context.Context, p auth.Principal, typ string, 
 			return err
 		}
 		_, err := tx.Exec(ctx, sqlWithdraw, p.OrgID, nil, typ)
+		withdrawn = append(withdrawn, withdrawal{typ: &typ})
 		return err
 	})
 	if err != nil {
 		return translate(err)
 	}
+	err = s.settle(ctx, p, withdrawn)
 	call(s.OnChange)
-	return nil
+	return err
 }
 
 // Trigger makes a task of a job now, with the job's payload unless payload

@@ -532,6 +532,55 @@ func TestPauseDuringAdmissionPassHolds(t *testing.T) {
 	require.Empty(t, claimed, "the job is paused: its task does not start")
 }
 
+// A submission whose statement began before a pause committed read its
+// type as not paused and admits its task, which it commits after the
+// pause's own withdrawal. The pause answers once such submissions have
+// ended, and takes their tasks back too: no task of a paused type starts
+// after the pause has answered.
+func TestPauseHoldsBackASubmissionThatBeganBeforeIt(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	ctx := context.Background()
+	sub, err := task.NewSubmission(task.SubmitInput{Type: "demo.noop", Payload: json.RawMessage(`{"n":1}`)},
+		task.Defaults{MaxAttempts: 3}, "")
+	require.NoError(t, err)
+
+	// Hold the input's hash: the submission, its statement begun, waits
+	// at it.
+	blocker, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = blocker.Rollback(ctx) }()
+	_, err = blocker.Exec(ctx, `INSERT INTO task_input_hashes (org_id, type, input_hash, task_id)
+		VALUES ($1, $2, $3, gen_random_uuid())`, admin.OrgID, sub.Type, sub.InputHash)
+	require.NoError(t, err)
+	var made task.Submitted
+	submitted := make(chan error, 1)
+	go func() {
+		var err error
+		made, err = postgres.NewAPIStore(db.Pool, nil).Submit(ctx, admin, sub, nil)
+		submitted <- err
+	}()
+	db.WaitForLockWait(t)
+
+	paused := make(chan error, 1)
+	go func() { paused <- postgres.NewJobStore(db.Pool).PauseType(ctx, admin, sub.Type, true) }()
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM type_limits WHERE type = $1 AND paused_at IS NOT NULL`,
+			sub.Type).Scan(&n))
+		return n == 1
+	}, 10*time.Second, 5*time.Millisecond, "the pause commits")
+	require.NoError(t, blocker.Rollback(ctx))
+	require.NoError(t, <-submitted)
+	require.NoError(t, <-paused)
+	require.True(t, made.Created)
+
+	claimed, err := postgres.NewWorkerStore(db.Pool, nil).Claim(ctx, []uuid.UUID{made.Task.ID}, "w1", time.Minute)
+	require.NoError(t, err)
+	require.Empty(t, claimed, "the type was paused when the pause answered: its task does not start")
+}
+
 // A cron tick's task is a submission like any other: it carries the trace
 // of the scheduler's pass that made it (its trace_id, its trace_url), and
 // its task.run message carries that trace to the relay and the worker. So
