@@ -110,6 +110,11 @@ func limitsTightened(oldTotal, oldPerKey, total, perKey int) bool {
 // picked tasks before a pause (or a new limit) would admit them after it.
 var sqlWaitForAdmission = statement("scheduler.wait", `SELECT pg_advisory_xact_lock(`+fmt.Sprint(schedulerLock)+`)`)
 
+// sqlSessionUser makes the rest of the transaction run as the session's
+// own user, not the tenant role a pool's connections may take: only the
+// user's own sessions show their transactions in pg_stat_activity.
+var sqlSessionUser = statement("sessions.user", `SELECT set_config('role', 'none', true)`)
+
 // sqlOlderTransactions says whether another session of the database is in
 // a transaction begun before $1. Those the caller cannot see (another
 // user's, without the right to read their activity) show no start and are
@@ -146,8 +151,11 @@ func (s *JobStore) settle(ctx context.Context, p auth.Principal, ws []withdrawal
 	}
 	deadline := time.Now().Add(settleWait)
 	for {
+		b := &pgx.Batch{}
+		b.Queue(sqlSessionUser)
+		b.Queue(sqlOlderTransactions, since)
 		var older bool
-		if err := s.pool.QueryRow(ctx, sqlOlderTransactions, since).Scan(&older); err != nil {
+		if err := (batchRow{s.pool.SendBatch(ctx, b)}).Scan(&older); err != nil {
 			return translate(err)
 		}
 		if !older || time.Now().After(deadline) {

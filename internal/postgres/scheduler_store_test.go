@@ -564,7 +564,9 @@ func TestPauseHoldsBackASubmissionThatBeganBeforeIt(t *testing.T) {
 	db.WaitForLockWait(t)
 
 	paused := make(chan error, 1)
-	go func() { paused <- postgres.NewJobStore(db.Pool).PauseType(ctx, admin, sub.Type, true) }()
+	// The API's pool, whose sessions take the tenant role.
+	jobs := postgres.NewJobStore(tenantPool(t, db))
+	go func() { paused <- jobs.PauseType(ctx, admin, sub.Type, true) }()
 	require.Eventually(t, func() bool {
 		var n int
 		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM type_limits WHERE type = $1 AND paused_at IS NOT NULL`,
