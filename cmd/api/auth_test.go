@@ -589,6 +589,8 @@ func TestAuthFailuresAreCountedAndCredentialsNeverLogged(t *testing.T) {
 		{"Basic ZGF2ZTpodW50ZXIy", auth.ReasonMalformed},
 		{"Bearer not-a-token-Zq8wX3", auth.ReasonMalformed},
 		{"Bearer cvk_short_Zq8wX3", auth.ReasonMalformed},
+		// Not text PostgreSQL takes: refused as malformed, not a failed lookup (503).
+		{"Bearer cvk_" + strings.Repeat("\xff", 16) + "_" + strings.Repeat("a", 52), auth.ReasonMalformed},
 		{"Bearer " + unknownKey(), auth.ReasonUnknownKey},
 		{"Bearer " + wrongSecret(valid), auth.ReasonUnknownKey},
 		{"Bearer " + revoked["secret"].(string), auth.ReasonRevoked},

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/conveyorhq/conveyor/internal/config"
@@ -40,6 +42,7 @@ func TestHostileInputIsRefusedCleanly(t *testing.T) {
 		{"huge number in payload", "/v1/tasks", `{"type":"a","payload":{"n":1e400}}`, nil, 422, "payload"},
 		{"huge priority as string", "/v1/tasks", `{"type":"a","priority":"99999999999999999999"}`, nil, 422, "priority"},
 		{"metadata not an object", "/v1/tasks", `{"type":"a","metadata":"'; DROP TABLE tasks; --"}`, nil, 422, "metadata"},
+		{"wrong type in a batch entry", "/v1/tasks/batch", `{"tasks":[{"type":"a","priority":"9"}]}`, nil, 422, "tasks.priority: must be an integer"},
 	}
 	before := b.counts(t)
 	for _, tt := range tests {
@@ -105,4 +108,114 @@ func TestSlowClientsDoNotStarveOthers(t *testing.T) {
 	for d := range closed {
 		require.Less(t, d, 5*time.Second, "slow connections are cut by the server, not by the test")
 	}
+}
+
+// A request that names a role, a user or a workflow removed by a
+// concurrent request while it waits for that row is refused as if it had
+// come second (4xx), never a 500, and writes nothing.
+func TestRequestsRacingARemovalAreRefusedCleanly(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	role := func(slug string) {
+		resp := b.post(t, "/v1/roles", `{"slug":"`+slug+`"}`)
+		require.Equal(t, http.StatusCreated, resp.status, string(resp.body))
+	}
+	user := func(sub string) string {
+		resp := b.post(t, "/v1/users", `{"external_id":"`+sub+`","role":"reader"}`)
+		require.Equal(t, http.StatusCreated, resp.status, string(resp.body))
+		return resp.json(t)["id"].(string)
+	}
+	applied := b.apply(t, "", "application/yaml", "jobs:\n  - {name: race-job, type: demo.noop}\nworkflows:\n  - {name: race-flow, nodes: [{job: race-job}]}\n")
+	require.Equal(t, http.StatusOK, applied.status, string(applied.body))
+
+	// removing holds what the concurrent removal (DELETE /v1/roles/{slug},
+	// DELETE /v1/users/{id}, apply --prune) holds before its commit, sends
+	// the request, and commits once the request waits for that row.
+	removing := func(sql string, send func() response) response {
+		tx, err := b.db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		_, err = tx.Exec(ctx, sql)
+		require.NoError(t, err)
+		answer := make(chan response, 1)
+		go func() { answer <- send() }()
+		b.db.WaitForLockWait(t)
+		require.NoError(t, tx.Commit(ctx))
+		return <-answer
+	}
+
+	role("race-a")
+	resp := removing(`DELETE FROM org_roles WHERE slug = 'race-a'`, func() response {
+		return b.post(t, "/v1/keys", `{"name":"racer","role":"reader","org_roles":["race-a"]}`)
+	})
+	require.Equal(t, http.StatusUnprocessableEntity, resp.status, string(resp.body))
+	require.Equal(t, "org_roles", resp.json(t)["field"])
+	require.Zero(t, b.rowCount(t, "api_keys", "name = 'racer'"), "nothing written")
+
+	role("race-b")
+	id := user("racer-1")
+	resp = removing(`DELETE FROM users WHERE external_id = 'racer-1'`, func() response {
+		return b.do(t, http.MethodPut, "/v1/roles/race-b/members/"+id, "", "")
+	})
+	require.Equal(t, http.StatusNotFound, resp.status, string(resp.body))
+
+	id = user("racer-2")
+	resp = removing(`DELETE FROM org_roles WHERE slug = 'race-b'`, func() response {
+		return b.do(t, http.MethodPut, "/v1/roles/race-b/members/"+id, "", "")
+	})
+	require.Equal(t, http.StatusNotFound, resp.status, string(resp.body))
+
+	resp = removing(`DELETE FROM workflows WHERE name = 'race-flow'`, func() response {
+		return b.post(t, "/v1/workflows/race-flow/runs", `{}`)
+	})
+	require.Equal(t, http.StatusNotFound, resp.status, string(resp.body))
+	require.Zero(t, b.rowCount(t, "workflow_runs", "true"), "nothing written")
+	require.Zero(t, b.rowCount(t, "tasks", "true"), "nothing written")
+}
+
+// A 404 names what is missing: a job, a workflow or a run is not a task.
+func TestNotFoundNamesWhatIsMissing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	run := "/v1/runs/" + uuid.NewString()
+	for _, c := range []struct{ method, path, what string }{
+		{http.MethodGet, "/v1/jobs/nope", "job"},
+		{http.MethodPost, "/v1/jobs/nope/trigger", "job"},
+		{http.MethodPost, "/v1/jobs/nope/pause", "job"},
+		{http.MethodPost, "/v1/jobs/nope/resume", "job"},
+		{http.MethodGet, "/v1/workflows/nope", "workflow"},
+		{http.MethodPost, "/v1/workflows/nope/runs", "workflow"},
+		{http.MethodGet, run, "run"},
+		{http.MethodPost, run + "/cancel", "run"},
+		{http.MethodPost, run + "/retry", "run"},
+		{http.MethodGet, "/v1/runs/not-a-uuid", "run"},
+		// Names no job or workflow can have (not even text PostgreSQL takes).
+		{http.MethodGet, "/v1/jobs/%00", "job"},
+		{http.MethodPost, "/v1/jobs/%C3%28/pause", "job"},
+		{http.MethodPost, "/v1/jobs/%00/trigger", "job"},
+		{http.MethodGet, "/v1/workflows/%C3%28", "workflow"},
+		{http.MethodPost, "/v1/workflows/%00/runs", "workflow"},
+	} {
+		resp := b.do(t, c.method, c.path, "", "")
+		require.Equal(t, http.StatusNotFound, resp.status, "%s %s: %s", c.method, c.path, resp.body)
+		detail := resp.json(t)["detail"].(string)
+		require.Contains(t, detail, c.what, "%s %s", c.method, c.path)
+		require.NotContains(t, detail, "task", "%s %s", c.method, c.path)
+	}
+}
+
+// Client input alone never makes a metric series: a request with a method
+// of its own making, authenticated or not, is counted under "other".
+func TestMadeUpMethodsMakeNoMetricSeries(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for i := range 3 {
+		resp := b.do(t, fmt.Sprintf("BREW%d", i), "/v1/tasks", "", "", "Authorization", "")
+		require.Equal(t, http.StatusMethodNotAllowed, resp.status, string(resp.body))
+	}
+	metrics := string(b.get(t, "/metrics").body)
+	require.False(t, strings.Contains(metrics, "BREW"), "a made-up method is no label")
+	require.Equal(t, "3", metricValue(metrics,
+		`conveyor_http_request_duration_seconds_count{code="405",method="other",route="unmatched"}`))
 }

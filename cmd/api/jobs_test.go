@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -246,6 +247,15 @@ func TestApplyReportsEveryMistakeAndWritesNothing(t *testing.T) {
 	require.Equal(t, float64(3), e["line"], "%v", e)
 	require.Equal(t, "jobs[0].priority", e["path"])
 	require.Equal(t, string(before.body), string(b.get(t, "/v1/jobs").body))
+
+	// A number beyond a float64's range is refused, as a submission's is,
+	// not turned into a string.
+	resp = b.apply(t, "", "application/json", `{"jobs": [{"name": "big", "type": "jobs.big", "payload": {"n": 1e400}}]}`)
+	require.Equal(t, http.StatusUnprocessableEntity, resp.status, string(resp.body))
+	e = resp.json(t)["errors"].([]any)[0].(map[string]any)
+	require.Equal(t, "jobs[0].payload.n", e["path"], "%v", e)
+	require.Contains(t, e["message"], "1e400")
+	require.Equal(t, string(before.body), string(b.get(t, "/v1/jobs").body))
 }
 
 // Apply takes YAML under any of its media types and JSON; anything else is
@@ -475,4 +485,47 @@ func TestSubmitChecksConcurrencyKeyAndTimeouts(t *testing.T) {
 	require.Equal(t, http.StatusUnprocessableEntity, batch.status, string(batch.body))
 	require.Contains(t, batch.json(t)["field"], "timeout_seconds")
 	require.Equal(t, before, b.counts(t), "a refused submission writes nothing")
+}
+
+// A trigger's and a run's bodies are optional, however a client sends
+// none: an empty body of no declared length (chunked) is no body either.
+func TestOptionalBodiesMayBeEmptyAndChunked(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.applied(t, "", "jobs:\n  - {name: chunked, type: jobs.chunked}\nworkflows:\n  - {name: chunked-flow, nodes: [{job: chunked}]}\n")
+	for _, path := range []string{"/v1/jobs/chunked/trigger", "/v1/workflows/chunked-flow/runs"} {
+		req, err := http.NewRequest(http.MethodPost, b.base+path, io.MultiReader()) // no length: sent chunked
+		require.NoError(t, err)
+		req.ContentLength = -1
+		req.Header.Set("Authorization", "Bearer "+b.token)
+		resp, err := b.client.Do(req)
+		require.NoError(t, err)
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		require.Equal(t, http.StatusCreated, resp.StatusCode, "%s: %s", path, body)
+	}
+}
+
+// A file with more mistakes than anyone reads is answered with the first
+// hundred, not with each (an unknown dependency's message names the
+// workflow's nodes, so a 27 kB file made a 21 MB answer, and 1 MiB one
+// over a gigabyte): the answer, and the work, stay bounded.
+func TestApplyListsABoundedNumberOfMistakes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var file strings.Builder
+	file.WriteString("jobs:\n  - {name: j, type: jobs.j}\nworkflows:\n  - name: w\n    nodes:\n")
+	for i := range 21 {
+		fmt.Fprintf(&file, "      - {job: j, name: n%d-%s}\n", i, strings.Repeat("a", 120))
+	}
+	file.WriteString("      - {job: j, name: last, depends_on: [x" + strings.Repeat(", x", 8000) + "]}\n")
+	resp := b.apply(t, "", "application/yaml", file.String())
+	require.Equal(t, http.StatusUnprocessableEntity, resp.status)
+	require.Less(t, len(resp.body), 512<<10, "a %d-byte file answered with %d bytes", file.Len(), len(resp.body))
+	errs := resp.json(t)["errors"].([]any)
+	require.LessOrEqual(t, len(errs), 101)
+	require.Contains(t, errs[0].(map[string]any)["message"], `unknown node "x"`)
+	require.Contains(t, errs[len(errs)-1].(map[string]any)["message"], "only the first 100")
+	require.Empty(t, b.jobsByName(t), "nothing applied")
 }

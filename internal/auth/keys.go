@@ -46,6 +46,11 @@ func KeyPrefix(token string) (string, bool) {
 	if !ok || len(id) != 16 || len(secret) != 52 {
 		return "", false
 	}
+	if _, err := keyEncoding.DecodeString(id); err != nil {
+		// Not a prefix GenerateKey makes (bytes PostgreSQL would not even
+		// take as text).
+		return "", false
+	}
 	return keyMark + id, true
 }
 

@@ -207,7 +207,7 @@ func (s *server) handleTriggerJob() http.HandlerFunc {
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
 		var req request
-		if r.ContentLength != 0 {
+		if hasBody(r) {
 			if err := s.decode(w, r, &req); err != nil {
 				s.writeError(w, r, err)
 				return

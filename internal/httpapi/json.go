@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -36,6 +37,21 @@ func (s *server) decode(w http.ResponseWriter, r *http.Request, dst any) error {
 	return nil
 }
 
+// hasBody reports whether r carries a body, for a route whose body is
+// optional: a body of no declared length (chunked) may be empty too.
+func hasBody(r *http.Request) bool {
+	if r.ContentLength >= 0 {
+		return r.ContentLength > 0
+	}
+	br := bufio.NewReader(r.Body)
+	_, err := br.Peek(1)
+	r.Body = struct {
+		io.Reader
+		io.Closer
+	}{br, r.Body}
+	return !errors.Is(err, io.EOF)
+}
+
 // decodeError turns a json decoding failure into a clear domain error.
 func decodeError(err error, limit int64) error {
 	var (
@@ -53,7 +69,9 @@ func decodeError(err error, limit int64) error {
 	case errors.Is(err, io.EOF):
 		return task.Errorf(task.ErrCodeMalformed, "request body is empty")
 	case errors.As(err, &typeErr):
-		field := typeErr.Field
+		// A batch entry embeds the submit request, whose Go name is no
+		// field of the body.
+		field := strings.ReplaceAll(typeErr.Field, "submitRequest.", "")
 		if field == "" {
 			field = "body"
 		}

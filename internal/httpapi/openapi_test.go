@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -293,4 +294,32 @@ func (nopAdmin) RemoveMember(context.Context, auth.Principal, string, uuid.UUID)
 }
 func (nopAdmin) ListMembers(context.Context, auth.Principal, string) ([]auth.User, error) {
 	return nil, nil
+}
+
+// TestOpenAPIParsesAsWritten keeps the document what its authors wrote: a
+// comma in an unquoted description of a flow mapping ends the description
+// and makes the rest a key without a value, and an operation lists each
+// parameter once (knownParams names them in its 400).
+func TestOpenAPIParsesAsWritten(t *testing.T) {
+	t.Parallel()
+	var doc any
+	require.NoError(t, yaml.Unmarshal(openAPI, &doc))
+	var walk func(path string, v any)
+	walk = func(path string, v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, x := range v {
+				require.False(t, x == nil && strings.Contains(k, " "), "%s: %q is a key without a value: quote the text it was cut from", path, k)
+				walk(path+"/"+k, x)
+			}
+		case []any:
+			for i, x := range v {
+				walk(fmt.Sprintf("%s[%d]", path, i), x)
+			}
+		}
+	}
+	walk("", doc)
+	for op, names := range queryParams {
+		require.Len(t, names, len(slices.Compact(slices.Sorted(slices.Values(names)))), "%s lists a query parameter twice: %v", op, names)
+	}
 }

@@ -87,8 +87,20 @@ func (s *server) instrument(next http.Handler) http.Handler {
 		span := trace.SpanFromContext(r.Context())
 		span.SetName(r.Method + " " + route)
 		span.SetAttributes(semconv.HTTPRoute(route))
-		s.metrics.requests.WithLabelValues(route, r.Method, strconv.Itoa(sw.status)).Observe(time.Since(start).Seconds())
+		s.metrics.requests.WithLabelValues(route, methodLabel(r.Method), strconv.Itoa(sw.status)).Observe(time.Since(start).Seconds())
 	})
+}
+
+// methodLabel is the metric label of a request's method: the method when
+// HTTP defines it, "other" for any a client makes up, so that client input
+// alone never creates a series.
+func methodLabel(method string) string {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete,
+		http.MethodConnect, http.MethodOptions, http.MethodTrace:
+		return method
+	}
+	return "other"
 }
 
 // timeout bounds every request's work: a request stuck on a lock or a

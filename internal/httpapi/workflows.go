@@ -123,7 +123,7 @@ func (s *server) handleStartRun() http.HandlerFunc {
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
 		var req request
-		if r.ContentLength != 0 {
+		if hasBody(r) {
 			if err := s.decode(w, r, &req); err != nil {
 				s.writeError(w, r, err)
 				return
@@ -192,7 +192,7 @@ func (s *server) handleListRuns() http.HandlerFunc {
 func runID(r *http.Request) (uuid.UUID, error) {
 	id, err := uuid.Parse(chi.URLParam(r, "id"))
 	if err != nil {
-		return uuid.Nil, task.ErrNotFound
+		return uuid.Nil, task.Errorf(task.ErrCodeNotFound, "run not found")
 	}
 	return id, nil
 }

@@ -216,6 +216,9 @@ func (f File) Validate() Problems {
 	var ps Problems
 	names := make(map[string]int, len(f.Jobs))
 	for i, d := range f.Jobs {
+		if len(ps) > maxProblems {
+			return ps
+		}
 		prefix := fmt.Sprintf("jobs[%d]", i)
 		ps = append(ps, d.Validate().under(prefix)...)
 		if first, ok := names[d.Name]; ok && d.Name != "" {
@@ -226,6 +229,9 @@ func (f File) Validate() Problems {
 	}
 	types := make(map[string]int, len(f.Types))
 	for i, t := range f.Types {
+		if len(ps) > maxProblems {
+			return ps
+		}
 		prefix := fmt.Sprintf("types[%d]", i)
 		ps = append(ps, t.Validate().under(prefix)...)
 		if first, ok := types[t.Type]; ok && t.Type != "" {
@@ -236,6 +242,9 @@ func (f File) Validate() Problems {
 	}
 	flows := make(map[string]int, len(f.Workflows))
 	for i, wf := range f.Workflows {
+		if len(ps) > maxProblems {
+			return ps
+		}
 		prefix := fmt.Sprintf("workflows[%d]", i)
 		ps = append(ps, wf.Validate().under(prefix)...)
 		// A workflow over the node limit is refused for its size alone

@@ -117,6 +117,10 @@ func Parse(data []byte) (File, error) {
 			}
 			return a.Column - b.Column
 		})
+		if len(w.problems) > maxProblems {
+			w.problems = append(w.problems[:maxProblems], Problem{
+				Message: fmt.Sprintf("more mistakes follow: only the first %d are listed", maxProblems)})
+		}
 		return File{}, w.problems
 	}
 	return f, nil
@@ -146,6 +150,12 @@ func syntaxProblem(err error) Problem {
 	p.Message = "invalid YAML: " + msg
 	return p
 }
+
+// maxProblems bounds the mistakes a file is answered with, and the checks
+// stop soon after: a file of 1 MiB can hold half a million mistakes, and
+// listing each (the message of an unknown dependency names the workflow's
+// nodes) would cost time and memory far out of proportion to the file.
+const maxProblems = 100
 
 // walker turns a yaml.Node tree into a File, reporting malformed nodes at
 // their position and remembering the node of every path it visits.
@@ -181,6 +191,9 @@ func (w *walker) fail(n *yaml.Node, path, format string, args ...any) {
 
 // report reports a problem at n that leaves the value at path usable.
 func (w *walker) report(n *yaml.Node, path, format string, args ...any) {
+	if len(w.problems) > maxProblems {
+		return
+	}
 	w.problems = append(w.problems, Problem{Line: n.Line, Column: n.Column, Path: path, Message: fmt.Sprintf(format, args...)})
 }
 
@@ -695,6 +708,14 @@ func (w *walker) value(n *yaml.Node, path string) (any, bool) {
 				return nil, false
 			}
 			return v, true
+		}
+		// A plain number beyond a float64's range resolves as a string;
+		// it is refused, as in a submission's payload, not turned into one.
+		if n.Style == 0 && n.ShortTag() == "!!str" {
+			if _, err := strconv.ParseFloat(n.Value, 64); errors.Is(err, strconv.ErrRange) {
+				w.fail(n, path, "number %.40s is beyond the range of a float64 (quote it if it is text)", n.Value)
+				return nil, false
+			}
 		}
 		// Strings, and timestamps and other tags kept as written.
 		return n.Value, true

@@ -169,6 +169,9 @@ func (wf Workflow) Validate() Problems {
 	nodes := wf.Normalized().Nodes
 	index := nodeIndex(nodes)
 	for i, n := range nodes {
+		if len(ps) > maxProblems {
+			return ps
+		}
 		prefix := fmt.Sprintf("nodes[%d]", i)
 		add(prefix+".job", checkName("job", n.Job))
 		// A name defaulted from the job, or the job's own, is checked as
@@ -181,6 +184,9 @@ func (wf Workflow) Validate() Problems {
 		}
 		seen := make(map[string]int, len(n.DependsOn))
 		for j, d := range n.DependsOn {
+			if len(ps) > maxProblems {
+				return ps
+			}
 			path := fmt.Sprintf("%s.depends_on[%d]", prefix, j)
 			_, known := index[d]
 			switch first, dup := seen[d]; {
@@ -305,6 +311,9 @@ func cycles(nodes []Node, deps [][]edge) Problems {
 				state[e.to] = open
 				stack = append(stack, frame{node: e.to})
 			case open:
+				if len(ps) > maxProblems {
+					return ps
+				}
 				// Each node on the stack above e.to depends on the one
 				// below it, and e.to on the top one: read down from the
 				// top, they run in a circle.

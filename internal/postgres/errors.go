@@ -50,6 +50,8 @@ func translate(err error) error {
 			return &task.Error{Code: task.ErrCodeInvalid, Message: "input rejected by the database: " + pgErr.Message}
 		case pgErr.Code == "23514": // check_violation
 			return &task.Error{Code: task.ErrCodeInvalid, Message: "input breaks a rule: " + pgErr.ConstraintName}
+		case pgErr.Code == "23503": // foreign_key_violation: a concurrent request removed a row this one names
+			return &task.Error{Code: task.ErrCodeNotFound, Message: "not found: what it names was removed meanwhile"}
 		case pgErr.Code == "23505": // unique_violation
 			return &task.Error{Code: task.ErrCodeConflict, Message: "already exists: " + pgErr.ConstraintName}
 		case pgErr.Code == "42501": // insufficient_privilege, row-level security included

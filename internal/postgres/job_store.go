@@ -200,14 +200,18 @@ func (s *JobStore) Jobs(ctx context.Context, p auth.Principal) ([]job.Stored, er
 	return out, translate(err)
 }
 
-// Job returns one job of the org by name, or task.ErrNotFound.
+// Job returns one job of the org by name, or a not-found error naming it.
 func (s *JobStore) Job(ctx context.Context, p auth.Principal, name string) (job.Stored, error) {
+	if task.ValidateType(name) != nil {
+		// No job has a name of another form (nor one PostgreSQL refuses).
+		return job.Stored{}, task.Errorf(task.ErrCodeNotFound, "job %q not found", name)
+	}
 	out, err := scopedRows(ctx, s.pool, p.Scope(), scanJob, sqlJobGet, p.OrgID, name)
 	if err != nil {
 		return job.Stored{}, translate(err)
 	}
 	if len(out) == 0 {
-		return job.Stored{}, task.ErrNotFound
+		return job.Stored{}, task.Errorf(task.ErrCodeNotFound, "job %q not found", name)
 	}
 	return out[0], nil
 }
@@ -431,6 +435,9 @@ func orgWide(p auth.Principal) auth.Scope { return auth.Scope{OrgID: p.OrgID, Se
 // schedule does not tick and its tasks not yet started wait; running ones
 // finish.
 func (s *JobStore) PauseJob(ctx context.Context, p auth.Principal, name string, pause bool) error {
+	if task.ValidateType(name) != nil {
+		return task.Errorf(task.ErrCodeNotFound, "job %q not found", name)
+	}
 	var withdrawn []withdrawal
 	err := inScope(ctx, s.pool, orgWide(p), func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, sqlWaitForAdmission); err != nil {
@@ -472,7 +479,7 @@ func (s *JobStore) PauseJob(ctx context.Context, p auth.Principal, name string, 
 		return nil
 	})
 	if err != nil {
-		return translate(err)
+		return notFound(translate(err), "job")
 	}
 	err = s.settle(ctx, p, withdrawn)
 	call(s.OnChange)

@@ -107,6 +107,10 @@ func (s *APIStore) CreateKey(ctx context.Context, p auth.Principal, in auth.KeyI
 		key, err = createKey(ctx, tx, p.OrgID, in, p.Actor())
 		return err
 	})
+	if pgCode(err) == "23503" {
+		// A role it names was deleted while the key was written.
+		return auth.Key{}, "", task.Invalid("org_roles", "a role it names was deleted meanwhile")
+	}
 	return key.Key, key.Token, translate(err)
 }
 

@@ -164,14 +164,19 @@ func (s *JobStore) Workflows(ctx context.Context, p auth.Principal) ([]job.Store
 	return out, translate(err)
 }
 
-// Workflow returns one workflow of the org by name, or task.ErrNotFound.
+// Workflow returns one workflow of the org by name, or a not-found error
+// naming it.
 func (s *JobStore) Workflow(ctx context.Context, p auth.Principal, name string) (job.StoredWorkflow, error) {
+	if task.ValidateType(name) != nil {
+		// No workflow has a name of another form (nor one PostgreSQL refuses).
+		return job.StoredWorkflow{}, task.Errorf(task.ErrCodeNotFound, "workflow %q not found", name)
+	}
 	out, err := scopedRows(ctx, s.pool, p.Scope(), scanWorkflow, sqlWorkflowGet, p.OrgID, name)
 	if err != nil {
 		return job.StoredWorkflow{}, translate(err)
 	}
 	if len(out) == 0 {
-		return job.StoredWorkflow{}, task.ErrNotFound
+		return job.StoredWorkflow{}, task.Errorf(task.ErrCodeNotFound, "workflow %q not found", name)
 	}
 	return out[0], nil
 }
@@ -236,6 +241,9 @@ func scheduleMoved(old, cur *job.Source, oldActive, active bool) bool {
 // nodes and submits (or memoizes) the nodes without parents, in one
 // transaction.
 func (s *JobStore) StartRun(ctx context.Context, p auth.Principal, name string, req job.RunRequest) (job.Run, error) {
+	if task.ValidateType(name) != nil {
+		return job.Run{}, task.Errorf(task.ErrCodeNotFound, "workflow %q not found", name)
+	}
 	params, err := runParams(req.Params)
 	if err != nil {
 		return job.Run{}, err
@@ -255,7 +263,7 @@ func (s *JobStore) StartRun(ctx context.Context, p auth.Principal, name string, 
 			return err
 		}
 		if len(wfs) == 0 {
-			return task.ErrNotFound
+			return task.Errorf(task.ErrCodeNotFound, "workflow %q not found", name)
 		}
 		principal, _ := json.Marshal(p.Actor()) // strings and a uuid always encode
 		if _, err := startRun(ctx, tx, p.OrgID, wfs[0], id, params, req.Force, req.Trace["traceparent"], nil, principal); err != nil {
@@ -339,7 +347,7 @@ func readRun(ctx context.Context, q querier, org, id uuid.UUID) (job.Run, error)
 		return job.Run{}, err
 	}
 	if len(runs) == 0 {
-		return job.Run{}, task.ErrNotFound
+		return job.Run{}, task.Errorf(task.ErrCodeNotFound, "run not found")
 	}
 	run := runs[0]
 	rows, err = q.Query(ctx, sqlRunGraph, id)
