@@ -529,3 +529,20 @@ func TestApplyListsABoundedNumberOfMistakes(t *testing.T) {
 	require.Contains(t, errs[len(errs)-1].(map[string]any)["message"], "only the first 100")
 	require.Empty(t, b.jobsByName(t), "nothing applied")
 }
+
+// A request with no body at all lost its file: it is refused, and a prune
+// with it deletes nothing. A file that declares nothing, sent as such,
+// still prunes everything.
+func TestApplyWithNoBodyIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	require.Equal(t, []string{"create job keep"}, b.applied(t, "", "jobs:\n  - name: keep\n    type: jobs.keep\n"))
+
+	resp := b.apply(t, "?prune=true", "application/yaml", "")
+	require.Equal(t, http.StatusBadRequest, resp.status, string(resp.body))
+	require.Contains(t, string(resp.body), "request body is empty")
+	require.Equal(t, []string{"keep"}, keys(b.jobsByName(t)), "a refused request deletes nothing")
+
+	require.Equal(t, []string{"delete job keep"}, b.applied(t, "?prune=true", "{}"))
+	require.Empty(t, b.jobsByName(t))
+}

@@ -124,6 +124,14 @@ func (s *server) handleApplyJobs() http.HandlerFunc {
 			s.writeError(w, r, task.Errorf(task.ErrCodeMalformed, "reading the body: %v", err))
 			return
 		}
+		if len(body) == 0 {
+			// No body at all is a request that lost its file, not one that
+			// declares nothing: with prune it would delete every job. A
+			// file that declares nothing says so ({}, or a comment).
+			s.writeError(w, r, task.Errorf(task.ErrCodeMalformed,
+				"request body is empty: send the file (one that declares nothing is {})"))
+			return
+		}
 		file, err := job.Parse(body)
 		var problems job.Problems
 		if errors.As(err, &problems) {
