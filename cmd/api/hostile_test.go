@@ -43,6 +43,10 @@ func TestHostileInputIsRefusedCleanly(t *testing.T) {
 		{"huge priority as string", "/v1/tasks", `{"type":"a","priority":"99999999999999999999"}`, nil, 422, "priority"},
 		{"metadata not an object", "/v1/tasks", `{"type":"a","metadata":"'; DROP TABLE tasks; --"}`, nil, 422, "metadata"},
 		{"wrong type in a batch entry", "/v1/tasks/batch", `{"tasks":[{"type":"a","priority":"9"}]}`, nil, 422, "tasks.priority: must be an integer"},
+		{"a field given twice", "/v1/tasks", `{"type":"demo.sleep","type":"demo.noop"}`, nil, 422, "type: is given twice"},
+		{"a field given twice in a batch entry", "/v1/tasks/batch", `{"tasks":[{"type":"a"},{"type":"a","priority":1,"priority":9}]}`,
+			nil, 422, "tasks.1.priority: is given twice"},
+		{"a payload's member given twice", "/v1/tasks", `{"type":"a","payload":{"n":1,"n":2}}`, nil, 422, "payload.n: is given twice"},
 	}
 	before := b.counts(t)
 	for _, tt := range tests {

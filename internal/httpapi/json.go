@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,8 @@ import (
 	"mime"
 	"net/http"
 	"strings"
+
+	"github.com/go-json-experiment/json/jsontext"
 
 	"github.com/conveyorhq/conveyor/internal/task"
 )
@@ -21,18 +24,30 @@ func (s *server) decode(w http.ResponseWriter, r *http.Request, dst any) error {
 	if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
 		return task.Errorf(task.ErrCodeUnsupportedMedia, "Content-Type must be application/json, got %q", r.Header.Get("Content-Type"))
 	}
-	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
-	dec := json.NewDecoder(body)
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		return decodeError(err, s.cfg.MaxBodyBytes)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(dst); err != nil {
 		return decodeError(err, s.cfg.MaxBodyBytes)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		var maxErr *http.MaxBytesError
-		if errors.As(err, &maxErr) {
-			return decodeError(err, s.cfg.MaxBodyBytes)
-		}
 		return task.Errorf(task.ErrCodeMalformed, "request body must hold a single JSON value")
+	}
+	return duplicateNames(body)
+}
+
+// duplicateNames refuses a body whose object names a member twice, which
+// the decoder above takes silently, keeping the last: {"type": "a",
+// "type": "b"} is no submission of either.
+func duplicateNames(body []byte) error {
+	_, err := jsontext.NewDecoder(bytes.NewReader(body), jsontext.AllowInvalidUTF8(true)).ReadValue()
+	var serr *jsontext.SyntacticError
+	if errors.As(err, &serr) && errors.Is(serr.Err, jsontext.ErrDuplicateName) {
+		field := strings.ReplaceAll(strings.TrimPrefix(string(serr.JSONPointer), "/"), "/", ".")
+		return task.Invalid(field, "is given twice")
 	}
 	return nil
 }
