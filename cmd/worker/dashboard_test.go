@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/conveyorhq/conveyor/internal/postgres"
 	"github.com/conveyorhq/conveyor/internal/testdb"
+	"github.com/conveyorhq/conveyor/internal/testenv"
 )
 
 // The dashboard in a real browser (Debian's chromium, headless), against
@@ -241,4 +244,160 @@ func TestDashboardOverviewOfAnOrgWithNothingQueued(t *testing.T) {
 	require.Equal(t, "1", completed)
 	require.NotContains(t, queues, "No tasks", "the org has a task")
 	require.Contains(t, queues, "waiting or running")
+}
+
+// A task's page with text that is long and unbroken (a URL, a hash, a
+// base64 blob in its payload), Unicode, or looks like HTML: at a phone's
+// width the page still does not scroll sideways (long lines wrap, or
+// scroll in their own box), and the HTML-ish text shows as text.
+func TestDashboardTaskPageWithLongTextFitsAPhone(t *testing.T) {
+	b := setup(t)
+	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
+	require.NoError(t, err)
+	long := strings.Repeat("ü0123456789abcdef", 24)
+	html := `<img src=x onerror="window.pwned=1"><b>bold</b>`
+	id := b.submit(t, "demo.sleep", map[string]any{"steps": 1, "step_ms": 10, "blob": long, "html": html}, 1)
+	// A handler's report: its state text and an error, as long.
+	_, err = b.pool.Exec(context.Background(), `WITH upd AS (UPDATE tasks SET state = $2, updated_at = now() WHERE id = $1 RETURNING *)
+		INSERT INTO task_events (task_id, org_id, status, state, progress, actor, error)
+		SELECT id, org_id, status, $2, progress, 'WORKER', $3 FROM upd`, id, "Fetching "+long+" "+html, "no such blob "+long)
+	require.NoError(t, err)
+
+	tab := browser(t)
+	signIn(t, tab, b.api, key)
+	var fits, pwned bool
+	var payload string
+	run(t, tab, 30*time.Second,
+		chromedp.EmulateViewport(390, 844),
+		chromedp.Navigate(b.api+"/ui/tasks/"+id.String()),
+		chromedp.WaitVisible(`//ol[@id="timeline"]/li[contains(., "no such blob")]`, chromedp.BySearch),
+		chromedp.Evaluate(`document.documentElement.scrollWidth <= window.innerWidth`, &fits),
+		chromedp.Evaluate(`window.pwned === 1`, &pwned),
+		chromedp.Text("main", &payload, chromedp.ByQuery))
+	require.False(t, pwned)
+	require.Contains(t, payload, long)
+	require.Contains(t, payload, `\"window.pwned=1\"`, "the HTML-ish text shows as text")
+	if !fits {
+		var wide []string
+		run(t, tab, 10*time.Second, chromedp.Evaluate(`[...document.querySelectorAll("main *")].filter((e) =>
+			e.getBoundingClientRect().right > window.innerWidth).map((e) => e.tagName + (e.id ? "#" + e.id : ""))`, &wide))
+		t.Fatalf("the task page does not fit a phone's width: these stick out: %v", wide)
+	}
+}
+
+// A session that ends while a page only follows a stream (its key revoked:
+// the stream ends at its next heartbeat, and every reconnect is refused)
+// sends the person to sign in, as every other refused request does,
+// rather than leaving a page that looks live and never changes again.
+func TestDashboardStreamOfARevokedKeySendsToSignIn(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	db := testdb.New(t)
+	b := setupWith(t, db.URL, db.Pool, testenv.NewVhost(t), "STREAM_HEARTBEAT=200ms")
+	id := b.sleepTask(t, 1, 10)
+	for _, page := range []string{"/ui/tasks", "/ui/tasks/" + id.String()} {
+		resp, err := b.client.Post(b.api+"/v1/keys", "application/json", strings.NewReader(`{"name":"person","role":"admin"}`))
+		require.NoError(t, err)
+		var key struct{ ID, Secret string }
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&key))
+		resp.Body.Close()
+		require.Equal(t, http.StatusCreated, resp.StatusCode)
+
+		tab := browser(t)
+		signIn(t, tab, b.api, key.Secret)
+		run(t, tab, 30*time.Second, chromedp.Navigate(b.api+page),
+			chromedp.WaitVisible("main table, #timeline li", chromedp.ByQuery))
+		req, err := http.NewRequest(http.MethodDelete, b.api+"/v1/keys/"+key.ID, nil)
+		require.NoError(t, err)
+		resp, err = b.client.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+
+		var url string
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+			run(t, tab, 5*time.Second, chromedp.Location(&url))
+			if strings.Contains(url, "/ui/login") {
+				break
+			}
+		}
+		require.Contains(t, url, "/ui/login?next="+strings.ReplaceAll(page, "/", "%2F"), "%s: the page of a revoked key asks to sign in", page)
+	}
+}
+
+// "Older tasks" clicked twice before the next page came (a double click, an
+// impatient second one) lists each task once.
+func TestDashboardOlderTasksClickedTwiceListsEachTaskOnce(t *testing.T) {
+	b := setup(t)
+	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
+	require.NoError(t, err)
+	ids := b.submitMany(t, "dashboard.page", map[string]any{}, 60, nil)
+
+	tab := browser(t)
+	signIn(t, tab, b.api, key)
+	older := `//button[normalize-space()="Older tasks"]`
+	run(t, tab, 30*time.Second,
+		chromedp.Navigate(b.api+"/ui/tasks"),
+		chromedp.WaitVisible(older, chromedp.BySearch),
+		chromedp.Evaluate(`{
+			const more = [...document.querySelectorAll("button")].find((b) => b.textContent === "Older tasks");
+			more.click();
+			more.click();
+		}`, nil),
+		chromedp.WaitNotVisible(older, chromedp.BySearch))
+	time.Sleep(time.Second) // a second page, if one was asked for, has come
+	var listed []string
+	run(t, tab, 5*time.Second, chromedp.Evaluate(`[...document.querySelectorAll("tr[data-task]")].map((r) => r.dataset.task)`, &listed))
+	require.Len(t, listed, len(ids), "each task once")
+}
+
+// The overview redraws itself every 5 s, a running run's page every 1.5 s;
+// a keyboard user's place (the link or button they tabbed to) survives the
+// redraw instead of falling back to the top of the page.
+func TestDashboardRedrawsKeepTheKeyboardsPlace(t *testing.T) {
+	b := setup(t)
+	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
+	require.NoError(t, err)
+	tab := browser(t)
+	signIn(t, tab, b.api, key)
+	link := `a[href="/ui/tasks?status=FAILED"]`
+	var before, after string
+	run(t, tab, 30*time.Second,
+		chromedp.Navigate(b.api+"/ui/"),
+		chromedp.WaitVisible(link, chromedp.ByQuery),
+		chromedp.Focus(link, chromedp.ByQuery),
+		chromedp.Evaluate(`document.activeElement.getAttribute("href")`, &before),
+		chromedp.Sleep(6*time.Second), // a redraw
+		chromedp.Evaluate(`document.activeElement.getAttribute("href")`, &after))
+	require.Equal(t, "/ui/tasks?status=FAILED", before)
+	require.Equal(t, before, after, "the focus stays on the link")
+
+	// A running run's page redraws every 1.5 s; its Cancel button keeps
+	// the focus, so that Enter still cancels.
+	b.apply(t, diamondJobs)
+	var started struct{ ID string }
+	require.NoError(t, json.Unmarshal(b.post(t, "/v1/workflows/diamond/runs", map[string]any{}, http.StatusCreated), &started))
+	var focused string
+	run(t, tab, 30*time.Second,
+		chromedp.Navigate(b.api+"/ui/runs/"+started.ID),
+		chromedp.WaitVisible("#cancel-run", chromedp.ByID),
+		chromedp.Focus("#cancel-run", chromedp.ByID),
+		chromedp.Sleep(2*time.Second), // a redraw
+		chromedp.Evaluate(`document.activeElement.id`, &focused))
+	require.Equal(t, "cancel-run", focused, "the focus stays on the button")
+
+	// A task's page redraws its buttons when the task's status changes
+	// (PENDING, then IN_PROGRESS when a worker claims it): Cancel keeps
+	// the focus.
+	b.startWorker(t, "w1")
+	var task struct{ ID string }
+	require.NoError(t, json.Unmarshal(b.post(t, "/v1/tasks", map[string]any{"type": "demo.sleep",
+		"payload": map[string]any{"steps": 100, "step_ms": 100}, "delay": "3s", "dedupe": false}, http.StatusCreated), &task))
+	run(t, tab, 30*time.Second,
+		chromedp.Navigate(b.api+"/ui/tasks/"+task.ID),
+		chromedp.WaitVisible("#cancel", chromedp.ByID),
+		chromedp.Focus("#cancel", chromedp.ByID),
+		chromedp.WaitVisible(`#status [data-status="IN_PROGRESS"]`, chromedp.ByQuery),
+		chromedp.Evaluate(`document.activeElement.id`, &focused))
+	require.Equal(t, "cancel", focused, "the focus stays on the task's Cancel button")
 }

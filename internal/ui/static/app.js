@@ -29,7 +29,16 @@ function h(tag, attrs, ...children) {
 // undefined and false and flattening arrays (the DOM's replaceChildren would
 // print them).
 function fill(el, ...children) {
+  // A redraw keeps the keyboard's place: what had the focus (a link, an
+  // element with an id) is found again among the new children.
+  const had = el.contains(document.activeElement) ? document.activeElement : null;
   el.replaceChildren(...children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
+  if (had && !el.contains(had)) {
+    const href = had.getAttribute("href");
+    const again = had.id ? el.querySelector("#" + CSS.escape(had.id))
+      : href !== null ? el.querySelector(`[href="${CSS.escape(href)}"]`) : null;
+    if (again) again.focus();
+  }
   return el;
 }
 
@@ -103,6 +112,10 @@ function follow(url, onEvent, onEnd) {
     es.addEventListener("end", (m) => { ended = true; es.close(); if (onEnd) onEnd(JSON.parse(m.data)); });
     es.addEventListener("error", () => {
       if (es.readyState === EventSource.CLOSED && !ended) {
+        // The browser does not say why it gave up. A session that is over
+        // (the key revoked, signed out elsewhere) is refused here as on
+        // every request, and api() sends the person to sign in.
+        api("GET", "/v1/whoami").catch(() => {});
         setTimeout(() => { if (!ended) open(); }, retry);
         retry = Math.min(retry * 2, 30000);
       }
@@ -257,6 +270,7 @@ async function renderTasks() {
   const load = async () => {
     const q = new URLSearchParams({ ...filter, limit: "50" });
     if (cursor) q.set("cursor", cursor);
+    more.disabled = true; // a second click would load the same page again
     try {
       const page = await api("GET", "/v1/tasks?" + q);
       rows.append(...page.tasks.map(row));
@@ -266,6 +280,7 @@ async function renderTasks() {
     } catch (err) {
       showError(note, err);
     }
+    more.disabled = false;
   };
   more.addEventListener("click", load);
 
@@ -402,13 +417,11 @@ async function renderTask(id) {
   const timeline = h("ol", { class: "timeline", id: "timeline", "aria-label": "Events, oldest first" });
 
   const drawActions = () => {
-    actions.replaceChildren();
-    if (!mayWrite()) return;
-    if (!TERMINAL.has(t.status)) {
-      actions.append(h("button", { type: "button", class: "danger", id: "cancel", onclick: () => act("cancel") }, "Cancel task"));
-    } else if (t.status !== "COMPLETED") {
-      actions.append(h("button", { type: "button", id: "retry", onclick: () => act("retry") }, "Retry task"));
-    }
+    // fill, not replaceChildren: a redraw leaves the focus on the button.
+    fill(actions, !mayWrite() ? null
+      : !TERMINAL.has(t.status) ? h("button", { type: "button", class: "danger", id: "cancel", onclick: () => act("cancel") }, "Cancel task")
+      : t.status !== "COMPLETED" ? h("button", { type: "button", id: "retry", onclick: () => act("retry") }, "Retry task")
+      : null);
   };
   const act = async (verb) => {
     if (!confirm(verb === "cancel" ? "Cancel this task? A running handler is told to stop." : "Run this task again from its first attempt?")) return;
@@ -681,13 +694,11 @@ async function renderRun(id) {
 
   let timer = 0;
   const drawActions = () => {
-    actions.replaceChildren();
-    if (!mayWrite()) return;
-    if (r.status === "RUNNING") {
-      actions.append(h("button", { type: "button", class: "danger", id: "cancel-run", onclick: () => act("cancel") }, "Cancel run"));
-    } else if (r.status === "FAILED" || r.status === "CANCELLED") {
-      actions.append(h("button", { type: "button", id: "retry-run", onclick: () => act("retry") }, "Retry run"));
-    }
+    // fill, not replaceChildren: a redraw leaves the focus on the button.
+    fill(actions, !mayWrite() ? null
+      : r.status === "RUNNING" ? h("button", { type: "button", class: "danger", id: "cancel-run", onclick: () => act("cancel") }, "Cancel run")
+      : r.status === "FAILED" || r.status === "CANCELLED" ? h("button", { type: "button", id: "retry-run", onclick: () => act("retry") }, "Retry run")
+      : null);
   };
   const act = async (verb) => {
     if (!confirm(verb === "cancel" ? "Cancel this run? Its running tasks are told to stop, and its waiting nodes will not run."
