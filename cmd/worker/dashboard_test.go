@@ -8,9 +8,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
@@ -219,6 +221,39 @@ func TestDashboardTasksPageShowsARefusedFilter(t *testing.T) {
 		chromedp.Text(`main [role="status"] .error`, &shown, chromedp.ByQuery))
 	require.Contains(t, shown, "created_after")
 	require.Contains(t, shown, "RFC 3339")
+}
+
+// A stream the API refuses for good (a filter it cannot read) is not asked
+// for again and again: the browser does not say why a stream failed, the
+// page asks the stream once itself, and a refusal that will not change
+// stops it.
+func TestDashboardStreamRefusedForGoodIsNotAskedAgain(t *testing.T) {
+	b := setup(t)
+	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
+	require.NoError(t, err)
+	tab := browser(t)
+	signIn(t, tab, b.api, key)
+
+	var mu sync.Mutex
+	asked := 0
+	chromedp.ListenTarget(tab, func(ev any) {
+		if r, ok := ev.(*network.EventRequestWillBeSent); ok && strings.Contains(r.Request.URL, "/v1/events/stream") {
+			mu.Lock()
+			asked++
+			mu.Unlock()
+		}
+	})
+	var shown string
+	run(t, tab, 20*time.Second, network.Enable(),
+		chromedp.Navigate(b.api+"/ui/tasks?type=Not%20a%20type"),
+		chromedp.WaitVisible(`main [role="status"] .error`, chromedp.ByQuery),
+		chromedp.Text(`main [role="status"] .error`, &shown, chromedp.ByQuery))
+	require.Contains(t, shown, "type")
+	// A retry came after 2 s, and another 4 s later.
+	time.Sleep(7 * time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	require.LessOrEqual(t, asked, 2, "the stream and the page's one question of it")
 }
 
 // The overview's queues of an org whose tasks have all ended say that

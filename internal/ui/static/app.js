@@ -97,29 +97,58 @@ function showError(where, err) {
 
 // follow opens an EventSource and calls onEvent with each task event. The
 // browser resumes a dropped stream with Last-Event-ID by itself, but gives
-// up for good when a reconnect is answered with anything but a stream (a
-// 503 while the API restarts, a 429): follow then opens a new one after a
-// pause, from the last event it saw.
+// up for good when a reconnect is answered with anything but a stream, and
+// does not say what the answer was: follow asks the stream itself. A 204
+// is a stream that had ended (its end frame lost with the connection): it
+// ends, as with that frame. A 401 is a session that is over (the key
+// revoked, signed out elsewhere): api() sends the person to sign in (and
+// the stream is asked for again, in case it was not). Any
+// other refusal but a 429 will not change (a filter the API refuses): it
+// stops. Otherwise (a 503 while the API restarts, a 429, no answer) it
+// opens a new stream after a pause, from the last event it saw.
 function follow(url, onEvent, onEnd) {
   let es, last = "", ended = false, retry = 2000;
+  // from is the stream's URL, resuming after the last event seen.
+  const from = () => url + (last ? (url.includes("?") ? "&" : "?") + "last_event_id=" + encodeURIComponent(last) : "");
   const open = () => {
-    const resume = last ? (url.includes("?") ? "&" : "?") + "last_event_id=" + encodeURIComponent(last) : "";
-    es = new EventSource(url + resume, { withCredentials: true });
+    es = new EventSource(from(), { withCredentials: true });
     // The ready frame carries where the stream starts: a stream reopened
     // before its first task event resumes from there, not from "now".
     es.addEventListener("ready", (m) => { last = m.lastEventId || last; });
     es.addEventListener("task", (m) => { last = m.lastEventId || last; retry = 2000; onEvent(JSON.parse(m.data)); });
     es.addEventListener("end", (m) => { ended = true; es.close(); if (onEnd) onEnd(JSON.parse(m.data)); });
-    es.addEventListener("error", () => {
-      if (es.readyState === EventSource.CLOSED && !ended) {
-        // The browser does not say why it gave up. A session that is over
-        // (the key revoked, signed out elsewhere) is refused here as on
-        // every request, and api() sends the person to sign in.
-        api("GET", "/v1/whoami").catch(() => {});
-        setTimeout(() => { if (!ended) open(); }, retry);
-        retry = Math.min(retry * 2, 30000);
+    es.addEventListener("error", async () => {
+      if (es.readyState !== EventSource.CLOSED || ended) return;
+      const status = await answer(from());
+      if (ended) return;
+      if (status === 204) {
+        ended = true;
+        if (onEnd) onEnd(null);
+        return;
       }
+      if (status === 401) {
+        api("GET", "/v1/whoami").catch(() => {});
+      } else if (status >= 400 && status < 500 && status !== 429) {
+        ended = true;
+        return;
+      }
+      setTimeout(() => { if (!ended) open(); }, retry);
+      retry = Math.min(retry * 2, 30000);
     });
+  };
+  // answer is the status a stream's request gets now (0 for none), read
+  // from its headers: the stream itself, if it opens, is let go at once.
+  const answer = async (streamURL) => {
+    const ctrl = new AbortController();
+    try {
+      const resp = await fetch(streamURL, { credentials: "same-origin", signal: ctrl.signal,
+        headers: { Accept: "text/event-stream", "X-Conveyor-UI": "1" } });
+      return resp.status;
+    } catch {
+      return 0;
+    } finally {
+      ctrl.abort();
+    }
   };
   open();
   window.addEventListener("pagehide", () => { ended = true; es.close(); });
