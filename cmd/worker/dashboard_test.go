@@ -256,6 +256,24 @@ func TestDashboardStreamRefusedForGoodIsNotAskedAgain(t *testing.T) {
 	require.LessOrEqual(t, asked, 2, "the stream and the page's one question of it")
 }
 
+// A task's or a run's address with a malformed escape (typed by hand)
+// shows the API's answer, not a page stuck at "Loading…".
+func TestDashboardMalformedAddressesShowAnAnswer(t *testing.T) {
+	b := setup(t)
+	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
+	require.NoError(t, err)
+	tab := browser(t)
+	signIn(t, tab, b.api, key)
+	for _, page := range []string{"/ui/tasks/%E0", "/ui/runs/%E0%A4"} {
+		var shown string
+		run(t, tab, 20*time.Second,
+			chromedp.Navigate(b.api+page),
+			chromedp.WaitVisible(`main [role="alert"]`, chromedp.ByQuery),
+			chromedp.Text(`main`, &shown, chromedp.ByQuery))
+		require.Contains(t, shown, "not found", page)
+	}
+}
+
 // The overview's queues of an org whose tasks have all ended say that
 // nothing waits or runs, not that there are no tasks: the cards above them
 // count the ended ones.

@@ -73,6 +73,17 @@ async function api(method, path, body) {
 
 const mayWrite = () => me && (me.role === "writer" || me.role === "admin");
 
+// decoded is s with its percent-escapes decoded, or s itself when they
+// are malformed (a hand-typed %E0): the API then says what it makes of
+// it, instead of the page stopping at an exception.
+function decoded(s) {
+  try {
+    return decodeURIComponent(s);
+  } catch {
+    return s;
+  }
+}
+
 function when(ts) {
   if (!ts) return "";
   const d = new Date(ts);
@@ -527,7 +538,7 @@ async function renderWorkflows() {
   }
   const lists = flows.map((wf) => ({ wf, where: h("div", {}) }));
   fill(body, lists.map(({ wf, where }) => workflowSection(wf, where)));
-  const target = location.hash && document.getElementById(decodeURIComponent(location.hash.slice(1)));
+  const target = location.hash && document.getElementById(decoded(location.hash.slice(1)));
   if (target) target.scrollIntoView();
 
   // Each workflow's latest runs, kept fresh.
@@ -822,10 +833,10 @@ async function start() {
     location.assign("/ui/login");
   });
   const task = path.match(/^\/ui\/tasks\/([^/]+)$/);
-  if (task) return renderTask(decodeURIComponent(task[1]));
+  if (task) return renderTask(decoded(task[1]));
   if (path === "/ui/tasks") return renderTasks();
   const run = path.match(/^\/ui\/runs\/([^/]+)$/);
-  if (run) return renderRun(decodeURIComponent(run[1]));
+  if (run) return renderRun(decoded(run[1]));
   if (path === "/ui/workflows") return renderWorkflows();
   return renderOverview();
 }
