@@ -274,6 +274,38 @@ func TestDashboardMalformedAddressesShowAnAnswer(t *testing.T) {
 	}
 }
 
+// A list filtered to tasks made after a moment, empty so far, does not
+// show an older task queued again (a retry) as a new one; a task made
+// after the moment does appear.
+func TestDashboardEmptyListShowsNoRetriedOldTaskAsNew(t *testing.T) {
+	b := setup(t)
+	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
+	require.NoError(t, err)
+	// No worker runs here: the old task is made FAILED by hand.
+	old := b.submit(t, "demo.sleep", map[string]any{"steps": 1, "step_ms": 10}, 1)
+	_, err = b.pool.Exec(context.Background(), `UPDATE tasks SET status = 'FAILED', completed_at = now(),
+		version = version + 1 WHERE id = $1`, old)
+	require.NoError(t, err)
+	time.Sleep(20 * time.Millisecond)
+	after := time.Now().UTC().Format(time.RFC3339Nano)
+
+	tab := browser(t)
+	signIn(t, tab, b.api, key)
+	run(t, tab, 20*time.Second,
+		chromedp.Navigate(b.api+"/ui/tasks?created_after="+after),
+		chromedp.WaitVisible(`//main//p[contains(., "No task matches.")]`, chromedp.BySearch))
+	resp, err := b.client.Post(b.api+"/v1/tasks/"+old.String()+"/retry", "application/json", nil)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	fresh := b.sleepTask(t, 1, 10)
+	var listed []string
+	run(t, tab, 20*time.Second,
+		chromedp.WaitVisible(`tr[data-task="`+fresh.String()+`"]`, chromedp.ByQuery),
+		chromedp.Evaluate(`[...document.querySelectorAll("tr[data-task]")].map((r) => r.dataset.task)`, &listed))
+	require.Equal(t, []string{fresh.String()}, listed)
+}
+
 // The overview's queues of an org whose tasks have all ended say that
 // nothing waits or runs, not that there are no tasks: the cards above them
 // count the ended ones.

@@ -341,7 +341,7 @@ async function renderTasks() {
       known.r.querySelector(".state").textContent = e.state;
       known.r.querySelector(".upd").textContent = ago(e.created_at);
     } else if (e.status === "PENDING" && !filter.created_before && !filter.q &&
-      (!filter.status || filter.status === "PENDING") && e.task_id > newest()) {
+      (!filter.status || filter.status === "PENDING") && isNew(e.task_id)) {
       // Task ids are UUIDv7, in order of creation: a task newer than the
       // page's newest is a new one, not an older one queued again.
       rows.prepend(row({ id: e.task_id, type: e.type, status: e.status, progress: e.progress, state: e.state, created_at: e.created_at }));
@@ -349,6 +349,14 @@ async function renderTasks() {
     }
   };
   const newest = () => (rows.firstElementChild ? rows.firstElementChild.dataset.task : "");
+  // isNew says a task is newer than any the page lists; with none listed,
+  // one made after the filter's created_after (a UUIDv7's first 48 bits
+  // are when it was made, in ms), not an older one queued again (a retry).
+  const isNew = (id) => {
+    if (rows.firstElementChild) return id > newest();
+    const after = Date.parse(filter.created_after || "");
+    return Number.isNaN(after) || parseInt(id.replace(/-/g, "").slice(0, 12), 16) >= after;
+  };
   let early = [];
   follow("/v1/events/stream?" + live, (e) => (early ? early.push(e) : onEvent(e)));
   await load();
