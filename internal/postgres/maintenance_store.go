@@ -57,7 +57,9 @@ ORDER BY next_run_at LIMIT $2`)
 // running stay: the run reads its completed nodes' tasks (their status, and
 // their results for the nodes below them) until it ends. So do the tasks,
 // of earlier runs, whose result a node of a running run memoized: the
-// nodes below it read that result when they are released.
+// nodes below it read that result when they are released. So do the
+// children of a parent task not ended: its handler reads them by key when
+// it runs again, and would spawn a deleted one again.
 var sqlDeleteExpired = statement("tasks.delete_expired", `
 DELETE FROM tasks WHERE id IN (
 	SELECT id FROM tasks t WHERE `+isTerminal+` AND completed_at < now() - $1 * interval '1 millisecond'
@@ -65,7 +67,12 @@ DELETE FROM tasks WHERE id IN (
 			WHERE r.id = t.run_id AND r.status = '`+job.RunRunning+`'))
 		AND NOT EXISTS (SELECT 1 FROM run_nodes n JOIN workflow_runs r ON r.id = n.run_id
 			WHERE n.task_id = t.id AND n.state = '`+job.NodeMemoized+`' AND r.status = '`+job.RunRunning+`')
-	LIMIT $2)`)
+		AND (t.parent_id IS NULL OR NOT EXISTS (SELECT 1 FROM tasks p WHERE p.id = t.parent_id
+			AND p.status IN (`+inFlight+`)))
+	LIMIT $2)
+	-- Checked again on the row as it is when it is locked: a task retried
+	-- meanwhile is PENDING again, and stays.
+	AND `+isTerminal+` AND completed_at < now() - $1 * interval '1 millisecond'`)
 
 // sqlReleaseParked is the backstop of WorkerStore.TypesReady: messages
 // parked for a type that a live worker consumes are released, and parked

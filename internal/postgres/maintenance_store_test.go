@@ -348,3 +348,41 @@ func TestReleaseParked(t *testing.T) {
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE task_id = $1 AND available_at = 'infinity'`, unserved))
 	require.Zero(t, b.count(t, `SELECT count(*) FROM outbox WHERE task_id = $1`, gone))
 }
+
+// A task retried while retention deletes it stays: the deletion re-checks
+// the row the retry committed, which is PENDING again and no longer expired.
+func TestRetentionKeepsATaskRetriedMeanwhile(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	id := b.pending(t, 1)
+	l := b.claim(t, id, "w")
+	b.apply(t, task.Change{TaskID: id, Version: l.Version, Transition: task.Fail, Error: "boom"})
+	b.exec(t, `UPDATE tasks SET completed_at = now() - interval '8 days' WHERE id = $1`, id)
+
+	// The retry holds the row when retention comes to it.
+	tx, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `UPDATE tasks SET status = 'PENDING', completed_at = NULL, attempt = 0,
+		version = version + 1 WHERE id = $1`, id)
+	require.NoError(t, err)
+	type deleted struct {
+		n   int
+		err error
+	}
+	done := make(chan deleted, 1)
+	go func() {
+		n, err := b.maint.DeleteExpired(ctx, 7*24*time.Hour, 100)
+		done <- deleted{n, err}
+	}()
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND wait_event_type = 'Lock' AND query LIKE '%tasks.delete_expired%'`) == 1
+	}, 10*time.Second, 10*time.Millisecond, "retention waits for the retry's lock")
+	require.NoError(t, tx.Commit(ctx))
+
+	got := <-done
+	require.NoError(t, got.err)
+	require.Zero(t, got.n, "the retried task is not expired any more")
+	require.Equal(t, "PENDING", b.text(t, `SELECT status FROM tasks WHERE id = $1`, id))
+}

@@ -689,3 +689,49 @@ workflows:
 	h.settle(h.nodeTasks(run.ID)["b"].ID, task.Complete, `{}`)
 	require.Equal(t, job.RunCompleted, h.run(run.ID).Status)
 }
+
+// Retention keeps the children of a parent that has not ended: the parent's
+// handler runs again when its last child ends and reads every child's
+// outcome by key. A child deleted meanwhile would be spawned, and run, again.
+func TestRetentionKeepsTheChildrenOfAParentStillWaiting(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	ctx := context.Background()
+	w := postgres.NewWorkerStore(db.Pool, nil)
+	p := claimedParent(t, db, admin, w)
+	subs := func() []task.Submission {
+		var out []task.Submission
+		for _, key := range []string{"early", "late"} {
+			s, err := task.NewSubmission(task.SubmitInput{Type: "fan.child", Dedupe: new(bool)}, task.Defaults{MaxAttempts: 3}, "")
+			require.NoError(t, err)
+			s.OrgID, s.ParentID, s.ChildKey = p.OrgID, &p.ID, key
+			out = append(out, s)
+		}
+		return out
+	}
+	kids, err := w.Spawn(ctx, p, subs(), nil)
+	require.NoError(t, err)
+	require.Len(t, kids, 2)
+	out, _, err := w.Apply(ctx, []task.Change{{TaskID: p.ID, Version: p.Version, Transition: task.Await}})
+	require.NoError(t, err)
+	require.False(t, out[0].Fenced)
+	finish(t, db, []uuid.UUID{kids[0].ID})
+	_, err = db.Pool.Exec(ctx, `UPDATE tasks SET completed_at = now() - interval '8 days' WHERE id = $1`, kids[0].ID)
+	require.NoError(t, err)
+
+	n, err := postgres.NewMaintenanceStore(db.Pool, nil).DeleteExpired(ctx, 7*24*time.Hour, 100)
+	require.NoError(t, err)
+	require.Zero(t, n, "a child of a parent still waiting for its children was deleted")
+
+	finish(t, db, []uuid.UUID{kids[1].ID})
+	back, err := w.Claim(ctx, []uuid.UUID{p.ID}, "w2", time.Minute)
+	require.NoError(t, err)
+	require.Len(t, back, 1)
+	states, err := w.Spawn(ctx, back[0], subs(), nil)
+	require.NoError(t, err)
+	require.Len(t, states, 2)
+	for _, s := range states {
+		require.Equal(t, task.StatusCompleted, s.Status, s.Key)
+	}
+}

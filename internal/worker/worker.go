@@ -310,11 +310,12 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	src := w.consume(ctx, runCtx)
 	close(w.stopping)
+	// It consumes nothing more: not ready while its handlers finish.
+	w.consuming.Store(false)
 	w.drain(ctx, src, stopHandlers)
 	if src != nil {
 		_ = src.Close()
 	}
-	w.consuming.Store(false)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if err := w.store.Leave(rctx, w.cfg.Info.ID); err != nil {

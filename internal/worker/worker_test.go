@@ -1026,3 +1026,19 @@ func TestWorkerRequeuesAPackedTaskWhileEverySlotRunsLong(t *testing.T) {
 	require.Equal(t, task.StatusPending, b.store.get(back).Status, "never claimed")
 	close(h.release)
 }
+
+// A stopping worker consumes nothing more: /readyz says so while its
+// running handlers still have their grace period to finish.
+func TestWorkerIsNotReadyWhileItDrains(t *testing.T) {
+	h := newBlocking()
+	b := setup(t, testConfig{handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	id := b.store.add("t.block", 3)
+	b.deliver(t, id)
+	receive(t, h.entered)
+	require.True(t, b.w.Ready())
+	b.cancel()
+	require.Eventually(t, func() bool { return !b.w.Ready() }, 500*time.Millisecond, time.Millisecond,
+		"ready while draining, though it consumes nothing")
+	require.Equal(t, task.StatusInProgress, b.store.get(id).Status, "the handler still has its grace period")
+	require.Equal(t, "handed_back", b.finished(t, id))
+}
