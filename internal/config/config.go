@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"math"
 	"net/url"
+	"regexp"
 	"strings"
 	"time"
 
 	"github.com/conveyorhq/conveyor/internal/rabbitmq"
+	"github.com/conveyorhq/conveyor/internal/task"
 )
 
 // Common is what every binary reads.
@@ -26,6 +28,10 @@ type Common struct {
 	OTLPTracesEndpoint string `envconfig:"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"`
 	TracesExporter     string `envconfig:"OTEL_TRACES_EXPORTER"`
 	ServiceName        string `envconfig:"OTEL_SERVICE_NAME"`
+	// OTLPProtocol and OTLPTracesProtocol are only checked here (the
+	// traces' own wins): the exporter refused a bad one naming neither.
+	OTLPProtocol       string `envconfig:"OTEL_EXPORTER_OTLP_PROTOCOL"`
+	OTLPTracesProtocol string `envconfig:"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"`
 }
 
 // Validate checks what envconfig's parsing cannot.
@@ -42,7 +48,35 @@ func (c Common) Validate() error {
 	if err := oneOf("LOG_FORMAT", strings.ToLower(c.LogFormat), "json", "text"); err != nil {
 		return err
 	}
-	return positive("SHUTDOWN_TIMEOUT", c.ShutdownTimeout)
+	if err := positive("SHUTDOWN_TIMEOUT", c.ShutdownTimeout); err != nil {
+		return err
+	}
+	return c.validTracing()
+}
+
+// validTracing checks what the trace exporter reads, when traces are
+// exported: which exporter (as go.opentelemetry.io/contrib's autoexport
+// knows them) and, for OTLP, which protocol.
+func (c Common) validTracing() error {
+	if !c.ExportTraces() {
+		return nil
+	}
+	if c.TracesExporter != "" {
+		if err := oneOf("OTEL_TRACES_EXPORTER", c.TracesExporter, "otlp", "console", "none"); err != nil {
+			return err
+		}
+	}
+	if c.TracesExporter != "" && c.TracesExporter != "otlp" {
+		return nil
+	}
+	name, proto := "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", c.OTLPTracesProtocol
+	if proto == "" {
+		name, proto = "OTEL_EXPORTER_OTLP_PROTOCOL", c.OTLPProtocol
+	}
+	if proto == "" {
+		return nil
+	}
+	return oneOf(name, proto, "grpc", "http/protobuf")
 }
 
 // ExportTraces reports whether an OTLP (or other) trace exporter was asked for.
@@ -151,6 +185,9 @@ func (c API) Validate() error {
 	}
 	if c.RateLimit < 0 || math.IsNaN(c.RateLimit) || math.IsInf(c.RateLimit, 0) || c.RateBurst < 1 {
 		return fmt.Errorf("API_RATE_LIMIT and API_RATE_BURST: the limit must be a finite number, not negative, and the burst at least 1, got %v and %d", c.RateLimit, c.RateBurst)
+	}
+	if c.AuthDisabled && !regexp.MustCompile(task.SlugPattern).MatchString(c.DevOrg) {
+		return fmt.Errorf("AUTH_DEV_ORG: must be an org's slug (%s), got %q", task.SlugPattern, c.DevOrg)
 	}
 	if c.MaxUnservedTypes < 0 {
 		return fmt.Errorf("API_ORG_MAX_UNSERVED_TYPES: must not be negative, got %d", c.MaxUnservedTypes)

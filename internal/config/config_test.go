@@ -192,3 +192,41 @@ func TestLoadAPIBoundsStreamHeartbeat(t *testing.T) {
 	_, err := config.Load[config.API]()
 	require.NoError(t, err)
 }
+
+// AUTH_DEV_ORG is the slug of the org every request acts in with
+// AUTH_DISABLED: one that is no slug must stop the start with a message
+// naming it, not after connecting, with the database's check constraint
+// blamed on AUTH_DISABLED.
+func TestLoadAPIRefusesADevOrgThatIsNoSlug(t *testing.T) {
+	t.Setenv("AUTH_DISABLED", "true")
+	requireLoadNamesTheBadVariable[config.API](t, []struct{ name, value string }{
+		{"AUTH_DEV_ORG", "My Org"}, {"AUTH_DEV_ORG", "Dev"}, {"AUTH_DEV_ORG", ""},
+	})
+	t.Setenv("AUTH_DEV_ORG", "local-dev")
+	_, err := config.Load[config.API]()
+	require.NoError(t, err)
+}
+
+// The trace exporter reads OTEL_TRACES_EXPORTER and the OTLP protocol
+// itself, and refused a bad one with "unknown exporter or metrics
+// producer" or "invalid OTLP protocol", naming no variable.
+func TestLoadNamesTheBadOTELVariable(t *testing.T) {
+	requireLoadNamesTheBadVariable[config.Relay](t, []struct{ name, value string }{
+		{"OTEL_TRACES_EXPORTER", "jaeger"},
+	})
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")
+	requireLoadNamesTheBadVariable[config.Worker](t, []struct{ name, value string }{
+		{"OTEL_EXPORTER_OTLP_PROTOCOL", "grcp"},
+		{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http"},
+	})
+	for _, tt := range [][2]string{
+		{"OTEL_TRACES_EXPORTER", "otlp"}, {"OTEL_TRACES_EXPORTER", "console"}, {"OTEL_TRACES_EXPORTER", "none"},
+		{"OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"}, {"OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"},
+	} {
+		t.Run(tt[0]+"="+tt[1]+" is fine", func(t *testing.T) {
+			t.Setenv(tt[0], tt[1])
+			_, err := config.Load[config.API]()
+			require.NoError(t, err)
+		})
+	}
+}

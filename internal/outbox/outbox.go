@@ -40,6 +40,10 @@ type Message struct {
 	Headers   map[string]string
 	Attempts  int
 	CreatedAt time.Time
+	// DueAt is when the row became due (available_at when it was claimed):
+	// its commit, or later for a task submitted for later, a retry after
+	// its backoff or a parked row released.
+	DueAt time.Time
 }
 
 // Body is what the message says, as the consumer reads it.

@@ -35,7 +35,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(1, 2, 14),
 		}),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "conveyor_relay_commit_to_publish_seconds", Help: "From the outbox row's commit to the broker's confirm.",
+			Name: "conveyor_relay_commit_to_publish_seconds", Help: "From when the outbox row was due (its commit, or its scheduled time, retry or release) to the broker's confirm.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18),
 		}),
 		depth: prometheus.NewGauge(prometheus.GaugeOpts{

@@ -340,7 +340,9 @@ func (r *Relay) publish(ctx context.Context, pub Publisher, msgs []outbox.Messag
 		}
 		spans[i].End()
 		r.metrics.published.WithLabelValues(string(m.Kind)).Inc()
-		r.metrics.latency.Observe(now.Sub(m.CreatedAt).Seconds())
+		// From when the row was due: a task submitted for later waited
+		// for its time, not for the relay.
+		r.metrics.latency.Observe(now.Sub(later(m.CreatedAt, m.DueAt)).Seconds())
 	}
 	return out
 }
@@ -361,6 +363,14 @@ func (r *Relay) measure(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// later is the later of two times.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 func boolGauge(b bool) float64 {

@@ -74,6 +74,8 @@ type relayOpts struct {
 	pack int
 	// tp, when set, traces the relay.
 	tp *sdktrace.TracerProvider
+	// reg, when set, holds the relay's metrics.
+	reg *prometheus.Registry
 }
 
 // startRelay runs a relay (and its NOTIFY listener) until the test ends.
@@ -90,6 +92,9 @@ func (b *testBundle) startRelay(t *testing.T, o relayOpts) *relay.Relay {
 	}
 	if o.tp == nil {
 		o.tp = sdktrace.NewTracerProvider()
+	}
+	if o.reg == nil {
+		o.reg = prometheus.NewRegistry()
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	r := relay.New(relay.Config{
@@ -108,7 +113,7 @@ func (b *testBundle) startRelay(t *testing.T, o relayOpts) *relay.Relay {
 			return p, nil
 		}),
 		Log: log, TracerProvider: o.tp, Propagator: propagation.TraceContext{},
-		Metrics: relay.NewMetrics(prometheus.NewRegistry()),
+		Metrics: relay.NewMetrics(o.reg),
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -439,6 +444,35 @@ func TestUnroutableMessagesWaitForAWorker(t *testing.T) {
 	require.NoError(t, err)
 	testenv.WaitForDepth(t, b.amqpURL, rabbitmq.QueueName("no.worker.yet"), 1, 10*time.Second)
 	b.waitOutboxEmpty(t)
+}
+
+// conveyor_relay_commit_to_publish_seconds is the relay's lag: a row
+// written long before it was due (a task submitted for later, a retry
+// after its backoff) is published as soon as it is due, and must not count
+// the hour it was meant to wait, which put every scheduled task in the
+// histogram's last bucket and the dashboard's p99 at its top.
+func TestCommitToPublishCountsFromWhenTheRowWasDue(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.declare(t, "demo.sleep")
+	_, err := b.db.Pool.Exec(context.Background(), `INSERT INTO outbox
+		(kind, org_id, task_id, task_type, attempt, task_version, priority, created_at, available_at)
+		VALUES ('task.run', `+testdb.OrgSQL+`, gen_random_uuid(), 'demo.sleep', 0, 1, 5, now() - interval '1 hour', now())`)
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	b.startRelay(t, relayOpts{reg: reg})
+	b.waitOutboxEmpty(t)
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() == "conveyor_relay_commit_to_publish_seconds" {
+			h := f.GetMetric()[0].GetHistogram()
+			require.Equal(t, uint64(1), h.GetSampleCount())
+			require.Less(t, h.GetSampleSum(), 60.0, "the row was published at once once due")
+			return
+		}
+	}
+	t.Fatal("no conveyor_relay_commit_to_publish_seconds")
 }
 
 // The PRODUCER span of a task that went out packed with others names the

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
@@ -79,6 +80,11 @@ func Start(ctx context.Context, cfg config.Common, stdout io.Writer, o Options) 
 		Registry:   prometheus.NewRegistry(),
 	}
 	r.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// OpenTelemetry's own errors (a collector refusing or not answering)
+	// go to the JSON log, not to stderr in Go's plain log format.
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		r.Log.Warn("opentelemetry", "error", err)
+	}))
 	tp, shutdown, err := telemetry.SetupTracing(ctx, telemetry.TraceConfig{ServiceName: o.Name, Export: cfg.ExportTraces()})
 	if err != nil {
 		return nil, err
@@ -151,11 +157,18 @@ func (r *Runtime) connect(ctx context.Context, cfg config.Common, o Options, max
 // one pass at a time each.
 const backgroundConns = 4
 
-// Close closes the pool and flushes the traces.
+// Close closes the pool and flushes the traces, for at most
+// traceFlushTimeout: a collector that does not answer must not hold a
+// stopping process past its shutdown timeout.
 func (r *Runtime) Close(ctx context.Context) {
 	closePools(r.TenantPool, r.BackgroundPool, r.Pool)
-	_ = r.shutdownTracing(context.WithoutCancel(ctx))
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), traceFlushTimeout)
+	defer cancel()
+	_ = r.shutdownTracing(fctx)
 }
+
+// traceFlushTimeout bounds the flush of the last spans at exit.
+const traceFlushTimeout = 5 * time.Second
 
 // closePools closes the pools that were opened (nil ones were not).
 func closePools(pools ...*pgxpool.Pool) {
