@@ -4,14 +4,19 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/conveyorhq/conveyor/internal/rabbitmq"
@@ -176,6 +181,97 @@ func TestRelaySIGTERMHonoursShutdownTimeout(t *testing.T) {
 	took := time.Since(start)
 	require.Less(t, took, 5*time.Second, "SHUTDOWN_TIMEOUT=1s, yet the relay took %s to stop", took)
 	require.Equal(t, 0, code, relay.Output())
+}
+
+// A broker address that takes connections and never answers (a node that
+// hangs, a load balancer with nothing behind it) holds each dial for its
+// 30-second handshake timeout. SHUTDOWN_TIMEOUT still bounds a SIGTERM: a
+// relay with no pass in flight, dialling such a broker, exits at once
+// instead of when the dial gives up.
+func TestRelaySIGTERMWhileDialingAHungBroker(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	db := testdb.New(t)
+	b := &faultBundle{dbURL: db.URL, pool: db.Pool, amqpURL: "amqp://guest:guest@" + ln.Addr().String() + "/",
+		admin: testenv.FreeAddr(t)}
+	relay := b.startRelay(t, "relay", "SHUTDOWN_TIMEOUT=1s")
+	testenv.WaitHTTP(t, "http://"+b.admin+"/healthz", 30*time.Second)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(conns) == 0 {
+			return fmt.Errorf("the relay has not dialled the broker yet")
+		}
+		return nil
+	})
+
+	start := time.Now()
+	relay.Signal(syscall.SIGTERM)
+	code := relay.Wait(t, 60*time.Second)
+	took := time.Since(start)
+	require.Less(t, took, 5*time.Second, "SHUTDOWN_TIMEOUT=1s, yet the relay took %s to stop", took)
+	require.Equal(t, 0, code, relay.Output())
+}
+
+// RELAY_LANES is how many batches a relay keeps in flight at once, and a
+// batch holds a database connection from its lock to its commit, through
+// its wait for the broker's confirms: the relay's pool holds one for each
+// lane. The pool was pgx's default, max(4, cores), so 8 lanes kept 4
+// batches in flight on a small machine (and the readiness probe's ping
+// waited behind them). Here every confirm takes a round trip of 300 ms.
+func TestRelayKeepsEveryLaneInFlight(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	const lanes = 8
+	b := sharedBundle(t)
+	u, err := url.Parse(b.amqpURL)
+	require.NoError(t, err)
+	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
+	proxy := toxiproxy.NewProxy(srv, "rabbitmq", "127.0.0.1:0", u.Host)
+	require.NoError(t, proxy.Start())
+	t.Cleanup(proxy.Stop)
+	_, err = proxy.Toxics.AddToxicJson(strings.NewReader(
+		`{"name": "slow", "type": "latency", "stream": "downstream", "attributes": {"latency": 300}}`))
+	require.NoError(t, err)
+	u.Host = proxy.Listen
+	b.amqpURL = u.String()
+
+	b.fill(t, lanes*200*4)
+	b.startRelay(t, "relay", fmt.Sprintf("RELAY_LANES=%d", lanes))
+	most := 0
+	testenv.Eventually(t, 60*time.Second, func() error {
+		var n int
+		require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND state = 'idle in transaction' AND pid <> pg_backend_pid()`).Scan(&n))
+		most = max(most, n)
+		if most < lanes {
+			return fmt.Errorf("at most %d of %d lanes had a batch in flight at once", most, lanes)
+		}
+		return nil
+	})
 }
 
 func TestRelaySIGKILLLosesNothing(t *testing.T) {

@@ -21,6 +21,10 @@ import (
 func run(ctx context.Context, cfg config.Relay, stdout io.Writer) error {
 	rt, err := service.Start(ctx, cfg.Common, stdout, service.Options{
 		Name: "conveyor-relay", Plans: postgres.PlansGeneric, WarmUp: postgres.RelayHotStatements,
+		// A lane's batch holds a connection through its wait for the
+		// broker's confirms: one for each lane, and two for the outbox
+		// stats and the readiness probe's ping.
+		MaxConns: int32(cfg.Lanes) + 2,
 	})
 	if err != nil {
 		return err
@@ -40,12 +44,34 @@ func run(ctx context.Context, cfg config.Relay, stdout io.Writer) error {
 		ShutdownTimeout:     cfg.ShutdownTimeout,
 	}, relay.Deps{
 		Store: postgres.NewRelayStore(rt.Pool, cfg.RetryBackoffBase, cfg.RetryBackoffMax),
-		Broker: relay.BrokerFunc(func(_ context.Context, batchSize int) (relay.Publisher, error) {
-			p, err := rabbitmq.DialPublisher(cfg.AMQPURL, batchSize, name, cfg.TasksPerMessage)
-			if err != nil {
-				return nil, err
+		Broker: relay.BrokerFunc(func(ctx context.Context, batchSize int) (relay.Publisher, error) {
+			// A dial takes no context and may wait out its 30-second
+			// handshake on a broker that never answers: a stopping relay
+			// does not wait for it (the publisher it may still bring is
+			// closed).
+			type dialed struct {
+				p   *rabbitmq.Publisher
+				err error
 			}
-			return p, nil
+			done := make(chan dialed, 1)
+			go func() {
+				p, err := rabbitmq.DialPublisher(cfg.AMQPURL, batchSize, name, cfg.TasksPerMessage)
+				done <- dialed{p, err}
+			}()
+			select {
+			case d := <-done:
+				if d.err != nil {
+					return nil, d.err
+				}
+				return d.p, nil
+			case <-ctx.Done():
+				go func() {
+					if d := <-done; d.p != nil {
+						_ = d.p.Close()
+					}
+				}()
+				return nil, ctx.Err()
+			}
 		}),
 		Log:            log,
 		TracerProvider: rt.TracerProvider,
