@@ -958,3 +958,54 @@ func TestSubmitHelpClaimsNoDefaultsItDoesNotSend(t *testing.T) {
 		}
 	}
 }
+
+// A state or a type in wide characters (CJK, emoji) takes two columns a
+// character on a terminal: the table's columns stay aligned by the width
+// shown, not by the count of characters.
+func TestListAlignsWideCharacters(t *testing.T) {
+	t.Parallel()
+	api := newFakeAPI(t)
+	api.json("GET /v1/tasks", 200, `{"tasks":[
+		{"id":"t2","type":"画像.変換","status":"IN_PROGRESS","state":"処理中 2/5","progress":40,"created_at":"2026-11-23T11:59:15Z","updated_at":"2026-11-23T11:59:58Z"},
+		{"id":"t1","type":"demo.sleep","status":"PENDING","state":"Queued","progress":0,"created_at":"2026-11-23T11:00:00Z","updated_at":"2026-11-23T11:00:00Z"}
+	]}`)
+	r := newCLI(t, api).run("ls")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, `ID  TYPE        STATUS       PROGRESS  STATE       AGE  UPDATED
+t2  画像.変換   IN_PROGRESS  40%       処理中 2/5  45s  2s
+t1  demo.sleep  PENDING      0%        Queued      1h   1h
+`, r.stdout)
+}
+
+// A 429's detail points at the Retry-After header, which the person at
+// the command line does not see: the wait it asks for is printed.
+func TestRateLimitedSaysWhenToRetry(t *testing.T) {
+	t.Parallel()
+	api := newFakeAPI(t)
+	api.mux.HandleFunc("GET /v1/tasks/{id}", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.Header().Set("Retry-After", "7")
+		w.WriteHeader(http.StatusTooManyRequests)
+		fmt.Fprintf(w, `{"type":"urn:conveyor:problem:rate-limited","title":"Too Many Requests","status":429,"detail":"too many requests for this key; retry after the Retry-After header's seconds"}`)
+	})
+	r := newCLI(t, api).run("get", "x")
+	require.Equal(t, 1, r.code)
+	require.Empty(t, r.stdout)
+	require.Equal(t, "conveyor: too many requests for this key; retry after the Retry-After header's seconds (HTTP 429)\n"+
+		"conveyor: the API asks to retry after 7s\n", r.stderr)
+}
+
+// watch, whose tasks' streams a refused credential ends, says where a key
+// is given, as every other command does.
+func TestWatchUnauthorizedSaysHowToGiveAKey(t *testing.T) {
+	t.Parallel()
+	api := newFakeAPI(t)
+	api.problem("GET /v1/tasks/{id}/stream", 401, "missing bearer token")
+	c := newCLI(t, api)
+	delete(c.env, "CONVEYOR_TOKEN")
+	r := c.run("watch", "a", "b")
+	require.Equal(t, 1, r.code)
+	require.Equal(t, "conveyor: task a: missing bearer token (HTTP 401)\n"+
+		"conveyor: task b: missing bearer token (HTTP 401)\n"+
+		"conveyor: give an API key with --token, CONVEYOR_TOKEN (or CONVEYOR_KEY), or token: in the config file\n", r.stderr)
+}

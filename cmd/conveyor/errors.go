@@ -90,6 +90,9 @@ func markRunErrors(cmd *cobra.Command) {
 	}
 }
 
+// keyHint says where an API key is given, after a 401.
+const keyHint = "give an API key with --token, CONVEYOR_TOKEN (or CONVEYOR_KEY), or token: in the config file"
+
 // exitCode reports err on stderr, as "conveyor: <what> (HTTP status)" for
 // the API's refusals, and returns the process's exit code.
 func exitCode(stderr io.Writer, err error) int {
@@ -108,7 +111,12 @@ func exitCode(stderr io.Writer, err error) int {
 	}
 	fmt.Fprintf(stderr, "conveyor: %v\n", err)
 	if apiclient.StatusOf(err) == 401 {
-		fmt.Fprintf(stderr, "conveyor: give an API key with --token, CONVEYOR_TOKEN (or CONVEYOR_KEY), or token: in the config file\n")
+		fmt.Fprintf(stderr, "conveyor: %s\n", keyHint)
+	}
+	if e, ok := errors.AsType[*apiclient.Error](err); ok && e.RetryAfter > 0 {
+		// A 429's or a 503's detail may point at the Retry-After header,
+		// which is not on the screen.
+		fmt.Fprintf(stderr, "conveyor: the API asks to retry after %s\n", e.RetryAfter)
 	}
 	return exitFailure
 }

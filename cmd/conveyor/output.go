@@ -36,16 +36,16 @@ func writeJSONLine(w io.Writer, raw json.RawMessage) error {
 	return err
 }
 
-// table writes aligned columns: a header, then rows.
+// table writes aligned columns: a header, then rows. Columns are aligned
+// by the width each cell takes on a terminal (a CJK character or an emoji
+// takes two columns), which text/tabwriter, counting characters, does not.
 type table struct {
-	w   io.Writer
-	buf bytes.Buffer
-	tw  *tabwriter.Writer
+	w    io.Writer
+	rows [][]string
 }
 
 func newTable(w io.Writer, header ...string) *table {
 	t := &table{w: w}
-	t.tw = tabwriter.NewWriter(&t.buf, 0, 0, 2, ' ', 0)
 	t.row(header...)
 	return t
 }
@@ -55,18 +55,31 @@ func (t *table) row(cells ...string) {
 		// A tab or a newline in a value would break the columns.
 		cells[i] = oneLine(c)
 	}
-	fmt.Fprintf(t.tw, "%s\n", strings.Join(cells, "\t"))
+	t.rows = append(t.rows, cells)
 }
 
 // flush writes the table, without the spaces that pad empty cells at the
 // ends of lines.
 func (t *table) flush() error {
-	if err := t.tw.Flush(); err != nil {
-		return err
+	var widths []int
+	for _, r := range t.rows {
+		for i, c := range r {
+			if i == len(widths) {
+				widths = append(widths, 0)
+			}
+			widths[i] = max(widths[i], runewidth.StringWidth(c))
+		}
 	}
 	var out bytes.Buffer
-	for line := range strings.Lines(t.buf.String()) {
-		out.WriteString(strings.TrimRight(line, " \n"))
+	for _, r := range t.rows {
+		var line strings.Builder
+		for i, c := range r {
+			line.WriteString(c)
+			if i < len(r)-1 {
+				line.WriteString(strings.Repeat(" ", widths[i]-runewidth.StringWidth(c)+2))
+			}
+		}
+		out.WriteString(strings.TrimRight(line.String(), " "))
 		out.WriteByte('\n')
 	}
 	_, err := t.w.Write(out.Bytes())

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -210,4 +211,70 @@ func TestWatchInterruptedOnATerminal(t *testing.T) {
 			"the last frame's bar, from the first column")
 		require.Equal(t, 1, strings.Count(screen, id), "each task once on the screen")
 	}
+}
+
+// More tasks than the terminal has lines: bars for all of them cannot be
+// redrawn in place (mpb draws only as many as fit, the first tasks'
+// never), so watch prints lines, and every task is seen to its end.
+func TestWatchMoreTasksThanTheTerminalHasLines(t *testing.T) {
+	t.Parallel()
+	ptmx, tty, err := pty.Open()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ptmx.Close() })
+	const cols, rows = 120, 8
+	require.NoError(t, pty.Setsize(ptmx, &pty.Winsize{Rows: rows, Cols: cols}))
+	drained := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, ptmx)
+		close(drained)
+	}()
+
+	api := newFakeAPI(t)
+	var ids []string
+	for i := range 12 {
+		id := fmt.Sprintf("0193a2b4-0000-7000-8000-0000000000%02d", i)
+		ids = append(ids, id)
+		api.stream(id, streamEvent(1, id, "IN_PROGRESS", "Step 1/2", 50, ""), streamEvent(2, id, "COMPLETED", "Completed", 100, ""))
+	}
+	c := newCLI(t, api)
+	c.env["TERM"] = "xterm-256color"
+	out := &teeFile{File: tty}
+	r := c.runContext(context.Background(), out, append([]string{"watch"}, ids...)...)
+	require.Equal(t, 0, r.code, r.stderr)
+	_ = tty.Close()
+	<-drained
+	for _, id := range ids {
+		require.Regexp(t, `(?m)^\S+  `+id+`  COMPLETED +100%  Completed\r?$`, out.b.String(), "every task is seen to its end")
+	}
+}
+
+// A task type as long as the terminal is narrow: its label is cut, so
+// that the bar and the progress still show.
+func TestWatchLongTypeOnANarrowTerminal(t *testing.T) {
+	t.Parallel()
+	ptmx, tty, err := pty.Open()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ptmx.Close() })
+	const cols, rows = 60, 10
+	require.NoError(t, pty.Setsize(ptmx, &pty.Winsize{Rows: rows, Cols: cols}))
+	vt := vt10x.New(vt10x.WithSize(cols, rows))
+	drained := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(vt, ptmx)
+		close(drained)
+	}()
+
+	const id, typ = "0193a2b4-0000-7000-8000-0000000000a1", "reports.monthly.generate-invoices-for-all-customers"
+	long := func(e string) string { return strings.Replace(e, `"demo.sleep"`, `"`+typ+`"`, 1) }
+	api := newFakeAPI(t)
+	api.stream(id, long(streamEvent(1, id, "IN_PROGRESS", "Step 1/2", 50, "")), long(streamEvent(2, id, "COMPLETED", "Completed", 100, "")))
+	c := newCLI(t, api)
+	c.env["TERM"] = "xterm-256color"
+	r := c.runContext(context.Background(), &teeFile{File: tty}, "watch", id)
+	require.Equal(t, 0, r.code, r.stderr)
+	_ = tty.Close()
+	<-drained
+	screen := vt.String()
+	t.Logf("screen:\n%s", screen)
+	require.Regexp(t, `(?m)^…000000a1 reports\.\S*… +\[=+\] 100%`, screen, "the label cut, the bar and the progress whole")
 }

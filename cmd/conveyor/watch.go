@@ -25,10 +25,11 @@ func (a *app) watchCommand() *cobra.Command {
 		Use:   "watch ID...",
 		Short: "Follow tasks live to their end, with a progress bar each",
 		Long: `Follow each task through its live stream, from its first event to its
-end: on a terminal, one progress bar per task with its state, the time
-since it was submitted and an estimate of the time left; otherwise one
-line per event (time, task, status, progress, state); with -o json, each
-event as a JSON line. A dropped stream is resumed where it stopped.
+end: on a terminal with a line for each task, one progress bar per task
+with its state, the time since it was submitted and an estimate of the
+time left; otherwise one line per event (time, task, status, progress,
+state); with -o json, each event as a JSON line. A dropped stream is
+resumed where it stopped.
 
 The exit status is 0 when every task COMPLETED, 1 when one FAILED, was
 CANCELLED or could not be followed, 130 when interrupted.`,
@@ -90,12 +91,16 @@ func (a *app) watchTasks(ctx context.Context, c *apiclient.Client, ids []string)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	ok := true
+	ok, unauthorized := true, false
 	for i, r := range ends {
 		if r.err != nil {
 			fmt.Fprintf(a.stderr, "conveyor: task %s: %v\n", ids[i], r.err)
 		}
 		ok = ok && r.err == nil && r.status == apiclient.StatusCompleted
+		unauthorized = unauthorized || apiclient.StatusOf(r.err) == 401
+	}
+	if unauthorized {
+		fmt.Fprintf(a.stderr, "conveyor: %s\n", keyHint)
 	}
 	if !ok {
 		return &exitStatus{code: exitFailure}
@@ -138,11 +143,23 @@ func (a *app) newView(ids []string) view {
 	switch {
 	case a.output == outputJSON:
 		return &jsonView{w: a.stdout}
-	case isTerminal(a.stdout) && a.getenv("TERM") != "dumb":
+	case isTerminal(a.stdout) && a.getenv("TERM") != "dumb" && fitsBars(a.stdout, len(ids)):
 		return newBarView(a.stdout, ids, a.now)
 	default:
 		return &lineView{w: a.stdout}
 	}
+}
+
+// fitsBars reports whether the terminal w has room for n bars below one
+// another, and the line the cursor waits on: mpb draws only the bars that
+// fit, and never the others, the first tasks'.
+func fitsBars(w any, n int) bool {
+	f, ok := w.(interface{ Fd() uintptr })
+	if !ok {
+		return true
+	}
+	_, rows, err := term.GetSize(int(f.Fd()))
+	return err != nil || rows == 0 || n < rows
 }
 
 // lineView writes one line per event.
@@ -332,7 +349,9 @@ func (b *taskBar) label(s decor.Statistics) string {
 	if s.AvailableWidth < wideLine && len(id) > 9 {
 		id = "…" + id[len(id)-8:]
 	}
-	return strings.TrimSpace(id + " " + b.typ)
+	// Cut, so that a long type leaves the bar and the progress room: a
+	// line wider than the terminal is cut at its end, where they are.
+	return truncate(strings.TrimSpace(id+" "+b.typ), max(s.AvailableWidth-2-minBarWidth-6, 9))
 }
 
 // suffix is the text after the bar: progress, times, then the state, or

@@ -553,7 +553,7 @@ func (a *app) newRunView(nodes int) runView {
 			cols, rows, err := term.GetSize(int(f.Fd()))
 			// The graph is its nodes, a header, a summary and an error.
 			if err == nil && cols > 1 && nodes+3 < rows {
-				return &runLiveView{screen: &liveScreen{w: a.stdout},
+				return &runLiveView{screen: &liveScreen{w: a.stdout}, fd: int(f.Fd()),
 					style: runStyle{color: a.getenv("NO_COLOR") == "", width: cols - 1}, now: a.now}
 			}
 		}
@@ -588,9 +588,16 @@ type runLiveView struct {
 	screen *liveScreen
 	style  runStyle
 	now    func() time.Time
+	// fd is the terminal's, whose width is read again at each frame: a
+	// frame wider than a terminal made narrower would wrap, and take more
+	// lines than the next one goes back over.
+	fd int
 }
 
 func (v *runLiveView) update(r apiclient.Run) error {
+	if cols, _, err := term.GetSize(v.fd); err == nil && cols > 1 {
+		v.style.width = cols - 1
+	}
 	return v.screen.draw(drawRun(r, v.now(), v.style))
 }
 

@@ -586,3 +586,63 @@ latest versions:
 	require.Equal(t, 2, r.code)
 	require.Equal(t, "conveyor: lineage wants DATASET, got 0 arguments\nRun 'conveyor lineage --help' for usage.\n", r.stderr)
 }
+
+// A terminal made narrower while --wait redraws the graph: the frames
+// after it are cut to the new width. Cut to the old one, their lines wrap,
+// each frame takes more lines than the redraw goes back over, and the
+// screen fills with the heads of earlier frames.
+func TestRunsWaitOnANarrowedTerminal(t *testing.T) {
+	t.Parallel()
+	ptmx, tty, err := pty.Open()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ptmx.Close() })
+	const cols, narrow, rows = 100, 60, 20
+	require.NoError(t, pty.Setsize(ptmx, &pty.Winsize{Rows: rows, Cols: cols}))
+	vt := vt10x.New(vt10x.WithSize(cols, rows))
+	copied := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(vt, ptmx)
+		close(copied)
+	}()
+
+	nodes := func(status string, progress int) []string {
+		return []string{nodeDoc("extract", status, progress, "0193a2b4-0000-7000-8000-00000000000a"),
+			nodeDoc("a-much-longer-node-name", "WAITING", 0, "", "extract")}
+	}
+	api := newFakeAPI(t)
+	api.json("POST /v1/workflows/etl/runs", 201, runDoc("r1", "RUNNING", "", nodes("PENDING", 0)...))
+	var once sync.Once
+	gets := 0
+	api.mux.HandleFunc("GET /v1/runs/r1", func(w http.ResponseWriter, r *http.Request) {
+		once.Do(func() {
+			// The first frame is on the screen: the person narrows the
+			// terminal.
+			require.Eventually(t, func() bool { return strings.Contains(vt.String(), "run r1") }, 5*time.Second, time.Millisecond)
+			vt.Resize(narrow, rows)
+			require.NoError(t, pty.Setsize(ptmx, &pty.Winsize{Rows: rows, Cols: narrow}))
+		})
+		gets++
+		doc := runDoc("r1", "RUNNING", "", nodes("IN_PROGRESS", 10*gets)...)
+		if gets == 4 {
+			doc = runDoc("r1", "COMPLETED", `"finished_at":"2026-11-23T11:59:09Z",`, nodes("COMPLETED", 100)...)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, doc)
+	})
+	c := newCLI(t, api)
+	c.env["TERM"] = "xterm-256color"
+	res := c.runContext(context.Background(), &teeFile{File: tty}, "runs", "start", "etl", "--wait", "--interval", "1ms")
+	require.Equal(t, 0, res.code, res.stderr)
+	_ = tty.Close()
+	select {
+	case <-copied:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the pty did not drain")
+	}
+	screen := vt.String()
+	t.Logf("screen:\n%s", screen)
+	require.Equal(t, 1, strings.Count(screen, "run r1"), "the last frame only")
+	for line := range strings.Lines(screen) {
+		require.LessOrEqual(t, len([]rune(strings.TrimRight(line, " \n"))), narrow-1, "cut to the narrowed terminal")
+	}
+}
