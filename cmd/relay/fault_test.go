@@ -4,12 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -191,38 +189,14 @@ func TestRelaySIGTERMHonoursShutdownTimeout(t *testing.T) {
 func TestRelaySIGTERMWhileDialingAHungBroker(t *testing.T) {
 	skipShort(t)
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		_ = ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	})
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
+	silent, dialled := testenv.SilentAddr(t)
 	db := testdb.New(t)
-	b := &faultBundle{dbURL: db.URL, pool: db.Pool, amqpURL: "amqp://guest:guest@" + ln.Addr().String() + "/",
+	b := &faultBundle{dbURL: db.URL, pool: db.Pool, amqpURL: "amqp://guest:guest@" + silent + "/",
 		admin: testenv.FreeAddr(t)}
 	relay := b.startRelay(t, "relay", "SHUTDOWN_TIMEOUT=1s")
 	testenv.WaitHTTP(t, "http://"+b.admin+"/healthz", 30*time.Second)
 	testenv.Eventually(t, 10*time.Second, func() error {
-		mu.Lock()
-		defer mu.Unlock()
-		if len(conns) == 0 {
+		if dialled() == 0 {
 			return fmt.Errorf("the relay has not dialled the broker yet")
 		}
 		return nil

@@ -17,6 +17,7 @@ import (
 	"github.com/conveyorhq/conveyor/internal/config"
 	"github.com/conveyorhq/conveyor/internal/service"
 	"github.com/conveyorhq/conveyor/internal/testdb"
+	"github.com/conveyorhq/conveyor/internal/testenv"
 )
 
 // A collector that accepts connections and never answers (a black-holed
@@ -24,34 +25,12 @@ import (
 // SHUTDOWN_TIMEOUT: the flush of the last spans is bounded.
 func TestCloseBoundsTheFlushOfTraces(t *testing.T) {
 	// t.Setenv: not parallel.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	var mu sync.Mutex
-	var held []net.Conn // open, never answered
-	t.Cleanup(func() {
-		_ = ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range held {
-			_ = c.Close()
-		}
-	})
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			held = append(held, c)
-			mu.Unlock()
-		}
-	}()
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://"+ln.Addr().String())
+	silent, _ := testenv.SilentAddr(t)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://"+silent)
 	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
 	db := testdb.New(t)
 	cfg := config.Common{DatabaseURL: db.URL, LogLevel: "error", LogFormat: "json",
-		ShutdownTimeout: time.Second, OTLPEndpoint: "http://" + ln.Addr().String()}
+		ShutdownTimeout: time.Second, OTLPEndpoint: "http://" + silent}
 	ctx, cancel := context.WithCancel(context.Background())
 	rt, err := service.Start(ctx, cfg, io.Discard, service.Options{Name: "conveyor-test"})
 	require.NoError(t, err)
