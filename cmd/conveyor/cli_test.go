@@ -882,15 +882,15 @@ func TestFlagsThatWouldDoNothingAreRefused(t *testing.T) {
 func TestGetKeepsOneLinePerField(t *testing.T) {
 	t.Parallel()
 	api := newFakeAPI(t)
-	api.json("GET /v1/tasks/{id}", 200, `{"id":"t1","type":"demo.sleep","status":"FAILED","state":"Step\t2\u001b[2J","progress":40,
-		"attempt":1,"max_attempts":1,"error":"step 3: boom\nstep 4: not run","created_at":"2026-11-23T11:58:00Z"}`)
+	api.json("GET /v1/tasks/{id}", 200, `{"id":"t1","type":"demo.sleep","status":"FAILED","state":"Step\t2\u001b[2J\u202egnp.exe","progress":40,
+		"attempt":1,"max_attempts":1,"error":"step 3: boom\nstep 4:\u2028not run","created_at":"2026-11-23T11:58:00Z"}`)
 	r := newCLI(t, api).run("get", "t1")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Equal(t, `id:       t1
 type:     demo.sleep
 status:   FAILED
 progress: 40%
-state:    Step 2 [2J
+state:    Step 2 [2Jgnp.exe
 error:    step 3: boom step 4: not run
 attempt:  1 of 1
 priority: 0

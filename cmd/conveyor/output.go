@@ -178,8 +178,13 @@ func wholeDuration(n int) string {
 // escape sequence in it would be a command to the person's terminal.
 func oneLine(s string) string {
 	return strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
+		switch {
+		case unicode.IsControl(r), r == '\u2028', r == '\u2029': // the line and paragraph separators too
 			return ' '
+		case unicode.Is(unicode.Bidi_Control, r):
+			// A right-to-left override would turn the rest of the line
+			// around, the columns after it included.
+			return -1
 		}
 		return r
 	}, s)
