@@ -156,9 +156,7 @@ func TestOIDCKeyRotation(t *testing.T) {
 func TestOIDCAWithdrawnKeyIsRefusedOnceTheKeysHeldGrowOld(t *testing.T) {
 	t.Parallel()
 	iss := testenv.NewIssuer(t)
-	tr := newIssuerTransport()
-	clock := newFakeClock()
-	v := auth.NewOIDC(iss.URL, oidcAudience, auth.WithHTTPClient(&http.Client{Transport: tr}), auth.WithClock(clock.now))
+	tr, clock, v := clockedVerifier(iss.URL)
 	ctx := t.Context()
 	old := iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience})
 	_, err := v.Verify(ctx, old)
@@ -193,9 +191,7 @@ func TestOIDCAWithdrawnKeyIsRefusedOnceTheKeysHeldGrowOld(t *testing.T) {
 func TestOIDCOldKeysOfADownIssuerStillVerify(t *testing.T) {
 	t.Parallel()
 	iss := testenv.NewIssuer(t)
-	tr := newIssuerTransport()
-	clock := newFakeClock()
-	v := auth.NewOIDC(iss.URL, oidcAudience, auth.WithHTTPClient(&http.Client{Transport: tr}), auth.WithClock(clock.now))
+	tr, clock, v := clockedVerifier(iss.URL)
 	ctx := t.Context()
 	raw := iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience})
 	_, err := v.Verify(ctx, raw)
@@ -224,9 +220,7 @@ func TestOIDCOldKeysOfADownIssuerStillVerify(t *testing.T) {
 func TestOIDCForgedKeyIDsDoNotFloodTheIssuer(t *testing.T) {
 	t.Parallel()
 	iss, forger := testenv.NewIssuer(t), testenv.NewIssuer(t)
-	tr := newIssuerTransport()
-	clock := newFakeClock()
-	v := auth.NewOIDC(iss.URL, oidcAudience, auth.WithHTTPClient(&http.Client{Transport: tr}), auth.WithClock(clock.now))
+	tr, clock, v := clockedVerifier(iss.URL)
 	ctx := t.Context()
 	_, err := v.Verify(ctx, iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience}))
 	require.NoError(t, err)
@@ -297,9 +291,7 @@ func TestOIDCUnreachableIssuer(t *testing.T) {
 func TestOIDCKeysTheIssuerCannotServeAreItsUnavailability(t *testing.T) {
 	t.Parallel()
 	iss := testenv.NewIssuer(t)
-	tr := newIssuerTransport()
-	clock := newFakeClock()
-	v := auth.NewOIDC(iss.URL, oidcAudience, auth.WithHTTPClient(&http.Client{Transport: tr}), auth.WithClock(clock.now))
+	tr, clock, v := clockedVerifier(iss.URL)
 	_, err := v.Verify(t.Context(), iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience}))
 	require.NoError(t, err)
 
@@ -326,9 +318,7 @@ func TestOIDCKeysTheIssuerCannotServeAreItsUnavailability(t *testing.T) {
 func TestOIDCKeysAFailedFetchIsNotRepeatedByEveryToken(t *testing.T) {
 	t.Parallel()
 	iss, forger := testenv.NewIssuer(t), testenv.NewIssuer(t)
-	tr := newIssuerTransport()
-	clock := newFakeClock()
-	v := auth.NewOIDC(iss.URL, oidcAudience, auth.WithHTTPClient(&http.Client{Transport: tr}), auth.WithClock(clock.now))
+	tr, clock, v := clockedVerifier(iss.URL)
 	ctx := t.Context()
 	_, err := v.Verify(ctx, iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience}))
 	require.NoError(t, err)
@@ -516,6 +506,13 @@ func (tr *issuerTransport) hits(path string) int {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	return tr.counts[path]
+}
+
+// clockedVerifier is a verifier of the issuer at url that fetches through
+// a counting transport and reads the time from a fake clock.
+func clockedVerifier(url string) (*issuerTransport, *fakeClock, *auth.OIDC) {
+	tr, clock := newIssuerTransport(), newFakeClock()
+	return tr, clock, auth.NewOIDC(url, oidcAudience, auth.WithHTTPClient(&http.Client{Transport: tr}), auth.WithClock(clock.now))
 }
 
 // fakeClock is a time that moves only when a test advances it.

@@ -15,6 +15,7 @@ import (
 	"github.com/conveyorhq/conveyor/internal/auth"
 	"github.com/conveyorhq/conveyor/internal/job"
 	"github.com/conveyorhq/conveyor/internal/task"
+	"github.com/conveyorhq/conveyor/internal/wait"
 )
 
 // The API's statements on jobs, type limits and pauses, all in the
@@ -116,15 +117,15 @@ var sqlWaitForAdmission = statement("scheduler.wait", `SELECT pg_advisory_xact_l
 var sqlSessionUser = statement("sessions.user", `SELECT set_config('role', 'none', true)`)
 
 // sqlOlderTransactions says whether another session of the database is in
-// a transaction begun before $1. Those the caller cannot see (another
-// user's, without the right to read their activity) show no start and are
-// not waited for.
+// a transaction begun before $1 (NULL: now, which it returns as the moment
+// to ask about next time). Those the caller cannot see (another user's,
+// without the right to read their activity) show no start and are not
+// waited for.
 var sqlOlderTransactions = statement("sessions.older_transactions", `
-SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+SELECT since, EXISTS (SELECT 1 FROM pg_stat_activity
 	WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'
-		AND xact_start < $1)`)
-
-var sqlClock = statement("sessions.clock", `SELECT clock_timestamp()`)
+		AND xact_start < since)
+FROM (SELECT coalesce($1::timestamptz, clock_timestamp()) AS since) s`)
 
 // settleWait bounds how long a pause or a tighter limit waits for the
 // transactions that began before it to end.
@@ -145,26 +146,22 @@ func (s *JobStore) settle(ctx context.Context, p auth.Principal, ws []withdrawal
 	if len(ws) == 0 {
 		return nil
 	}
-	var since time.Time
-	if err := s.pool.QueryRow(ctx, sqlClock).Scan(&since); err != nil {
-		return translate(err)
-	}
+	// The first ask takes the moment, after the change's commit.
+	var since *time.Time
 	deadline := time.Now().Add(settleWait)
 	for {
 		b := &pgx.Batch{}
 		b.Queue(sqlSessionUser)
 		b.Queue(sqlOlderTransactions, since)
 		var older bool
-		if err := (batchRow{s.pool.SendBatch(ctx, b)}).Scan(&older); err != nil {
+		if err := (batchRow{s.pool.SendBatch(ctx, b)}).Scan(&since, &older); err != nil {
 			return translate(err)
 		}
 		if !older || time.Now().After(deadline) {
 			break
 		}
-		select {
-		case <-ctx.Done():
+		if !wait.Sleep(ctx, 5*time.Millisecond) {
 			return ctx.Err()
-		case <-time.After(5 * time.Millisecond):
 		}
 	}
 	return translate(inScope(ctx, s.pool, orgWide(p), func(tx pgx.Tx) error {
@@ -204,14 +201,14 @@ func (s *JobStore) Jobs(ctx context.Context, p auth.Principal) ([]job.Stored, er
 func (s *JobStore) Job(ctx context.Context, p auth.Principal, name string) (job.Stored, error) {
 	if task.ValidateType(name) != nil {
 		// No job has a name of another form (nor one PostgreSQL refuses).
-		return job.Stored{}, task.Errorf(task.ErrCodeNotFound, "job %q not found", name)
+		return job.Stored{}, missing("job", name)
 	}
 	out, err := scopedRows(ctx, s.pool, p.Scope(), scanJob, sqlJobGet, p.OrgID, name)
 	if err != nil {
 		return job.Stored{}, translate(err)
 	}
 	if len(out) == 0 {
-		return job.Stored{}, task.Errorf(task.ErrCodeNotFound, "job %q not found", name)
+		return job.Stored{}, missing("job", name)
 	}
 	return out[0], nil
 }
@@ -436,7 +433,7 @@ func orgWide(p auth.Principal) auth.Scope { return auth.Scope{OrgID: p.OrgID, Se
 // finish.
 func (s *JobStore) PauseJob(ctx context.Context, p auth.Principal, name string, pause bool) error {
 	if task.ValidateType(name) != nil {
-		return task.Errorf(task.ErrCodeNotFound, "job %q not found", name)
+		return missing("job", name)
 	}
 	var withdrawn []withdrawal
 	err := inScope(ctx, s.pool, orgWide(p), func(tx pgx.Tx) error {

@@ -319,6 +319,12 @@ func (s *APIStore) deleteOne(ctx context.Context, p auth.Principal, what, sql st
 	return nil
 }
 
+// missing is the not-found error of the job or workflow (kind) named name;
+// a name no job or workflow could have is one too.
+func missing(kind, name string) error {
+	return task.Errorf(task.ErrCodeNotFound, "%s %q not found", kind, name)
+}
+
 // notFound names what was not found in a task.ErrNotFound.
 func notFound(err error, what string) error {
 	if errors.Is(err, task.ErrNotFound) {

@@ -169,14 +169,14 @@ func (s *JobStore) Workflows(ctx context.Context, p auth.Principal) ([]job.Store
 func (s *JobStore) Workflow(ctx context.Context, p auth.Principal, name string) (job.StoredWorkflow, error) {
 	if task.ValidateType(name) != nil {
 		// No workflow has a name of another form (nor one PostgreSQL refuses).
-		return job.StoredWorkflow{}, task.Errorf(task.ErrCodeNotFound, "workflow %q not found", name)
+		return job.StoredWorkflow{}, missing("workflow", name)
 	}
 	out, err := scopedRows(ctx, s.pool, p.Scope(), scanWorkflow, sqlWorkflowGet, p.OrgID, name)
 	if err != nil {
 		return job.StoredWorkflow{}, translate(err)
 	}
 	if len(out) == 0 {
-		return job.StoredWorkflow{}, task.Errorf(task.ErrCodeNotFound, "workflow %q not found", name)
+		return job.StoredWorkflow{}, missing("workflow", name)
 	}
 	return out[0], nil
 }
@@ -242,7 +242,7 @@ func scheduleMoved(old, cur *job.Source, oldActive, active bool) bool {
 // transaction.
 func (s *JobStore) StartRun(ctx context.Context, p auth.Principal, name string, req job.RunRequest) (job.Run, error) {
 	if task.ValidateType(name) != nil {
-		return job.Run{}, task.Errorf(task.ErrCodeNotFound, "workflow %q not found", name)
+		return job.Run{}, missing("workflow", name)
 	}
 	params, err := runParams(req.Params)
 	if err != nil {
@@ -263,7 +263,7 @@ func (s *JobStore) StartRun(ctx context.Context, p auth.Principal, name string, 
 			return err
 		}
 		if len(wfs) == 0 {
-			return task.Errorf(task.ErrCodeNotFound, "workflow %q not found", name)
+			return missing("workflow", name)
 		}
 		principal, _ := json.Marshal(p.Actor()) // strings and a uuid always encode
 		if _, err := startRun(ctx, tx, p.OrgID, wfs[0], id, params, req.Force, req.Trace["traceparent"], nil, principal); err != nil {
