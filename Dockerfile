@@ -14,7 +14,7 @@ RUN go mod download
 COPY . .
 ARG VERSION=dev
 RUN CGO_ENABLED=0 go build -trimpath \
-      -ldflags "-s -w -X github.com/conveyorhq/conveyor/internal/telemetry.Version=${VERSION}" \
+      -ldflags "-s -w -X github.com/conveyorhq/conveyor/internal/telemetry.Version=${VERSION} -X main.version=${VERSION}" \
       -o /out/ ./cmd/...
 
 FROM gcr.io/distroless/static-debian12:nonroot

@@ -2,8 +2,10 @@
 # What a task's two status changes (the claim, then the completion) cost
 # PostgreSQL's CPU, for the tasks table as the migrations make it and for
 # narrow tables of the lifecycle's columns with different sets of indexes.
-# It answers one question: where the claim's and the completion's cost
-# goes — the row's width or the index entries each status change writes.
+# It answers two questions: where the claim's and the completion's cost
+# goes — the row's width or the index entries each status change writes —
+# and what a claim fused with its completion would save (the row locked
+# while the handler runs, then one update and one commit).
 #
 # Each configuration is filled with 50,000 pending tasks, then a loop in
 # one backend claims and completes them in batches of 100, a commit after
@@ -90,6 +92,7 @@ after_014=(
 # key and the pending index the claim reads ("tasks" is the real table).
 configs=(
 	"tasks"
+	"tasks, claim and completion fused"
 	"tasks, its indexes as before migration 014"
 	"narrow, every index of tasks on status:$entries $others"
 	"narrow, the four a task's status changes meet:$entries"
@@ -118,8 +121,42 @@ fill() {
 	q -c "VACUUM ANALYZE $table"
 }
 
-loop() {
+# The status changes as the worker writes them: the claim, a commit, the
+# completion, a commit.
+two_steps() {
 	local table=$1
+	cat <<SQL
+		UPDATE $table SET status = 'IN_PROGRESS', state = 'Running', attempt = attempt + 1, version = version + 1,
+			worker_id = 'worker-7f3a9c-12', lease_expires_at = now() + interval '30 s', started_at = now(),
+			heartbeat_at = now(), updated_at = now()
+		WHERE id = ANY (ids) AND status = 'PENDING';
+		COMMIT;
+		UPDATE $table SET status = 'COMPLETED', state = 'Completed', progress = 100, version = version + 1,
+			lease_expires_at = NULL, heartbeat_at = NULL, completed_at = now(), updated_at = now()
+		WHERE id = ANY (ids) AND status = 'IN_PROGRESS';
+		COMMIT;
+SQL
+}
+
+# A claim and completion fused: the rows locked, the handler run while the
+# lock is held, and one update from PENDING to COMPLETED, one commit (a
+# design the worker does not have; "Thirty-second round").
+fused() {
+	local table=$1
+	cat <<SQL
+		PERFORM 1 FROM $table WHERE id = ANY (ids) AND status = 'PENDING' ORDER BY id FOR UPDATE;
+		UPDATE $table SET status = 'COMPLETED', state = 'Completed', progress = 100, version = version + 2,
+			attempt = attempt + 1, worker_id = 'worker-7f3a9c-12', started_at = now(),
+			lease_expires_at = NULL, heartbeat_at = NULL, completed_at = now(), updated_at = now()
+		WHERE id = ANY (ids) AND status = 'PENDING';
+		COMMIT;
+SQL
+}
+
+# loop claims and completes every pending task of table, in batches of 100,
+# with steps (two_steps or fused), and prints the backend's CPU per task.
+loop() {
+	local table=$1 steps=${2:-two_steps}
 	q -At <<SQL
 CREATE FUNCTION pg_temp.cpu() RETURNS bigint LANGUAGE sql AS \$f\$
 	SELECT split_part(s, ' ', 14)::bigint + split_part(s, ' ', 15)::bigint
@@ -130,15 +167,7 @@ DECLARE ids uuid[];
 BEGIN
 	FOR ids IN SELECT array_agg(id) FROM (SELECT id, (row_number() OVER (ORDER BY id) - 1) / 100 AS b
 			FROM $table WHERE status = 'PENDING') s GROUP BY b ORDER BY b LOOP
-		UPDATE $table SET status = 'IN_PROGRESS', state = 'Running', attempt = attempt + 1, version = version + 1,
-			worker_id = 'worker-7f3a9c-12', lease_expires_at = now() + interval '30 s', started_at = now(),
-			heartbeat_at = now(), updated_at = now()
-		WHERE id = ANY (ids) AND status = 'PENDING';
-		COMMIT;
-		UPDATE $table SET status = 'COMPLETED', state = 'Completed', progress = 100, version = version + 1,
-			lease_expires_at = NULL, heartbeat_at = NULL, completed_at = now(), updated_at = now()
-		WHERE id = ANY (ids) AND status = 'IN_PROGRESS';
-		COMMIT;
+$($steps "$table")
 	END LOOP;
 END \$\$;
 SELECT round((pg_temp.cpu() - ticks) * (1e6 / $hz) / 50000, 1) FROM mark;
@@ -166,6 +195,10 @@ for ((r = 1; r <= rounds; r++)); do
 			indexes "${after_014[@]}"
 			fill tasks
 			us=$(loop tasks)
+		elif [ "$name" = "tasks, claim and completion fused" ]; then
+			indexes "${after_014[@]}"
+			fill tasks
+			us=$(loop tasks fused)
 		elif [ "$name" = "tasks, its indexes as before migration 014" ]; then
 			indexes "${before_014[@]}"
 			fill tasks

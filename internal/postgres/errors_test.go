@@ -54,3 +54,18 @@ func TestADeadlockIsTriedAgainThenUnavailable(t *testing.T) {
 	require.Equal(t, task.ErrCodeUnavailable, te.Code)
 	require.Equal(t, 3, calls)
 }
+
+// A batch that loses its race for a key, a deadlock or a serialization
+// conflict at every try is worth another request, not an internal error.
+func TestAConflictThatOutlastsItsTriesIsUnavailable(t *testing.T) {
+	t.Parallel()
+	for _, err := range []error{
+		fmt.Errorf("submit: %w", postgres.ErrRaced),
+		fmt.Errorf("submit: %w", &pgconn.PgError{Code: "40P01"}),
+		fmt.Errorf("submit: %w", &pgconn.PgError{Code: "40001"}),
+	} {
+		var te *task.Error
+		require.ErrorAs(t, postgres.Translate(err), &te, "%v", err)
+		require.Equal(t, task.ErrCodeUnavailable, te.Code, "%v", err)
+	}
+}

@@ -12,3 +12,9 @@ var BulkCountSQL = bulkCountSQL
 
 // RetryDeadlocks lets the tests run a transaction that deadlocks.
 var RetryDeadlocks = retryDeadlocks
+
+// Translate lets the tests read what a database error becomes.
+var Translate = translate
+
+// ErrRaced is a lost race for an idempotency key.
+var ErrRaced = errRaced
