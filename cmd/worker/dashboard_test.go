@@ -306,6 +306,29 @@ func TestDashboardEmptyListShowsNoRetriedOldTaskAsNew(t *testing.T) {
 	require.Equal(t, []string{fresh.String()}, listed)
 }
 
+// A list filtered by a moment given to the second keeps the second when
+// the filter form is sent again.
+func TestDashboardFilterKeepsTheSeconds(t *testing.T) {
+	b := setup(t)
+	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
+	require.NoError(t, err)
+	tab := browser(t)
+	signIn(t, tab, b.api, key)
+	var shown string
+	run(t, tab, 20*time.Second,
+		chromedp.Navigate(b.api+"/ui/tasks?created_after=2026-11-27T08:10:30Z"),
+		chromedp.WaitVisible(`#f-created_after`, chromedp.ByQuery),
+		chromedp.Value(`#f-created_after`, &shown, chromedp.ByQuery))
+	require.Equal(t, "2026-11-27T08:10:30", shown)
+	run(t, tab, 20*time.Second, chromedp.Click(`form.filters button[type="submit"]`, chromedp.ByQuery))
+	// The form's answer is a navigation: read the address until it lands.
+	require.Eventually(t, func() bool {
+		var at string
+		return chromedp.Run(tab, chromedp.Location(&at)) == nil &&
+			strings.Contains(at, "?created_after=2026-11-27T08%3A10%3A30.000Z")
+	}, 20*time.Second, 50*time.Millisecond, "the filter sent again to the second")
+}
+
 // The overview's queues of an org whose tasks have all ended say that
 // nothing waits or runs, not that there are no tasks: the cards above them
 // count the ended ones.

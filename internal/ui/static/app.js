@@ -372,7 +372,9 @@ function filterForm(filter) {
   // shows the API's own error for it.
   const local = (ts) => {
     const d = new Date(ts || NaN);
-    return Number.isNaN(d.getTime()) ? "" : d.toISOString().slice(0, 16);
+    // To the second: a moment given in the address keeps its seconds
+    // when the form is sent again.
+    return Number.isNaN(d.getTime()) ? "" : d.toISOString().slice(0, 19);
   };
   return h("form", { class: "filters", role: "search", "aria-label": "Filter tasks",
     onsubmit: (e) => {
@@ -389,8 +391,8 @@ function filterForm(filter) {
     f("status", "Status", h("select", { id: "f-status", name: "status" }, h("option", { value: "" }, "any"),
       STATUSES.map((s) => h("option", { value: s, selected: filter.status === s }, s)))),
     f("type", "Type", h("input", { id: "f-type", name: "type", value: filter.type || "", placeholder: "demo.sleep" })),
-    f("created_after", "Created after (UTC)", h("input", { id: "f-created_after", name: "created_after", type: "datetime-local", value: local(filter.created_after) })),
-    f("created_before", "Created before (UTC)", h("input", { id: "f-created_before", name: "created_before", type: "datetime-local", value: local(filter.created_before) })),
+    f("created_after", "Created after (UTC)", h("input", { id: "f-created_after", name: "created_after", type: "datetime-local", step: 1, value: local(filter.created_after) })),
+    f("created_before", "Created before (UTC)", h("input", { id: "f-created_before", name: "created_before", type: "datetime-local", step: 1, value: local(filter.created_before) })),
     f("q", "Task id, or metadata key=value", h("input", { id: "f-q", name: "q", value: filter.q || "", type: "search" })),
     h("button", { type: "submit", class: "primary" }, "Filter"),
     h("a", { href: "/ui/tasks" }, "Clear"));
