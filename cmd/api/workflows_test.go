@@ -502,3 +502,51 @@ func TestARunsTaskIsRetriedWithItsRun(t *testing.T) {
 	require.Equal(t, http.StatusOK, run.status, string(run.body))
 	require.Equal(t, "RUNNING", run.json(t)["status"])
 }
+
+// Cancelling a node's task holds the task, then its trigger waits for the
+// run; a worker's batch that completed a sibling holds the run, then its
+// claim waits for that task. PostgreSQL rolls the cancel back (it waited
+// first), and the cancel runs again instead of answering 500.
+func TestTaskCancelRecoversFromADeadlockWithAWorkersBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.applied(t, "", diamondJobs)
+	started := b.post(t, "/v1/workflows/diamond/runs", "")
+	require.Equal(t, http.StatusCreated, started.status, string(started.body))
+	id := started.json(t)["id"].(string)
+	nodes, _ := runNodes(t, started.json(t))
+	w := postgres.NewWorkerStore(b.db.Pool, nil)
+	claimed, err := w.Claim(ctx, []uuid.UUID{uuid.MustParse(nodes["a"]["task_id"].(string))}, "w1", time.Minute)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	_, errs, err := w.Apply(ctx, []task.Change{{TaskID: claimed[0].ID, Version: claimed[0].Version, Transition: task.Complete,
+		Result: json.RawMessage(`{}`)}})
+	require.NoError(t, err)
+	require.NoError(t, errs[0])
+	nodes, _ = runNodes(t, b.get(t, "/v1/runs/"+id).json(t))
+	taskC := nodes["c"]["task_id"].(string)
+
+	// What a worker's batch holds midway, having completed b: the run (the
+	// completion's trigger took it).
+	worker, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = worker.Rollback(ctx) }()
+	_, err = worker.Exec(ctx, `SET LOCAL deadlock_timeout = '30s'`)
+	require.NoError(t, err)
+	_, err = worker.Exec(ctx, `SELECT 1 FROM workflow_runs WHERE id = $1 FOR UPDATE`, id)
+	require.NoError(t, err)
+
+	answer := make(chan response, 1)
+	go func() { answer <- b.post(t, "/v1/tasks/"+taskC+"/cancel", "") }()
+	b.db.WaitForLockWait(t)
+	// The batch's claim goes on to c: a deadlock.
+	_, err = worker.Exec(ctx, `SELECT 1 FROM tasks WHERE id = $1 FOR UPDATE`, taskC)
+	require.NoError(t, err)
+	require.NoError(t, worker.Commit(ctx))
+
+	resp := <-answer
+	require.Equal(t, http.StatusOK, resp.status, string(resp.body))
+	status, _ := b.statusOf(t, taskC)
+	require.Equal(t, "CANCELLED", status)
+}

@@ -175,6 +175,25 @@ func (s *APIStore) Submit(ctx context.Context, p auth.Principal, sub task.Submis
 // about to bind; the whole transaction runs again and finds that key.
 var errRaced = errors.New("idempotency key bound concurrently")
 
+// conflicted reports a transaction rolled back whole for concurrent work:
+// a lost race for an idempotency key, a deadlock, a serialization failure.
+// Running it again may succeed.
+func conflicted(err error) bool {
+	code := pgCode(err)
+	return errors.Is(err, errRaced) || code == codeDeadlock || code == codeSerialization
+}
+
+// outlasted is the error of a transaction that failed at its last try:
+// one that lost to concurrent work every time is worth another request,
+// not an internal error (nothing was written).
+func outlasted(err error) error {
+	if conflicted(err) {
+		return &task.Error{Code: task.ErrCodeUnavailable,
+			Message: "the database rolled this back, again and again, for a conflict with concurrent work; try again"}
+	}
+	return translate(err)
+}
+
 // SubmitBatch stores many submissions in one transaction and answers one
 // entry per submission, in order. Any error rolls back the whole batch.
 //
@@ -195,12 +214,12 @@ func (s *APIStore) SubmitBatch(ctx context.Context, p auth.Principal, subs []tas
 			out, created, err = submitAll(ctx, tx, p.Actor(), subs, trace)
 			return err
 		})
-		if code := pgCode(err); !errors.Is(err, errRaced) && code != codeDeadlock && code != codeSerialization {
+		if !conflicted(err) {
 			break
 		}
 	}
 	if err != nil {
-		return nil, translate(err)
+		return nil, outlasted(err)
 	}
 	if created {
 		s.onOutbox()
@@ -488,7 +507,8 @@ func (s *APIStore) transition(ctx context.Context, p auth.Principal, id uuid.UUI
 	for range 20 {
 		var t task.Task
 		var fenced, queued bool
-		err := inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
+		attempt := func(tx pgx.Tx) error {
+			fenced, queued = false, false
 			var st standing
 			var status string
 			var version int
@@ -516,7 +536,12 @@ func (s *APIStore) transition(ctx context.Context, p auth.Principal, id uuid.UUI
 			}
 			t, err = get(ctx, txRow, tx, p.Scope(), id)
 			return err
-		})
+		}
+		// A task of a workflow run locks its run as it settles (migration
+		// 007), after the task; a worker's batch that settled a sibling
+		// holds the run, then claims this task. PostgreSQL breaks that
+		// deadlock by rolling one back whole; this one then runs again.
+		err := retryDeadlocks(func() error { return inScope(ctx, s.pool, p.Scope(), attempt) })
 		if err != nil {
 			return task.Task{}, err
 		}

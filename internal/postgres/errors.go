@@ -43,11 +43,6 @@ func translate(err error) error {
 	if errors.Is(err, pgx.ErrNoRows) {
 		return task.ErrNotFound
 	}
-	if errors.Is(err, errRaced) || pgCode(err) == codeDeadlock || pgCode(err) == codeSerialization {
-		// Tried again as often as is worth it; nothing was written.
-		return &task.Error{Code: task.ErrCodeUnavailable,
-			Message: "the database rolled this back, again and again, for a conflict with concurrent work; try again"}
-	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch {

@@ -65,7 +65,7 @@ func TestAConflictThatOutlastsItsTriesIsUnavailable(t *testing.T) {
 		fmt.Errorf("submit: %w", &pgconn.PgError{Code: "40001"}),
 	} {
 		var te *task.Error
-		require.ErrorAs(t, postgres.Translate(err), &te, "%v", err)
+		require.ErrorAs(t, postgres.Outlasted(err), &te, "%v", err)
 		require.Equal(t, task.ErrCodeUnavailable, te.Code, "%v", err)
 	}
 }

@@ -13,8 +13,8 @@ var BulkCountSQL = bulkCountSQL
 // RetryDeadlocks lets the tests run a transaction that deadlocks.
 var RetryDeadlocks = retryDeadlocks
 
-// Translate lets the tests read what a database error becomes.
-var Translate = translate
+// Outlasted lets the tests read what a batch's last failure becomes.
+var Outlasted = outlasted
 
 // ErrRaced is a lost race for an idempotency key.
 var ErrRaced = errRaced

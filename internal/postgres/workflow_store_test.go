@@ -735,3 +735,70 @@ func TestRetentionKeepsTheChildrenOfAParentStillWaiting(t *testing.T) {
 		require.Equal(t, task.StatusCompleted, s.Status, s.Key)
 	}
 }
+
+// A node memoized from a run that had itself memoized it points at the
+// task that ran, and names the run of that task: the run its result came
+// from. Naming the run in between sends a reader to a run where the node
+// did not run (and whose own task list does not hold the task).
+func TestWorkflowMemoizedFromNamesTheRunOfItsTask(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailStop)
+	ctx := context.Background()
+	params := json.RawMessage(`{"day": "2026-11-23"}`)
+	first, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{Params: params})
+	require.NoError(t, err)
+	h.settle(h.nodeTasks(first.ID)["a"].ID, task.Complete, `{}`)
+	tasks := h.nodeTasks(first.ID)
+	h.settle(tasks["b"].ID, task.Complete, `{}`)
+	h.settle(tasks["c"].ID, task.Complete, `{}`)
+	h.settle(h.nodeTasks(first.ID)["d"].ID, task.Complete, `{}`)
+	ran := h.nodeTasks(first.ID)
+
+	second, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{Params: params})
+	require.NoError(t, err)
+	require.Equal(t, job.RunCompleted, second.Status)
+	third, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{Params: params})
+	require.NoError(t, err)
+	require.Equal(t, job.RunCompleted, third.Status)
+	for _, n := range third.Nodes {
+		require.Equal(t, job.NodeMemoized, n.State, n.Name)
+		require.Equal(t, ran[n.Name].ID, *n.TaskID, n.Name)
+		require.Equal(t, first.ID, *n.MemoizedFrom, "node %s: its task %s is of run %s", n.Name, *n.TaskID, first.ID)
+	}
+}
+
+// A node whose job was removed and declared again while its run waited
+// for its parents runs the job declared again: the job of its name exists
+// when the node is released, and the run must not fail saying it does not.
+func TestWorkflowNodeRunsAJobDeclaredAgainWhileItWaited(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	ctx := context.Background()
+	const file = `
+jobs:
+  - {name: a, type: wf.a}
+  - {name: b, type: wf.b}
+workflows:
+  - name: pair
+    nodes:
+      - {job: a}
+      - {job: b, depends_on: [a]}
+`
+	applyFile(t, db, admin, file)
+	h := &wfHarness{t: t, db: db, p: admin, store: postgres.NewJobStore(db.Pool)}
+	run, err := h.store.StartRun(ctx, admin, "pair", job.RunRequest{})
+	require.NoError(t, err)
+	onlyA, err := job.Parse([]byte("jobs:\n  - {name: a, type: wf.a}\n"))
+	require.NoError(t, err)
+	_, err = h.store.Apply(ctx, admin, onlyA, false, true) // b and the workflow are removed
+	require.NoError(t, err)
+	applyFile(t, db, admin, file) // and declared again, before a completes
+
+	h.settle(h.nodeTasks(run.ID)["a"].ID, task.Complete, `{}`)
+	r := h.run(run.ID)
+	require.Equal(t, job.RunRunning, r.Status, "error: %s", r.Error)
+	require.Equal(t, map[string]string{"a": "COMPLETED", "b": "PENDING"}, nodeStatus(r))
+	h.settle(h.nodeTasks(run.ID)["b"].ID, task.Complete, `{}`)
+	require.Equal(t, job.RunCompleted, h.run(run.ID).Status)
+}
