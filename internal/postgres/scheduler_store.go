@@ -702,8 +702,12 @@ func dueTicks(sched cron.Schedule, next, now time.Time, missedPolicy string, cfg
 			run = append(run, t)
 		}
 	}
+	// The cursor follows on from the last tick read, not from now: an
+	// "@every" schedule's ticks are its cursor plus whole intervals, and a
+	// late pass must not move the ones to come (a cron spec's next tick
+	// after the last one is its next after now).
 	cursor = sched.Next(now)
-	if extra {
+	if len(ticks) > 0 {
 		cursor = sched.Next(ticks[len(ticks)-1])
 	}
 	// The latest missed tick is this pass's last one only when the next

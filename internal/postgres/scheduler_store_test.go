@@ -750,3 +750,45 @@ func TestApplyAgainWithPayloadNumbersIsUnchanged(t *testing.T) {
 			"dry run %t: the same file again changes nothing", dryRun)
 	}
 }
+
+// An "@every" schedule's ticks are its cursor plus whole intervals: a pass
+// that comes late (a failover, a slow database) makes the late tick and
+// keeps the ones after it where they were, instead of starting the
+// interval again from the late pass and moving every tick to come.
+func TestCronEveryKeepsItsTicksAfterALatePass(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	ctx := context.Background()
+	applyFile(t, db, admin, `jobs:
+  - name: tens
+    type: cron.tens
+    source: {kind: cron, schedule: "@every 10s"}
+`)
+	base := time.Now().UTC().Truncate(time.Second)
+	_, err := db.Pool.Exec(ctx, `UPDATE jobs SET next_tick_at = $1`, base)
+	require.NoError(t, err)
+	s := postgres.NewSchedulerStore(db.Pool, nil)
+	cfg := job.CronConfig{CatchUp: time.Minute, MaxJobs: 10, MaxTicks: 1000}
+	// The first pass comes 1.5 s late, the next one on time.
+	_, err = s.Cron(ctx, cfg, base.Add(1500*time.Millisecond))
+	require.NoError(t, err)
+	_, err = s.Cron(ctx, cfg, base.Add(10*time.Second+200*time.Millisecond))
+	require.NoError(t, err)
+	rows, err := db.Pool.Query(ctx, `SELECT scheduled_at FROM tasks ORDER BY 1`)
+	require.NoError(t, err)
+	ticks, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
+	require.NoError(t, err)
+	require.Equal(t, []time.Time{base, base.Add(10 * time.Second)}, inUTC(ticks), "one task every 10 s from the cursor")
+	var next time.Time
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT next_tick_at FROM jobs`).Scan(&next))
+	require.True(t, base.Add(20*time.Second).Equal(next), "next tick %s", next)
+}
+
+func inUTC(ts []time.Time) []time.Time {
+	out := make([]time.Time, len(ts))
+	for i, t := range ts {
+		out[i] = t.UTC()
+	}
+	return out
+}
