@@ -35,6 +35,15 @@ type testBundle struct {
 func setup(t *testing.T, opts ...func(*config.API)) *testBundle {
 	t.Helper()
 	db := testdb.New(t)
+	b := serve(t, db, opts...)
+	b.token, _ = db.Admin(t)
+	return b
+}
+
+// serve starts run() on a free port against db and waits until it
+// answers; its bundle has no token yet.
+func serve(t *testing.T, db *testdb.DB, opts ...func(*config.API)) *testBundle {
+	t.Helper()
 	addr := testenv.FreeAddr(t)
 	cfg := config.API{
 		Common: config.Common{
@@ -54,7 +63,6 @@ func setup(t *testing.T, opts ...func(*config.API)) *testBundle {
 	errc := make(chan error, 1)
 	go func() { errc <- run(ctx, cfg, io.Discard) }()
 	b := &testBundle{db: db, base: "http://" + addr, client: &http.Client{Timeout: 10 * time.Second}}
-	b.token, _ = db.Admin(t)
 	t.Cleanup(func() {
 		// Connections the client dialled but never used count as active
 		// for a while during shutdown; close them first.

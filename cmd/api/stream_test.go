@@ -28,14 +28,16 @@ func (b *testBundle) openStream(t *testing.T, path, token string) (*http.Respons
 }
 
 // openStreamWith is openStream with the credentials in the given header
-// (the dashboard's cookie, say).
-func (b *testBundle) openStreamWith(t *testing.T, path, header, value string) (*http.Response, *bufio.Scanner) {
+// (the dashboard's cookie, say), and any more headers given as pairs.
+func (b *testBundle) openStreamWith(t *testing.T, path string, header ...string) (*http.Response, *bufio.Scanner) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.base+path, nil)
 	require.NoError(t, err)
-	req.Header.Set(header, value)
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
 	resp, err := (&http.Client{}).Do(req)
 	require.NoError(t, err)
 	t.Cleanup(func() { resp.Body.Close() })
@@ -220,4 +222,28 @@ func TestStreamRefusesALastEventIDAheadOfEveryEvent(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Equal(t, http.StatusOK, b.post(t, "/v1/tasks/"+id+"/cancel", "").status)
 	require.Contains(t, nextData(t, bufio.NewScanner(resp.Body)), `"status":"CANCELLED"`)
+}
+
+// Retention deletes finished tasks with their events, the newest ones too
+// once nothing newer was written. A client that got those events still
+// resumes after the last of them, and an API that starts now (a restart,
+// another instance) starts its hub below that id: the id names an event a
+// stream sent, not one past every event, and the stream opens.
+func TestStreamResumesAfterItsNewestEventsExpired(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id := b.post(t, "/v1/tasks", `{"type":"stream.expired","payload":{}}`).json(t)["id"].(string)
+	require.Equal(t, http.StatusOK, b.post(t, "/v1/tasks/"+id+"/cancel", "").status)
+	ctx := context.Background()
+	var last int64
+	require.NoError(t, b.db.Pool.QueryRow(ctx, "SELECT max(id) FROM task_events").Scan(&last))
+	_, err := b.db.Pool.Exec(ctx, "DELETE FROM tasks WHERE id = $1", id) // as retention does
+	require.NoError(t, err)
+
+	restarted := serve(t, b.db)
+	resp, lines := restarted.openStreamWith(t, "/v1/events/stream?type=stream.expired",
+		"Authorization", "Bearer "+b.token, "Last-Event-ID", strconv.FormatInt(last, 10))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	next := b.post(t, "/v1/tasks", `{"type":"stream.expired","payload":{}}`).json(t)["id"].(string)
+	require.Contains(t, nextData(t, lines), next)
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -15,6 +16,7 @@ import (
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/conveyorhq/conveyor/internal/postgres"
@@ -508,4 +510,44 @@ func TestDashboardRedrawsKeepTheKeyboardsPlace(t *testing.T) {
 		chromedp.WaitVisible(`#status [data-status="IN_PROGRESS"]`, chromedp.ByQuery),
 		chromedp.Evaluate(`document.activeElement.id`, &focused))
 	require.Equal(t, "cancel", focused, "the focus stays on the task's Cancel button")
+}
+
+// Back from a task's page, the browser shows the list again from its
+// back-forward cache, as it was left, without loading it again: the list's
+// stream, closed when the page was hidden, opens again, and the tasks
+// made meanwhile and after appear.
+func TestDashboardListRestoredByBackStaysLive(t *testing.T) {
+	b := setup(t)
+	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
+	require.NoError(t, err)
+	first := b.submit(t, "demo.sleep", map[string]any{"steps": 1}, 1)
+	tab := browser(t)
+	signIn(t, tab, b.api, key)
+	run(t, tab, 30*time.Second,
+		chromedp.Navigate(b.api+"/ui/tasks"),
+		chromedp.WaitVisible(`tr[data-task="`+first.String()+`"]`, chromedp.ByQuery),
+		chromedp.Click(`tr[data-task="`+first.String()+`"] a`, chromedp.ByQuery),
+		chromedp.WaitVisible("#bar", chromedp.ByID))
+	away := b.submit(t, "demo.sleep", map[string]any{"steps": 1}, 1)
+	// A page restored from the cache fires no load event, which
+	// chromedp's navigation and waits expect: the page is asked instead.
+	run(t, tab, 10*time.Second, chromedp.Evaluate(`history.back()`, nil))
+	listed := func(id uuid.UUID) func() error {
+		return func() error {
+			var shown bool
+			ctx, cancel := context.WithTimeout(tab, 2*time.Second)
+			defer cancel()
+			if err := chromedp.Run(ctx, chromedp.Evaluate(
+				`location.pathname === "/ui/tasks" && !!document.querySelector('tr[data-task="`+id.String()+`"]')`, &shown)); err != nil {
+				return err
+			}
+			if !shown {
+				return fmt.Errorf("task %s not listed", id)
+			}
+			return nil
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, listed(away))
+	after := b.submit(t, "demo.sleep", map[string]any{"steps": 1}, 1)
+	testenv.Eventually(t, 10*time.Second, listed(after))
 }

@@ -174,11 +174,21 @@ func (f *follower) connect(ctx context.Context) (end string, progressed bool, er
 	if f.lastID != "" {
 		h.Set("Last-Event-ID", f.lastID)
 	}
+	// A connection silent for longer than the heartbeats allow is dead
+	// (a half-open TCP connection never says so): cancel it. That holds
+	// from the request on: a request never answered is as dead.
+	idle := time.AfterFunc(f.c.cfg.StreamIdleTimeout, func() { cancel(errSilent) })
+	defer idle.Stop()
 	resp, err := f.c.send(ctx, f.c.stream, request{method: http.MethodGet, path: f.path, query: f.query, header: h})
 	if err != nil {
+		if errors.Is(context.Cause(ctx), errSilent) {
+			// Not the caller's cancellation, which ends the stream.
+			return "", false, fmt.Errorf("GET %s: not answered for %s", f.path, f.c.cfg.StreamIdleTimeout)
+		}
 		return "", false, err
 	}
 	defer resp.Body.Close()
+	idle.Reset(f.c.cfg.StreamIdleTimeout)
 	switch {
 	case resp.StatusCode == http.StatusNoContent:
 		return "", false, errEnded
@@ -189,10 +199,6 @@ func (f *follower) connect(ctx context.Context) (end string, progressed bool, er
 		return "", false, &permanentError{fmt.Errorf("GET %s: answered %q, not an event stream", f.path, media)}
 	}
 
-	// A connection silent for longer than the heartbeats allow is dead
-	// (a half-open TCP connection never says so): cancel it.
-	idle := time.AfterFunc(f.c.cfg.StreamIdleTimeout, func() { cancel(errSilent) })
-	defer idle.Stop()
 	body := &activityReader{r: resp.Body, active: func() { idle.Reset(f.c.cfg.StreamIdleTimeout) }}
 
 	for frame, rerr := range sse.Read(body, &sse.ReadConfig{MaxEventSize: maxFrameSize}) {

@@ -471,3 +471,40 @@ func TestFollowTaskReportsAFrameTooLargeToRead(t *testing.T) {
 	defer mu.Unlock()
 	require.LessOrEqual(t, conns, 6, "reconnected %d times", conns)
 }
+
+// A reconnect that is never answered (a proxy that holds the request, a
+// server gone while the request was in flight) is given up after the same
+// silence as an open stream, and tried again: the follower does not wait
+// for headers for ever.
+func TestFollowTaskReconnectsARequestNeverAnswered(t *testing.T) {
+	t.Parallel()
+	f := &fakeStream{t: t, taskID: "t11", events: newTaskEvents("t11", 3, apiclient.StatusCompleted)}
+	var mu sync.Mutex
+	conns := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		conns++
+		conn := conns
+		mu.Unlock()
+		if conn == 1 {
+			<-r.Context().Done() // no answer, not even headers
+			return
+		}
+		f.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	c, err := apiclient.New(apiclient.Config{URL: srv.URL, ReconnectDelay: time.Millisecond,
+		StreamIdleTimeout: 200 * time.Millisecond})
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	var got []int64
+	status, err := c.FollowTask(ctx, "t11", func(e apiclient.Event) error {
+		got = append(got, e.ID)
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, apiclient.StatusCompleted, status)
+	require.Equal(t, ids(f.events), got)
+}

@@ -131,9 +131,10 @@ func (s *server) serveStream(w http.ResponseWriter, r *http.Request, p auth.Prin
 	}
 	if after > cursor {
 		// Another instance's hub may be ahead of this one, so an id past
-		// the cursor can be one a stream sent; one past every committed
-		// event cannot. Taken as given, it would skip everything up to it,
-		// and a task's stream would skip its terminal event and never end.
+		// the cursor can be one a stream sent (and its event deleted by
+		// retention since); one past every id handed out cannot. Taken as
+		// given, it would skip everything up to it, and a task's stream
+		// would skip its terminal event and never end.
 		newest, err := s.Hub.Newest(ctx)
 		if err != nil {
 			s.writeError(w, r, err)
@@ -141,7 +142,7 @@ func (s *server) serveStream(w http.ResponseWriter, r *http.Request, p auth.Prin
 		}
 		if after > newest {
 			s.writeError(w, r, task.Invalid("last_event_id",
-				"%d is ahead of every stored event; resume after the id of the last event a stream sent", after))
+				"%d is past every event id issued so far; resume after the id of the last event a stream sent", after))
 			return
 		}
 	}

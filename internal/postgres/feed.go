@@ -41,6 +41,13 @@ var sqlFeed = statement("task_events.feed", `SELECT pg_current_snapshot()::text,
 var sqlFeedHead = statement("task_events.head",
 	`SELECT coalesce(max(id), 0), pg_current_snapshot()::text FROM task_events`)
 
+// sqlFeedIssued is the last event id the sequence handed out (0 before the
+// first), whether its event committed, rolled back or was deleted since:
+// retention deletes the newest events too once nothing newer was written,
+// and max(id) then falls below ids that streams sent.
+var sqlFeedIssued = statement("task_events.issued",
+	`SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('task_events', 'id')::regclass), 0)`)
+
 // sqlOrgEventsBetween and sqlTaskEventsBetween are the catch-up of a
 // stream: the events in (after, upto] a caller sees, oldest first.
 var sqlOrgEventsBetween = statement("task_events.org_between", `SELECT `+eventColumns+`
@@ -130,6 +137,16 @@ func (f *EventFeed) Head(ctx context.Context) (int64, Snapshot, error) {
 	}
 	s, err := ParseSnapshot(snap)
 	return head, s, err
+}
+
+// Issued returns the last event id handed out, whether or not its event
+// is still stored: no stream sent an id past it.
+func (f *EventFeed) Issued(ctx context.Context) (int64, error) {
+	var id int64
+	if err := f.pool.QueryRow(ctx, sqlFeedIssued).Scan(&id); err != nil {
+		return 0, translate(err)
+	}
+	return id, nil
 }
 
 // Read returns up to limit events after the id after, oldest first, and

@@ -118,7 +118,9 @@ function showError(where, err) {
 // stops. Otherwise (a 503 while the API restarts, a 429, no answer) it
 // opens a new stream after a pause, from the last event it saw.
 function follow(url, onEvent, onEnd) {
-  let es, last = "", ended = false, retry = 2000;
+  // gen counts the times the page was hidden: what was under way then
+  // (a question of the stream, a reopening) is dropped.
+  let es, last = "", ended = false, retry = 2000, timer, gen = 0;
   // from is the stream's URL, resuming after the last event seen.
   const from = () => url + (last ? (url.includes("?") ? "&" : "?") + "last_event_id=" + encodeURIComponent(last) : "");
   const open = () => {
@@ -130,8 +132,9 @@ function follow(url, onEvent, onEnd) {
     es.addEventListener("end", (m) => { ended = true; es.close(); if (onEnd) onEnd(JSON.parse(m.data)); });
     es.addEventListener("error", async () => {
       if (es.readyState !== EventSource.CLOSED || ended) return;
+      const at = gen;
       const status = await answer(from());
-      if (ended) return;
+      if (ended || at !== gen) return;
       if (status === 204) {
         ended = true;
         if (onEnd) onEnd(null);
@@ -143,7 +146,7 @@ function follow(url, onEvent, onEnd) {
         ended = true;
         return;
       }
-      setTimeout(() => { if (!ended) open(); }, retry);
+      timer = setTimeout(() => { if (!ended) open(); }, retry);
       retry = Math.min(retry * 2, 30000);
     });
   };
@@ -162,7 +165,24 @@ function follow(url, onEvent, onEnd) {
     }
   };
   open();
-  window.addEventListener("pagehide", () => { ended = true; es.close(); });
+  // A page left for another is closed, its stream with it; but the browser
+  // may keep it in its back-forward cache, and show it again on Back as it
+  // was left, without running it again: its stream, unless it had ended,
+  // then opens again from the last event seen.
+  let hidden = false;
+  window.addEventListener("pagehide", () => {
+    hidden = !ended;
+    ended = true;
+    gen++;
+    clearTimeout(timer);
+    es.close();
+  });
+  window.addEventListener("pageshow", (e) => {
+    if (!e.persisted || !hidden) return;
+    hidden = false;
+    ended = false;
+    open();
+  });
 }
 
 // ---- sign-in ------------------------------------------------------------
