@@ -58,6 +58,8 @@ func translate(err error) error {
 			return &task.Error{Code: task.ErrCodeForbidden, Message: "not allowed"}
 		case pgErr.Code == "57014": // query_canceled: statement_timeout or a cancelled request
 			return &task.Error{Code: task.ErrCodeUnavailable, Message: "the database did not answer in time; try again"}
+		case Transient(pgErr): // shutting down, restarting, or a connection lost
+			return &task.Error{Code: task.ErrCodeUnavailable, Message: "database unavailable, try again"}
 		}
 	}
 	if pgconn.SafeToRetry(err) || pgconn.Timeout(err) {

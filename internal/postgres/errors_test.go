@@ -69,3 +69,14 @@ func TestAConflictThatOutlastsItsTriesIsUnavailable(t *testing.T) {
 		require.Equal(t, task.ErrCodeUnavailable, te.Code, "%v", err)
 	}
 }
+
+// A statement cut by the server's shutdown or restart is worth another
+// request: the API answers 503, and a stream's client reconnects.
+func TestAServerShuttingDownIsUnavailable(t *testing.T) {
+	t.Parallel()
+	for _, code := range []string{"57P01", "57P02", "57P03", "08006"} {
+		var te *task.Error
+		require.ErrorAs(t, postgres.Translate(fmt.Errorf("read: %w", &pgconn.PgError{Code: code})), &te, code)
+		require.Equal(t, task.ErrCodeUnavailable, te.Code, code)
+	}
+}

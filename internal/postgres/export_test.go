@@ -18,3 +18,6 @@ var Outlasted = outlasted
 
 // ErrRaced is a lost race for an idempotency key.
 var ErrRaced = errRaced
+
+// Translate lets the tests read what a database error becomes.
+var Translate = translate
