@@ -566,6 +566,11 @@ func txRow(ctx context.Context, tx pgx.Tx, _ auth.Scope, sql string, args ...any
 // serves — those it submitted before (with a PENDING task still) and the
 // unserved ones of this request — and records the request's unserved types
 // when the count is within $3. It returns the count.
+//
+// A type's PENDING tasks are looked up by type and org, the admitted ones
+// in tasks_admitted and the others in tasks_waiting, each in an arm of its
+// own: no index holds every PENDING task by type, and a search of them all
+// read the org's whole backlog for each type the org ever left unserved.
 var sqlAdmitTypes = statement("org_task_types.admit", `
 WITH req AS (
 	SELECT DISTINCT u.type FROM unnest($2::text[]) AS u(type)
@@ -573,7 +578,9 @@ WITH req AS (
 ), waiting AS (
 	SELECT o.type FROM org_task_types o
 	WHERE o.org_id = $1 AND NOT EXISTS (SELECT 1 FROM task_types k WHERE k.name = o.type)
-		AND EXISTS (SELECT 1 FROM tasks t WHERE t.org_id = $1 AND t.type = o.type AND t.status = '`+string(task.StatusPending)+`')
+		AND EXISTS (SELECT 1 FROM tasks t WHERE t.type = o.type AND t.org_id = $1 AND t.`+isPending+` AND t.admitted
+			UNION ALL
+			SELECT 1 FROM tasks t WHERE t.type = o.type AND t.org_id = $1 AND t.`+isPending+` AND NOT t.admitted)
 ), total AS (
 	SELECT count(*) AS n FROM (SELECT type FROM waiting UNION SELECT type FROM req) x
 ), ins AS (

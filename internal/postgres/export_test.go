@@ -21,3 +21,9 @@ var ErrRaced = errRaced
 
 // Translate lets the tests read what a database error becomes.
 var Translate = translate
+
+// MigrationLockKey lets the tests hold the migration lock as another runner.
+const MigrationLockKey = migrationLockKey
+
+// RunsListSQL lets the tests read what a listing of runs reads.
+var RunsListSQL = runsListSQL

@@ -71,6 +71,20 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) ([]int, 
 	}
 	defer conn.Release()
 
+	// The pool's statement timeout (the API's request timeout) is not a
+	// migration's: on a large table a migration runs for minutes, and the
+	// other runners wait for the lock as long. The connection gets the
+	// pool's timeout back before it returns to the pool.
+	if _, err := conn.Exec(ctx, "SET statement_timeout = 0"); err != nil {
+		return nil, fmt.Errorf("lift statement timeout for migrations: %w", err)
+	}
+	defer func() {
+		if _, err := conn.Exec(context.WithoutCancel(ctx), "RESET statement_timeout"); err != nil {
+			// Never hand the pool a connection without its bound.
+			_ = conn.Conn().Close(context.WithoutCancel(ctx))
+		}
+	}()
+
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", int64(migrationLockKey)); err != nil {
 		return nil, fmt.Errorf("take migration lock: %w", err)
 	}

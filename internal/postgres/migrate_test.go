@@ -5,7 +5,9 @@ import (
 	"io"
 	"log/slog"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
 
@@ -101,4 +103,48 @@ func TestSchemaConstraints(t *testing.T) {
 		_, err := db.Pool.Exec(ctx, insert, args...)
 		require.Error(t, err, name)
 	}
+}
+
+// The API migrates as it starts, on its pool, whose statements are bounded
+// by API_REQUEST_TIMEOUT. A migration outlasts that: on a large tasks
+// table its statements take minutes, and every other instance starting
+// meanwhile waits for the lock that long. Neither may be cut short (the
+// waiting instance exited, its lock wait cancelled), and the pool's bound
+// holds again afterwards.
+func TestMigrateOutlastsThePoolsStatementTimeout(t *testing.T) {
+	t.Parallel()
+	url := testdb.NewEmpty(t)
+	ctx := context.Background()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	require.NoError(t, postgres.EnsureDatabaseURL(ctx, url))
+
+	// Another runner holds the lock for a while, as one applying a long
+	// migration does.
+	other, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	_, err = other.Exec(ctx, "SELECT pg_advisory_lock($1)", int64(postgres.MigrationLockKey))
+	require.NoError(t, err)
+	released := make(chan struct{})
+	go func() {
+		defer close(released)
+		time.Sleep(time.Second)
+		_, _ = other.Exec(ctx, "SELECT pg_advisory_unlock($1)", int64(postgres.MigrationLockKey))
+	}()
+	defer func() {
+		<-released
+		_ = other.Close(ctx)
+	}()
+
+	pool, err := postgres.Open(ctx, postgres.PoolConfig{URL: url, MaxConns: 1, StatementTimeout: 100 * time.Millisecond})
+	require.NoError(t, err)
+	defer pool.Close()
+	applied, err := postgres.Migrate(ctx, pool, log)
+	require.NoError(t, err)
+	all, err := postgres.Migrations()
+	require.NoError(t, err)
+	require.Len(t, applied, len(all))
+
+	var timeout string
+	require.NoError(t, pool.QueryRow(ctx, "SHOW statement_timeout").Scan(&timeout))
+	require.Equal(t, "100ms", timeout, "the pool's statements are bounded again")
 }

@@ -191,3 +191,91 @@ func grew(t *testing.T, tx interface {
 	require.NoError(t, run())
 	return read() - before
 }
+
+// A submission of a type no worker serves counts the org's unserved types
+// that still have a PENDING task. Each type it remembers is looked up by
+// type and org, in the indexes of admitted and of waiting tasks: asked of
+// every PENDING task at once, the check read the org's whole backlog for
+// each type it remembered (one long gone, a typo, the most), at every such
+// submission.
+func TestTheUnservedTypesCheckReadsOnlyTheTasksOfThoseTypes(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	b.exec(t, `INSERT INTO org_task_types (org_id, type)
+		SELECT `+testdb.OrgSQL+`, unnest(ARRAY['typo.gone', 'demo.noop', 'demo.slow'])`)
+	// A backlog of 20,000 PENDING tasks: a quarter wait for admission.
+	b.exec(t, `INSERT INTO tasks (id, org_id, type, admitted)
+		SELECT gen_random_uuid(), `+testdb.OrgSQL+`, CASE WHEN g % 4 = 0 THEN 'demo.slow' ELSE 'demo.noop' END, g % 4 <> 0
+		FROM generate_series(1, 20000) g`)
+	b.exec(t, `VACUUM ANALYZE tasks`)
+
+	tx, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, statementSQL(t, "scope.set"), b.admin.OrgID.String(), "", "on")
+	require.NoError(t, err)
+	var n int
+	read := grew(t, tx, "seq_tup_read + coalesce(idx_tup_fetch, 0)", "tasks", func() error {
+		return tx.QueryRow(ctx, statementSQL(t, "org_task_types.admit"), b.admin.OrgID, []string{"typo.new"}, 10).Scan(&n)
+	})
+	require.Equal(t, 3, n, "demo.noop, demo.slow and typo.new wait unserved; typo.gone has no task left")
+	require.Less(t, read, int64(100), "task rows read")
+}
+
+// A listing of an org's workflow runs, all of them or one workflow's, newest
+// first, reads that org's runs only, and from its cursor on. Runs are kept
+// for ever (a minutely schedule makes half a million a year): listed by
+// walking every org's runs newest first, an org whose runs were older than
+// another's read all of those first, at every page.
+func TestAnOrgsRunsAreListedFromItsOwnRuns(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	other := b.db.Org(t, "other")
+	// The org listed has 1,000 runs of two workflows; another org has
+	// 30,000 newer ones.
+	b.exec(t, `INSERT INTO workflow_runs (id, org_id, workflow, on_failure, memoize)
+		SELECT conveyor_uuidv7(), `+testdb.OrgSQL+`, 'wf' || (g % 2), 'stop', false FROM generate_series(1, 1000) g`)
+	b.exec(t, `INSERT INTO workflow_runs (id, org_id, workflow, on_failure, memoize)
+		SELECT conveyor_uuidv7(), $1, 'wf' || (g % 2), 'stop', false FROM generate_series(1, 30000) g`, other)
+	b.exec(t, `VACUUM ANALYZE workflow_runs`)
+	var newest, middle uuid.UUID
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT id FROM workflow_runs WHERE org_id = `+testdb.OrgSQL+`
+		ORDER BY id DESC LIMIT 1`).Scan(&newest))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT id FROM workflow_runs WHERE org_id = `+testdb.OrgSQL+`
+		ORDER BY id OFFSET 500 LIMIT 1`).Scan(&middle))
+
+	for _, c := range []struct {
+		workflow string
+		after    uuid.UUID
+		first    uuid.UUID // of the page, when known
+	}{{"", uuid.Nil, newest}, {"wf1", uuid.Nil, uuid.Nil}, {"", middle, uuid.Nil}, {"wf0", middle, uuid.Nil}} {
+		sql, args := postgres.RunsListSQL(b.admin.OrgID, c.workflow, c.after, 50)
+		tx, err := b.db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, statementSQL(t, "scope.set"), b.admin.OrgID.String(), "", "on")
+		require.NoError(t, err)
+		var ids []uuid.UUID
+		read := grew(t, tx, "seq_tup_read + coalesce(idx_tup_fetch, 0)", "workflow_runs", func() error {
+			rows, err := tx.Query(ctx, "SELECT id FROM (\n"+sql+"\n) r", args...)
+			if err != nil {
+				return err
+			}
+			ids, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+			return err
+		})
+		require.NoError(t, tx.Rollback(ctx))
+		require.Len(t, ids, 50, "%+v", c)
+		if c.first != uuid.Nil {
+			require.Equal(t, c.first, ids[0], "%+v", c)
+		}
+		for i := range ids {
+			if i > 0 {
+				require.Less(t, ids[i].String(), ids[i-1].String(), "newest first")
+			}
+			if c.after != uuid.Nil {
+				require.Less(t, ids[i].String(), c.after.String(), "after the cursor")
+			}
+		}
+		require.Less(t, read, int64(500), "runs read for %+v", c)
+	}
+}

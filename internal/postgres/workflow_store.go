@@ -66,11 +66,29 @@ const runColumns = `r.id, r.workflow, r.status, r.on_failure, r.memoize, r.force
 
 var sqlRunGet = statement("workflow_runs.get", `SELECT `+runColumns+` FROM workflow_runs r WHERE r.org_id = $1 AND r.id = $2`)
 
-// sqlRunsList lists a workflow's runs (all the org's with $2 empty),
-// newest first, before the cursor $3.
-var sqlRunsList = statement("workflow_runs.list", `SELECT `+runColumns+` FROM workflow_runs r
-WHERE r.org_id = $1 AND ($2 = '' OR r.workflow = $2) AND ($3::uuid IS NULL OR r.id < $3)
-ORDER BY r.id DESC LIMIT $4`)
+// runsListSQL lists a workflow's runs (all the org's with workflow
+// empty), newest first, before the cursor after when it is set. Like the
+// listing of tasks it is written per call, with a condition for each
+// filter set: the org's runs are walked in workflow_runs_org, one
+// workflow's in workflow_runs_list (migration 017).
+func runsListSQL(org uuid.UUID, workflow string, after uuid.UUID, limit int) (string, []any) {
+	w := &where{}
+	w.and("r.org_id = " + w.arg(org))
+	if workflow != "" {
+		w.and("r.workflow = " + w.arg(workflow))
+	}
+	if after != uuid.Nil {
+		w.and("r.id < " + w.arg(after))
+	}
+	n := w.arg(limit)
+	return named(nameRunsList, `SELECT `+runColumns+` FROM workflow_runs r
+WHERE `+w.String()+`
+ORDER BY r.id DESC LIMIT `+n), w.args
+}
+
+const nameRunsList = "workflow_runs.list"
+
+var _ = statement(nameRunsList, widest(runsListSQL(uuid.Max, "w", uuid.Max, 1)))
 
 var sqlRunGraph = statement("run_nodes.graph", `
 SELECT n.node, n.job, n.depends_on, n.input_datasets, n.output_datasets, n.state, n.task_id, n.memoized_from,
@@ -375,11 +393,8 @@ func scanRun(row pgx.CollectableRow) (job.Run, error) {
 // Runs lists the org's runs of a workflow ("" for all), newest first,
 // older than the cursor after when it is set.
 func (s *JobStore) Runs(ctx context.Context, p auth.Principal, workflow string, after uuid.UUID, limit int) ([]job.Run, error) {
-	var cursor *uuid.UUID
-	if after != uuid.Nil {
-		cursor = &after
-	}
-	out, err := scopedRows(ctx, s.pool, p.Scope(), scanRun, sqlRunsList, p.OrgID, workflow, cursor, limit)
+	sql, args := runsListSQL(p.OrgID, workflow, after, limit)
+	out, err := scopedRows(ctx, s.pool, p.Scope(), scanRun, sql, args...)
 	return out, translate(err)
 }
 
