@@ -68,11 +68,18 @@ const claimColumns = `id, org_id, visibility, type, status, priority, payload, m
 
 // scanClaimed reads the claimColumns of a row.
 func scanClaimed(row pgx.CollectableRow) (task.Task, error) {
+	return scanClaimedWith(row)
+}
+
+// scanClaimedWith reads the claimColumns of a row, then any extra
+// destinations.
+func scanClaimedWith(row pgx.Row, extra ...any) (task.Task, error) {
 	var t task.Task
 	var v scanned
-	if err := row.Scan(&t.ID, &t.OrgID, &t.Visibility, &t.Type, &v.status, &t.Priority, &v.payload, &v.metadata,
+	dest := []any{&t.ID, &t.OrgID, &t.Visibility, &t.Type, &v.status, &t.Priority, &v.payload, &v.metadata,
 		&t.Attempt, &t.MaxAttempts, &t.Version, &t.WorkerID, &t.LeaseExpiresAt, &t.NextRunAt, &t.StartedAt,
-		&v.timeout, &v.heartbeatTimeout, &t.RunID, &t.Node, &v.inputs, &t.ParentID); err != nil {
+		&v.timeout, &v.heartbeatTimeout, &t.RunID, &t.Node, &v.inputs, &t.ParentID}
+	if err := row.Scan(append(dest, extra...)...); err != nil {
 		return task.Task{}, err
 	}
 	v.fill(&t)
@@ -245,23 +252,32 @@ func (s *WorkerStore) Inspect(ctx context.Context, id uuid.UUID) (task.Hold, err
 }
 
 // sqlHeld reads a task the worker holds in the attempt given, as a claim
-// returns it.
-var sqlHeld = statement("tasks.held", `SELECT `+claimColumns+` FROM tasks
+// returns it, and whether a cancel was requested since.
+var sqlHeld = statement("tasks.held", `SELECT `+claimColumns+`, cancel_requested_at IS NOT NULL FROM tasks
 WHERE id = $1 AND `+isRunning+` AND worker_id = $2 AND attempt = $3`)
 
 // Held reads the task id if workerID holds it, running its attempt: a
 // claim whose commit landed though its answer was lost. ok is false when
 // the task is not so held.
+//
+// The task is answered at the version its claim left. No attempt runs it
+// yet, so the only change it can have had since is a cancel's request,
+// which moved it one version on: answered at that version, the run the
+// worker adopts would take the cancel's broadcast for an earlier run's,
+// and its writes would land over the cancel, completing the task.
 func (s *WorkerStore) Held(ctx context.Context, id uuid.UUID, workerID string, attempt int) (task.Task, bool, error) {
-	rows, err := s.pool.Query(ctx, sqlHeld, id, workerID, attempt)
+	var cancelRequested bool
+	t, err := scanClaimedWith(s.pool.QueryRow(ctx, sqlHeld, id, workerID, attempt), &cancelRequested)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return task.Task{}, false, nil
+	}
 	if err != nil {
 		return task.Task{}, false, translate(err)
 	}
-	tasks, err := readClaimed(rows, 1)
-	if err != nil || len(tasks) == 0 {
-		return task.Task{}, false, translate(err)
+	if cancelRequested {
+		t.Version--
 	}
-	return tasks[0], true, nil
+	return t, true, nil
 }
 
 // Register adds the worker to the registry.

@@ -339,6 +339,29 @@ func TestHeldReadsATaskAsItsClaimReturnedIt(t *testing.T) {
 	}
 }
 
+// A cancel accepted after a claim landed, whose answer the worker lost,
+// moves the task one version on: Held still answers the version the claim
+// left, so that the run the worker adopts meets the cancel (its broadcast
+// is newer than the run, its first write is fenced) instead of completing.
+func TestHeldAnswersTheClaimsVersionAfterACancel(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	id := b.pending(t, 3)
+	claimed, err := b.worker.Claim(ctx, []uuid.UUID{id}, "w1", time.Hour)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	_, outcome, err := b.api.Cancel(ctx, b.admin, id, nil)
+	require.NoError(t, err)
+	require.Equal(t, task.CancelRequested, outcome)
+
+	got, ok, err := b.worker.Held(ctx, id, "w1", 1)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, claimed[0].Version, got.Version)
+	out := b.apply(t, task.Change{TaskID: id, Version: got.Version, Transition: task.Complete, Result: json.RawMessage(`1`)})
+	require.True(t, out.Fenced, "the run's outcome misses its fence: the cancel wins")
+}
+
 func TestScheduledRetryWaitsForItsTime(t *testing.T) {
 	b := setupStores(t)
 	ctx := context.Background()

@@ -79,6 +79,10 @@ type progress struct {
 type outcome struct {
 	result any
 	err    error
+	// cause is the cause of the handler's context when the handler
+	// returned (nil: it was not cancelled): the shutdown's grace may end
+	// after that, before the run loop takes the outcome.
+	cause error
 	// encoded is the result as JSON, or why it cannot be (encodeErr):
 	// encoded where the handler ran, so that a panic of its encoding is
 	// the handler's, recovered.
@@ -157,7 +161,7 @@ func (e *execution) run(ctx context.Context) {
 	done, started := make(chan outcome, 1), make(chan struct{})
 	go func() {
 		if !e.takeSlot() {
-			done <- outcome{err: context.Cause(e.hctx)}
+			done <- outcome{err: context.Cause(e.hctx), cause: context.Cause(e.hctx)}
 			return
 		}
 		close(started)
@@ -168,10 +172,11 @@ func (e *execution) run(ctx context.Context) {
 			if !returned {
 				// The handler ended its goroutine (runtime.Goexit, as
 				// testing's FailNow does) instead of returning.
-				done <- outcome{err: errHandlerExited}
+				done <- outcome{err: errHandlerExited, cause: context.Cause(e.hctx)}
 			}
 		}()
 		out := e.call()
+		out.cause = context.Cause(e.hctx)
 		returned = true
 		done <- out
 	}()
@@ -193,11 +198,16 @@ func (e *execution) run(ctx context.Context) {
 			e.w.pokeCredit()
 		}
 	}()
-	var giveUp <-chan time.Time // after the deadline, how long the handler may take to stop
+	var giveUp <-chan time.Time // once stopped (timed out, cancelled), how long the handler may take to stop
 	var lastWrite time.Time
 	var timer *time.Timer
 	var timerC <-chan time.Time
 	for {
+		if e.cancelled && giveUp == nil {
+			// A cancelled handler gets one lease to stop, as a timed-out
+			// one does: the cancel must not wait for its run time.
+			giveUp = time.After(e.w.cfg.Lease)
+		}
 		select {
 		case <-started:
 			started = nil
@@ -276,15 +286,22 @@ func (e *execution) run(ctx context.Context) {
 					e.span.AddEvent("timed out")
 					e.stop(conveyor.ErrTimeout)
 				}
-				giveUp = time.After(e.w.cfg.Lease)
+				if giveUp == nil {
+					giveUp = time.After(e.w.cfg.Lease)
+				}
 			}
 			clock.Reset(time.Until(c.next()))
 		case <-giveUp:
 			// The handler ignores its context: stop renewing the lease and
-			// store the timeout without it; whatever it returns is dropped.
-			e.log.ErrorContext(ctx, "handler ignored its context past its run time; its outcome will be ignored")
-			e.w.metrics.dropped.WithLabelValues("handler_ignored_timeout").Inc()
-			e.finish(ctx, outcome{err: conveyor.ErrTimeout})
+			// store the timeout (or the cancel) without it; whatever it
+			// returns is dropped.
+			why := "handler_ignored_timeout"
+			if e.cancelled {
+				why = "handler_ignored_cancel"
+			}
+			e.log.ErrorContext(ctx, "handler ignored its context; its outcome will be ignored", "cause", context.Cause(e.hctx))
+			e.w.metrics.dropped.WithLabelValues(why).Inc()
+			e.finish(ctx, outcome{err: conveyor.ErrTimeout, cause: context.Cause(e.hctx)})
 			e.ack()
 			// The attempt is over: its span ends now, not when (if ever)
 			// the handler returns.
@@ -654,11 +671,13 @@ func (e *execution) finish(ctx context.Context, out outcome) {
 	case e.cancelled || errors.Is(cause, conveyor.ErrCancelled):
 		e.store(ctx, "cancelled", task.Change{Transition: task.HonourCancel})
 		e.w.metrics.cancelLatency.Observe(time.Since(e.cancelledAt).Seconds())
-	case errors.Is(cause, conveyor.ErrShutdown) && out.err != nil, errors.Is(cause, errNoSlot):
+	case errors.Is(out.cause, conveyor.ErrShutdown) && out.err != nil, errors.Is(out.cause, errNoSlot):
 		// A handler that returns a result as the grace period ends has
 		// done its work: it completes below rather than running again.
+		// One that returned before the grace ended has its outcome
+		// stored as it is, however late the loop takes it.
 		reason := "worker shutting down"
-		if errors.Is(cause, errNoSlot) {
+		if errors.Is(out.cause, errNoSlot) {
 			reason = errNoSlot.Error()
 		}
 		e.store(ctx, "handed_back", task.Change{Transition: task.HandBack, Trace: e.w.inject(ctx),

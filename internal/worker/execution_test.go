@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -118,6 +119,38 @@ func TestWorkerCompletesAHandlerThatReturnedBeforeItsRunTimeWhileAWriteWasSlow(t
 	}
 }
 
+// A handler that failed for good before the shutdown's grace ran out fails
+// its task, though the run loop was busy (a slow write) when the grace
+// ended: its outcome was there first, and the task is not handed back to
+// run again.
+func TestWorkerFailsAHandlerThatFailedBeforeTheGraceEndedWhileAWriteWasSlow(t *testing.T) {
+	failing := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	b := setup(t, testConfig{heartbeat: 300 * time.Millisecond, handlers: []conveyor.Handler{
+		conveyor.Handle("t.fail", func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) {
+			entered <- struct{}{}
+			<-failing
+			return nil, conveyor.Permanent(errors.New("bad input"))
+		}),
+	}})
+	id := b.store.add("t.fail", 3)
+	b.deliver(t, id)
+	receive(t, entered)
+	// The first lease renewal, 300 ms after the start, outlasts the grace
+	// (1 s) and holds the run loop past it; the writes after it are quick.
+	b.store.mu.Lock()
+	b.store.writeTime = 1500 * time.Millisecond
+	b.store.mu.Unlock()
+	time.Sleep(400 * time.Millisecond) // the renewal is under way
+	b.store.mu.Lock()
+	b.store.writeTime = 0
+	b.store.mu.Unlock()
+	b.cancel()     // SIGTERM: the grace starts
+	close(failing) // the handler fails, well within it
+	require.Equal(t, "failed", b.finished(t, id))
+	require.Equal(t, task.StatusFailed, b.store.get(id).Status)
+}
+
 // A cancel broadcast of the current run that arrives while a stale one
 // (of an earlier run) still waits for the run loop is not dropped behind
 // it: the loop gets the newest version, and stops the handler at once
@@ -158,6 +191,33 @@ func TestWorkerStartsNoHandlerOnceStopping(t *testing.T) {
 		require.Equal(t, "handed_back", b.finished(t, id))
 	}
 	require.Zero(t, len(h.entered), "handlers started after the worker began to stop")
+}
+
+// A claim reported failed as the worker begins to stop may have landed:
+// the task is then handed back with its attempt, not left held by a
+// stopped worker until its lease expires (a task of one attempt would then
+// fail without ever running).
+func TestWorkerHandsBackATaskWhoseClaimLandedAsItStopped(t *testing.T) {
+	h := newBlocking()
+	b := setup(t, testConfig{handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	id := b.store.add("t.block", 1)
+	var lost atomic.Bool
+	b.store.mu.Lock()
+	b.store.claimReply = func([]uuid.UUID) (bool, bool) {
+		if !lost.CompareAndSwap(false, true) {
+			return false, false
+		}
+		b.cancel() // SIGTERM, while the claim's answer is lost
+		return true, false
+	}
+	b.store.mu.Unlock()
+	a := b.deliver(t, id)
+	require.Equal(t, "handed_back", b.finished(t, id))
+	receive(t, a.done)
+	got := b.store.get(id)
+	require.Equal(t, task.StatusPending, got.Status)
+	require.Zero(t, got.Attempt, "the attempt is given back")
+	require.Zero(t, len(h.entered), "no handler started once stopping")
 }
 
 // A child's MaxAttempts out of range is refused, a negative one as much as

@@ -220,7 +220,12 @@ func (s *fakeStore) Held(_ context.Context, id uuid.UUID, workerID string, attem
 	if t == nil || t.Status != task.StatusInProgress || t.WorkerID != workerID || t.Attempt != attempt {
 		return task.Task{}, false, nil
 	}
-	return *t, true, nil
+	held := *t
+	if held.CancelRequestedAt != nil {
+		// As the claim left it: the cancel's request moved it one on.
+		held.Version--
+	}
+	return held, true, nil
 }
 
 func (s *fakeStore) transitions(id uuid.UUID) []task.Transition {

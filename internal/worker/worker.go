@@ -40,8 +40,9 @@ type Store interface {
 	// Inspect reads who holds a task, after a fenced change missed.
 	Inspect(ctx context.Context, id uuid.UUID) (task.Hold, error)
 	// Held reads a task the worker holds, running the attempt given, as
-	// a claim returns it: after a claim reported failed, whose commit may
-	// have landed. ok is false when the task is not so held.
+	// a claim returns it (at the version the claim left, though a cancel
+	// was requested since): after a claim reported failed, whose commit
+	// may have landed. ok is false when the task is not so held.
 	Held(ctx context.Context, id uuid.UUID, workerID string, attempt int) (t task.Task, ok bool, err error)
 	// Spawn submits the children of a held task not submitted yet (by
 	// key), and returns where all its children stand, by key.
@@ -812,23 +813,35 @@ func (w *Worker) process(ctx context.Context, d outbox.Delivery, release func())
 // if that try's claim landed.
 func (w *Worker) claimOnce(ctx context.Context, d outbox.Delivery, failed bool) (*task.Task, error) {
 	if failed {
-		t, ok, err := w.store.Held(ctx, d.Body.TaskID, w.cfg.Info.ID, d.Body.Attempt+1)
-		if err != nil {
-			return nil, err
-		}
-		if ok {
-			w.mu.Lock()
-			alone := w.claiming[t.ID] == 1 && w.running[t.ID] == nil
-			w.mu.Unlock()
-			if !alone {
-				return nil, nil
-			}
-			w.log.InfoContext(ctx, "a claim reported failed had landed; the task is ours", "task_id", t.ID,
-				"attempt", t.Attempt)
-			return &t, nil
+		t, settled, err := w.adopt(ctx, d)
+		if err != nil || settled {
+			return t, err
 		}
 	}
 	return w.claims.do(ctx, d.Body.TaskID)
+}
+
+// adopt reads whether a claim of d reported failed had landed. settled
+// says the read decided the delivery: the task is this worker's to run (t),
+// or another delivery of it here is being claimed or run (t nil).
+func (w *Worker) adopt(ctx context.Context, d outbox.Delivery) (t *task.Task, settled bool, err error) {
+	// A connection that hangs must not hold the delivery (nor a stopping
+	// worker's drain) longer than a lease.
+	hctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
+	held, ok, err := w.store.Held(hctx, d.Body.TaskID, w.cfg.Info.ID, d.Body.Attempt+1)
+	cancel()
+	if err != nil || !ok {
+		return nil, false, err
+	}
+	w.mu.Lock()
+	alone := w.claiming[held.ID] == 1 && w.running[held.ID] == nil
+	w.mu.Unlock()
+	if !alone {
+		return nil, true, nil
+	}
+	w.log.InfoContext(ctx, "a claim reported failed had landed; the task is ours", "task_id", held.ID,
+		"attempt", held.Attempt)
+	return &held, true, nil
 }
 
 // claimDone ends a delivery's claim in claiming (under mu).
@@ -862,6 +875,12 @@ func (w *Worker) claim(ctx context.Context, d outbox.Delivery) (*task.Task, erro
 		w.log.WarnContext(ctx, "claim failed; retrying", "task_id", d.Body.TaskID, "error", err, "retry_in", retry)
 		select {
 		case <-w.stopping:
+			// The last try's claim may have landed: the task is then
+			// run, which hands it back at once with its attempt, rather
+			// than held by a stopped worker until its lease expires.
+			if t, settled, aerr := w.adopt(ctx, d); aerr == nil && settled {
+				return t, nil
+			}
 			return nil, err
 		case <-time.After(retry):
 		}

@@ -313,6 +313,27 @@ func TestWorkerTimesOutAHandlerThatIgnoresItsContext(t *testing.T) {
 	require.Equal(t, n, len(b.store.transitions(id)))
 }
 
+// A cancelled handler that ignores its context cannot keep its task
+// IN_PROGRESS until the maximum run time (an hour here): like a timed-out
+// one, it gets one lease to stop, then the task ends CANCELLED without it,
+// its lease no longer renewed.
+func TestWorkerCancelsATaskWhoseHandlerIgnoresItsContext(t *testing.T) {
+	h := newBlocking()
+	h.ignore = true
+	b := setup(t, testConfig{handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	t.Cleanup(func() { close(h.release) })
+	id := b.store.add("t.block", 3)
+	b.deliver(t, id)
+	receive(t, h.entered)
+	v := b.store.requestCancel(id) // what the API does
+	b.src.cancels <- outbox.Cancel{TaskID: id, Version: v}
+	require.Equal(t, "cancelled", b.finished(t, id))
+	require.Equal(t, task.StatusCancelled, b.store.get(id).Status)
+	n := len(b.store.transitions(id))
+	time.Sleep(300 * time.Millisecond)
+	require.Equal(t, n, len(b.store.transitions(id)), "no renewal after the outcome")
+}
+
 // The attempt of a handler that ignores its context ends when its timeout
 // is stored, and so does its CONSUMER span: a span left open until the
 // handler returns, if ever, is never exported, and the task's trace shows
@@ -414,6 +435,31 @@ func TestWorkerRunsATaskWhoseClaimLandedUnbeknownToIt(t *testing.T) {
 	got := b.store.get(id)
 	require.Equal(t, task.StatusCompleted, got.Status)
 	require.Equal(t, 1, got.Attempt, "one attempt, run once")
+}
+
+// A claim whose answer was lost, and a cancel the API accepted before the
+// worker read the task back: the run it adopts is cancelled (the
+// broadcast, heard while the claim was on its way, is this run's), never
+// completed.
+func TestWorkerHonoursACancelOfATaskWhoseClaimLandedUnbeknownToIt(t *testing.T) {
+	b := setup(t, testConfig{handlers: []conveyor.Handler{
+		conveyor.Handle("t.ok", func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) { return 1, nil }),
+	}})
+	var lost atomic.Bool
+	id := b.store.add("t.ok", 3)
+	b.store.mu.Lock()
+	b.store.claimReply = func([]uuid.UUID) (bool, bool) { return lost.CompareAndSwap(false, true), false }
+	b.store.afterClaim = func() {
+		if !lost.Load() || b.store.tasks[id].CancelRequestedAt != nil {
+			return
+		}
+		v := b.store.requestCancelLocked(id) // what the API does, the task now running
+		b.src.cancels <- outbox.Cancel{TaskID: id, Version: v}
+	}
+	b.store.mu.Unlock()
+	b.deliver(t, id)
+	require.Equal(t, "cancelled", b.finished(t, id))
+	require.Equal(t, task.StatusCancelled, b.store.get(id).Status)
 }
 
 // A second delivery of a task this worker runs, whose claim fails, finds
