@@ -50,6 +50,7 @@ func TestLoadWorkerNamesTheBadVariable(t *testing.T) {
 		{"MAINTENANCE_INTERVAL", "1m"},
 		{"RETRY_BACKOFF_BASE", "-1s"},
 		{"WORKER_DEAD_AFTER", "1s"},
+		{"CRON_CATCH_UP", "10s"}, // within a failover's 15s
 		{"AMQP_URL", ""},
 		{"AMQP_URL", "http://localhost:5672/"},
 		{"AMQP_URL", "amqp://localhost:5672/,"},
