@@ -92,16 +92,50 @@ SELECT g.type, g.org_id, g.concurrency_key FROM g
 WHERE NOT EXISTS (SELECT 1 FROM type_limits l WHERE l.org_id = g.org_id AND l.type = g.type AND l.paused_at IS NOT NULL)
 LIMIT $1`)
 
+// sqlWaitingPairs lists the first group of each (type, org) that has tasks
+// waiting for admission, skipping through the waiting index one pair at a
+// time; pairs of a type paused in their org are left out.
+var sqlWaitingPairs = statement("scheduler.waiting_pairs", `
+WITH RECURSIVE g AS (
+	(SELECT type, org_id, concurrency_key FROM tasks WHERE `+isPending+` AND NOT admitted
+		ORDER BY type, org_id, concurrency_key LIMIT 1)
+	UNION ALL
+	SELECT n.type, n.org_id, n.concurrency_key FROM g CROSS JOIN LATERAL (
+		SELECT type, org_id, concurrency_key FROM tasks
+		WHERE `+isPending+` AND NOT admitted AND (type, org_id) > (g.type, g.org_id)
+		ORDER BY type, org_id, concurrency_key LIMIT 1) n
+)
+SELECT g.type, g.org_id, g.concurrency_key FROM g
+WHERE NOT EXISTS (SELECT 1 FROM type_limits l WHERE l.org_id = g.org_id AND l.type = g.type AND l.paused_at IS NOT NULL)
+LIMIT $1`)
+
 // sqlWaitingTasks reads up to $4 due waiting tasks of each group, in the
-// order they are admitted within it, without those of paused jobs.
+// order they are admitted within it, without those of paused jobs, nor
+// those of jobs (or jobs' keys) whose slots are all held: a job's backlog
+// at its limit would otherwise fill its group's places in every pass, and
+// hold up the other tasks of its type, org and key behind it.
 var sqlWaitingTasks = statement("scheduler.waiting_tasks", `
+WITH full_job AS MATERIALIZED (
+	SELECT j.id FROM jobs j
+	WHERE j.org_id = ANY ($2::uuid[]) AND j.max_concurrency IS NOT NULL
+		AND (SELECT count(*) FROM tasks a WHERE a.job_id = j.id AND a.admitted
+			AND a.status IN (`+litList([]task.Status{task.StatusPending, task.StatusInProgress})+`)) >= j.max_concurrency
+), full_key AS MATERIALIZED (
+	SELECT a.job_id, a.concurrency_key FROM jobs j JOIN tasks a ON a.job_id = j.id
+	WHERE j.org_id = ANY ($2::uuid[]) AND j.max_concurrency_per_key IS NOT NULL AND a.concurrency_key <> ''
+		AND a.admitted AND a.status IN (`+litList([]task.Status{task.StatusPending, task.StatusInProgress})+`)
+	GROUP BY a.job_id, a.concurrency_key, j.max_concurrency_per_key
+	HAVING count(*) >= j.max_concurrency_per_key
+)
 SELECT c.id, c.type, c.org_id, c.concurrency_key, c.job_id, c.priority
 FROM unnest($1::text[], $2::uuid[], $3::text[]) AS g(type, org_id, concurrency_key)
 CROSS JOIN LATERAL (
 	SELECT t.id, t.type, t.org_id, t.concurrency_key, t.job_id, t.priority FROM tasks t
 	WHERE t.`+isPending+` AND NOT t.admitted AND t.type = g.type AND t.org_id = g.org_id
 		AND t.concurrency_key = g.concurrency_key AND t.next_run_at <= now() AND t.state <> '`+task.StateAwaiting+`'
-		AND (t.job_id IS NULL OR NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = t.job_id AND j.paused_at IS NOT NULL))
+		AND (t.job_id IS NULL OR (NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = t.job_id AND j.paused_at IS NOT NULL)
+			AND NOT EXISTS (SELECT 1 FROM full_job f WHERE f.id = t.job_id)
+			AND NOT EXISTS (SELECT 1 FROM full_key f WHERE f.job_id = t.job_id AND f.concurrency_key = t.concurrency_key)))
 	ORDER BY t.priority DESC, t.id LIMIT $4) c`)
 
 // sqlTypeLimits reads the limits of the (org, type) pairs named.
@@ -328,17 +362,20 @@ func (s *SchedulerStore) admitWaiting(ctx context.Context, tx pgx.Tx, cfg job.Ad
 	after := s.after
 	s.mu.Unlock()
 	var groups []group
+	scan := func(rows pgx.Rows) error {
+		var g group
+		_, err := pgx.ForEachRow(rows, []any{&g.typ, &g.org, &g.key}, func() error {
+			groups = append(groups, g)
+			return nil
+		})
+		return err
+	}
 	read := func(from group, limit int) error {
 		rows, err := tx.Query(ctx, sqlWaitingGroups, limit, from.typ, from.org, from.key)
 		if err != nil {
 			return err
 		}
-		var g group
-		_, err = pgx.ForEachRow(rows, []any{&g.typ, &g.org, &g.key}, func() error {
-			groups = append(groups, g)
-			return nil
-		})
-		return err
+		return scan(rows)
 	}
 	if err := read(after, cfg.MaxGroups); err != nil {
 		return 0, err
@@ -362,6 +399,43 @@ func (s *SchedulerStore) admitWaiting(ctx context.Context, tx pgx.Tx, cfg job.Ad
 	s.mu.Lock()
 	s.after = next
 	s.mu.Unlock()
+	if next != (group{}) {
+		// More groups wait than a pass reads: an org whose groups this
+		// pass did not reach (behind another org's flood of keys) still
+		// takes its turn, with its first group.
+		in := map[scopeKey]bool{}
+		for _, g := range groups {
+			in[scopeKey{typ: g.typ, org: g.org}] = true
+		}
+		first := len(groups)
+		rows, err := tx.Query(ctx, sqlWaitingPairs, cfg.MaxGroups)
+		if err != nil {
+			return 0, err
+		}
+		if err := scan(rows); err != nil {
+			return 0, err
+		}
+		kept := groups[:first]
+		for _, g := range groups[first:] {
+			if !in[scopeKey{typ: g.typ, org: g.org}] {
+				kept = append(kept, g)
+			}
+		}
+		groups = kept
+	}
+	// The types with tasks left waiting that a pass could admit (due, and
+	// neither paused nor waiting for children): when this pass read every
+	// group, a type with none left keeps no task from a turn, and may
+	// admit directly again; a task due tomorrow does not hold it in fair
+	// mode till then.
+	left := map[string]bool{}
+	if next == (group{}) {
+		defer func() {
+			for name, l := range loads {
+				l.waiting = l.waiting && left[name]
+			}
+		}()
+	}
 	if len(groups) == 0 {
 		return 0, nil
 	}
@@ -400,6 +474,14 @@ func (s *SchedulerStore) admitWaiting(ctx context.Context, tx pgx.Tx, cfg job.Ad
 		return nil
 	}); err != nil || len(cands) == 0 {
 		return 0, err
+	}
+	// A group that filled its places may hold more.
+	inGroup := map[group]int{}
+	for _, c := range cands {
+		g := group{typ: c.typ, org: c.org, key: c.key}
+		if inGroup[g]++; inGroup[g] == perGroup {
+			left[c.typ] = true
+		}
 	}
 
 	// The limits that apply, and the slots already held.
@@ -550,6 +632,7 @@ func (s *SchedulerStore) admitWaiting(ctx context.Context, tx pgx.Tx, cfg job.Ad
 		c := queues[p][0]
 		queues[p] = queues[p][1:]
 		if !fits(c) {
+			left[c.typ] = true
 			continue
 		}
 		take(c)
@@ -557,6 +640,11 @@ func (s *SchedulerStore) admitWaiting(ctx context.Context, tx pgx.Tx, cfg job.Ad
 		admit = append(admit, c.id)
 		if l := loads[c.typ]; l != nil {
 			l.ready++
+		}
+	}
+	for p, q := range queues {
+		if len(q) > 0 {
+			left[p.typ] = true
 		}
 	}
 	if len(admit) == 0 {

@@ -1,6 +1,7 @@
 package postgres_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -791,4 +792,101 @@ func inUTC(ts []time.Time) []time.Time {
 		out[i] = t.UTC()
 	}
 	return out
+}
+
+// A job at its limit with a backlog holds up nothing else: the other
+// waiting tasks of its type, org and key, behind the job's in admission
+// order, are admitted while the job's slot is taken.
+func TestAdmissionPassesOverAFullJobsBacklog(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	ctx := context.Background()
+	applyFile(t, db, admin, "jobs:\n  - name: slow\n    type: hol.t\n    max_concurrency: 1\n"+
+		"types:\n  - type: hol.t\n    max_concurrency: 10\n")
+	jobs := postgres.NewJobStore(db.Pool)
+	var backlog []uuid.UUID
+	for range 40 {
+		tk, err := jobs.Trigger(ctx, admin, "slow", nil, "", nil)
+		require.NoError(t, err)
+		backlog = append(backlog, tk.ID)
+	}
+	plain := submitOf(t, db, admin, "hol.t", "", 2)
+	cfg := admitAll
+	cfg.MaxAdmit = 16
+	s := postgres.NewSchedulerStore(db.Pool, nil)
+	for range 3 {
+		_, err := s.Admit(ctx, cfg)
+		require.NoError(t, err)
+	}
+	require.Len(t, admitted(t, db, backlog), 1, "the job's limit: one at a time")
+	require.Len(t, admitted(t, db, plain), 2, "the type has free slots: the tasks behind the job's are admitted")
+}
+
+// In fair mode, an org whose flood spreads over more concurrency keys than
+// a pass reads groups does not crowd another org out of the passes: the
+// other org's task, with the fewest in flight, goes in the next pass.
+func TestFairModeServesAnOrgBehindAFloodOfKeys(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, one := db.Key(t, "one", auth.Admin)
+	_, two := db.Key(t, "two", auth.Admin)
+	// The flood comes from the org whose groups the waiting index reads
+	// first.
+	flood, small := one, two
+	if bytes.Compare(two.OrgID[:], one.OrgID[:]) < 0 {
+		flood, small = two, one
+	}
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `INSERT INTO task_types (name) VALUES ('fair.k')`)
+	require.NoError(t, err)
+	cfg := admitAll
+	cfg.Window, cfg.MaxGroups = 10, 8
+	s := postgres.NewSchedulerStore(db.Pool, nil)
+	first := submitOf(t, db, flood, "fair.k", "", 11)
+	st, err := s.Admit(ctx, cfg)
+	require.NoError(t, err)
+	require.Equal(t, []string{"fair.k"}, st.Fair)
+	for i := range 40 {
+		submitOf(t, db, flood, "fair.k", fmt.Sprintf("customer-%02d", i), 1)
+	}
+	mine := submitOf(t, db, small, "fair.k", "", 1)
+	require.Empty(t, admitted(t, db, mine))
+
+	// Two slots free: the small org, with nothing in flight, takes one.
+	finish(t, db, first[:3])
+	_, err = s.Admit(ctx, cfg)
+	require.NoError(t, err)
+	require.Len(t, admitted(t, db, mine), 1, "the small org's task goes in at its turn")
+}
+
+// A type in fair mode admits directly again once its queue is short and no
+// task it could admit waits: a task scheduled for tomorrow, which waits
+// for its time and not for a turn, does not keep it in fair mode.
+func TestFairModeEndsWithOnlyLaterTasksWaiting(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, org := db.Key(t, "org", auth.Admin)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `INSERT INTO task_types (name) VALUES ('fair.later')`)
+	require.NoError(t, err)
+	cfg := admitAll
+	cfg.Window = 10
+	s := postgres.NewSchedulerStore(db.Pool, nil)
+	first := submitOf(t, db, org, "fair.later", "", 11)
+	st, err := s.Admit(ctx, cfg)
+	require.NoError(t, err)
+	require.Equal(t, []string{"fair.later"}, st.Fair)
+	sub, err := task.NewSubmission(task.SubmitInput{Type: "fair.later", Delay: "24h", Dedupe: new(bool)},
+		task.Defaults{MaxAttempts: 3}, "")
+	require.NoError(t, err)
+	tomorrow, err := postgres.NewAPIStore(db.Pool, nil).Submit(ctx, org, sub, nil)
+	require.NoError(t, err)
+	require.Empty(t, admitted(t, db, []uuid.UUID{tomorrow.Task.ID}))
+
+	finish(t, db, first)
+	st, err = s.Admit(ctx, cfg)
+	require.NoError(t, err)
+	require.Empty(t, st.Fair, "the queue is empty and nothing due waits")
+	require.Len(t, admitted(t, db, submitOf(t, db, org, "fair.later", "", 1)), 1, "admitted as it is written")
 }
