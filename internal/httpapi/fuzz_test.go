@@ -8,12 +8,15 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/conveyorhq/conveyor/internal/auth"
@@ -99,4 +102,28 @@ func FuzzSubmit(f *testing.F) {
 			t.Fatalf("status %d for body %q: %s", code, body, rec.Body)
 		}
 	})
+}
+
+// Client input alone never names a span: a request's server span is named
+// after its method and route, and a method of the client's own making is
+// "other", as in the metrics. Tracing backends index span names (Jaeger's
+// operations): one per made-up method would grow without bound.
+func TestMadeUpMethodsNameNoSpan(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	h := NewHandler(Config{MaxBodyBytes: 1 << 16, Defaults: task.Defaults{MaxAttempts: 3}, JaegerUIURL: "http://j"},
+		Deps{Store: recordingStore{t: t}, Auth: DevMode(auth.Principal{Kind: auth.KindDev, Role: auth.Writer}), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)), Propagator: propagation.TraceContext{},
+			Registry: prometheus.NewRegistry()})
+	for _, method := range []string{"BREW0", "BREW1", http.MethodPost} {
+		req := httptest.NewRequest(method, "/v1/tasks", bytes.NewBufferString(`{"type":"a"}`))
+		req.Header.Set("Content-Type", "application/json")
+		h.ServeHTTP(httptest.NewRecorder(), req)
+	}
+	var names []string
+	for _, s := range rec.Ended() {
+		names = append(names, s.Name())
+	}
+	if want := []string{"other unmatched", "other unmatched", "POST /v1/tasks"}; !slices.Equal(names, want) {
+		t.Fatalf("span names %q, want %q", names, want)
+	}
 }

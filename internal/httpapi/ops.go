@@ -82,18 +82,21 @@ func (s *server) instrument(next http.Handler) http.Handler {
 		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 		next.ServeHTTP(sw, r)
 		route := routePattern(r)
+		method := methodLabel(r.Method)
 		// The tracing middleware runs before routing; name the span after
-		// the route now that it is known.
+		// the route now that it is known (and, as the metrics, after a
+		// method HTTP defines: span names are indexed too).
 		span := trace.SpanFromContext(r.Context())
-		span.SetName(r.Method + " " + route)
+		span.SetName(method + " " + route)
 		span.SetAttributes(semconv.HTTPRoute(route))
-		s.metrics.requests.WithLabelValues(route, methodLabel(r.Method), strconv.Itoa(sw.status)).Observe(time.Since(start).Seconds())
+		s.metrics.requests.WithLabelValues(route, method, strconv.Itoa(sw.status)).Observe(time.Since(start).Seconds())
 	})
 }
 
-// methodLabel is the metric label of a request's method: the method when
-// HTTP defines it, "other" for any a client makes up, so that client input
-// alone never creates a series.
+// methodLabel is the metric label of a request's method, and the first
+// word of its span's name: the method when HTTP defines it, "other" for
+// any a client makes up, so that client input alone never creates a
+// series or a span name.
 func methodLabel(method string) string {
 	switch method {
 	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete,

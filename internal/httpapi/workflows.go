@@ -24,7 +24,7 @@ type WorkflowStore interface {
 	Runs(ctx context.Context, p auth.Principal, workflow string, after uuid.UUID, limit int) ([]job.Run, error)
 	Run(ctx context.Context, p auth.Principal, id uuid.UUID) (job.Run, error)
 	CancelRun(ctx context.Context, p auth.Principal, id uuid.UUID, trace task.Carrier) (job.Run, error)
-	RetryRun(ctx context.Context, p auth.Principal, id uuid.UUID) (job.Run, error)
+	RetryRun(ctx context.Context, p auth.Principal, id uuid.UUID, trace task.Carrier) (job.Run, error)
 	Lineage(ctx context.Context, p auth.Principal, dataset string, limit int) (job.Lineage, error)
 }
 
@@ -211,7 +211,7 @@ func (s *server) handleCancelRun() http.HandlerFunc {
 
 func (s *server) handleRetryRun() http.HandlerFunc {
 	return s.runAction(func(r *http.Request, id uuid.UUID) (job.Run, error) {
-		return s.Workflows.RetryRun(r.Context(), principal(r), id)
+		return s.Workflows.RetryRun(r.Context(), principal(r), id, s.carrier(r))
 	})
 }
 

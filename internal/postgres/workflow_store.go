@@ -116,7 +116,8 @@ SELECT count(*) > 0 FROM run`)
 // again since has another id. It returns whether the run was resumed.
 var sqlRunResume = statement("workflow_runs.resume", `
 WITH run AS (
-	UPDATE workflow_runs SET status = 'RUNNING', error = NULL, finished_at = NULL, updated_at = now()
+	UPDATE workflow_runs SET status = 'RUNNING', error = NULL, finished_at = NULL, updated_at = now(),
+		traceparent = coalesce(nullif($3::text, ''), traceparent)
 	WHERE org_id = $1 AND id = $2 AND status IN ('FAILED', 'CANCELLED')
 		AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = $2 AND t.status IN (`+inFlight+`))
 	RETURNING id
@@ -487,12 +488,14 @@ func cancelStopped(ctx context.Context, q querier, run *uuid.UUID, limit int, tr
 
 // RetryRun resumes a failed or cancelled run whose tasks have all ended:
 // its nodes that did not complete (failed, cancelled or skipped) run
-// again, those that completed keep their results.
-func (s *JobStore) RetryRun(ctx context.Context, p auth.Principal, id uuid.UUID) (job.Run, error) {
+// again, those that completed keep their results. trace, the retrying
+// request's, becomes the run's: the nodes it runs carry it, as a retried
+// task carries its retry's.
+func (s *JobStore) RetryRun(ctx context.Context, p auth.Principal, id uuid.UUID, trace task.Carrier) (job.Run, error) {
 	var run job.Run
 	err := inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
 		var resumed bool
-		if err := tx.QueryRow(ctx, sqlRunResume, p.OrgID, id).Scan(&resumed); err != nil {
+		if err := tx.QueryRow(ctx, sqlRunResume, p.OrgID, id, trace["traceparent"]).Scan(&resumed); err != nil {
 			return err
 		}
 		if !resumed {

@@ -220,7 +220,7 @@ func TestWorkflowStopsOnFailureAndRetries(t *testing.T) {
 	require.Equal(t, 1, n, "c, still in flight, is cancelled")
 	require.Equal(t, "CANCELLED", nodeStatus(h.run(run.ID))["c"])
 
-	retried, err := h.store.RetryRun(ctx, h.p, run.ID)
+	retried, err := h.store.RetryRun(ctx, h.p, run.ID, nil)
 	require.NoError(t, err)
 	require.Equal(t, job.RunRunning, retried.Status)
 	require.Equal(t, map[string]string{"a": "COMPLETED", "b": "PENDING", "c": "PENDING", "d": "WAITING"}, nodeStatus(retried))
@@ -234,8 +234,45 @@ func TestWorkflowStopsOnFailureAndRetries(t *testing.T) {
 	require.NoError(t, h.db.Pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE run_id = $1 AND status = 'COMPLETED'`, run.ID).Scan(&completed))
 	require.Equal(t, 4, completed, "each node completed once")
 
-	_, err = h.store.RetryRun(ctx, h.p, run.ID)
+	_, err = h.store.RetryRun(ctx, h.p, run.ID, nil)
 	require.Equal(t, task.ErrCodeConflict, task.ErrorCode(err))
+}
+
+// A run's retry is traced as a task's is: the nodes it runs again, and the
+// nodes after them, carry the retrying request's trace, not the trace of
+// the request (or cron pass) that started the run, whose spans ended long
+// before.
+func TestWorkflowRetryRunsUnderTheRetrysTrace(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailStop)
+	ctx := context.Background()
+	const (
+		started = "00-11111111111111111111111111111111-1111111111111111-01"
+		retried = "00-22222222222222222222222222222222-2222222222222222-01"
+	)
+	run, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{Trace: task.Carrier{"traceparent": started}})
+	require.NoError(t, err)
+	h.settle(h.nodeTasks(run.ID)["a"].ID, task.Complete, `{}`)
+	tasks := h.nodeTasks(run.ID)
+	h.settle(tasks["b"].ID, task.Fail, "")
+	h.settle(tasks["c"].ID, task.Complete, `{}`)
+	require.Equal(t, job.RunFailed, h.run(run.ID).Status)
+
+	_, err = h.store.RetryRun(ctx, h.p, run.ID, task.Carrier{"traceparent": retried})
+	require.NoError(t, err)
+	traces := func(node string) (string, string) {
+		var tp, header string
+		require.NoError(t, h.db.Pool.QueryRow(ctx, `SELECT coalesce(t.traceparent, ''),
+			coalesce((SELECT o.headers->>'traceparent' FROM outbox o WHERE o.task_id = t.id ORDER BY o.id DESC LIMIT 1), '')
+			FROM tasks t WHERE t.id = $1`, h.nodeTasks(run.ID)[node].ID).Scan(&tp, &header))
+		return tp, header
+	}
+	tp, header := traces("b")
+	require.Equal(t, retried, tp, "the node run again shows the retry's trace")
+	require.Equal(t, retried, header, "and its message continues it")
+	h.settle(h.nodeTasks(run.ID)["b"].ID, task.Complete, `{}`)
+	tp, _ = traces("d")
+	require.Equal(t, retried, tp, "a node after it as well")
 }
 
 // With on_failure continue, the branch that does not depend on the failed
@@ -280,7 +317,7 @@ func TestWorkflowCancel(t *testing.T) {
 	require.Equal(t, "SKIPPED", st["d"])
 	_, err = h.store.CancelRun(ctx, h.p, run.ID, nil)
 	require.Equal(t, task.ErrCodeConflict, task.ErrorCode(err))
-	_, err = h.store.RetryRun(ctx, h.p, run.ID)
+	_, err = h.store.RetryRun(ctx, h.p, run.ID, nil)
 	require.Equal(t, task.ErrCodeConflict, task.ErrorCode(err), "b is still stopping")
 	require.ErrorContains(t, err, "still stopping")
 }
@@ -510,7 +547,7 @@ func TestWorkflowRetryAfterRetentionIsNotStuck(t *testing.T) {
 	// The run is retried eight days later.
 	h.expire(a)
 
-	retried, err := h.store.RetryRun(ctx, h.p, run.ID)
+	retried, err := h.store.RetryRun(ctx, h.p, run.ID, nil)
 	require.NoError(t, err)
 	var inFlight int
 	require.NoError(t, h.db.Pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE run_id = $1 AND status IN ('PENDING', 'IN_PROGRESS')`,
@@ -682,7 +719,7 @@ workflows:
 	require.Contains(t, failed.Error, "job b no longer exists")
 
 	applyFile(t, db, admin, file) // b is back
-	retried, err := h.store.RetryRun(ctx, admin, run.ID)
+	retried, err := h.store.RetryRun(ctx, admin, run.ID, nil)
 	require.NoError(t, err)
 	require.Equal(t, job.RunRunning, retried.Status, "error: %s", retried.Error)
 	require.Equal(t, map[string]string{"a": "COMPLETED", "b": "PENDING"}, nodeStatus(retried))

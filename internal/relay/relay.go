@@ -325,16 +325,18 @@ func (r *Relay) publish(ctx context.Context, pub Publisher, msgs []outbox.Messag
 		if env, packed := out.Envelopes[m.ID]; packed {
 			nameEnvelope(spans[i], env)
 		}
+		// What is logged of a message is logged in its task's trace.
+		mctx := trace.ContextWithSpan(ctx, spans[i])
 		if reason, failed := out.Failed[m.ID]; failed {
 			endFailed(spans[i], reason)
 			r.metrics.failures.Inc()
-			r.log.WarnContext(ctx, "publish failed; will retry", "outbox_id", m.ID, "task_id", m.TaskID, "kind", m.Kind, "error", reason)
+			r.log.WarnContext(mctx, "publish failed; will retry", "outbox_id", m.ID, "task_id", m.TaskID, "kind", m.Kind, "error", reason)
 			continue
 		}
 		if reason, unroutable := out.Unroutable[m.ID]; unroutable {
 			endFailed(spans[i], reason)
 			r.metrics.parked.Inc()
-			r.log.InfoContext(ctx, "no queue for the task's type yet: parked until a worker for it starts",
+			r.log.InfoContext(mctx, "no queue for the task's type yet: parked until a worker for it starts",
 				"outbox_id", m.ID, "task_id", m.TaskID, "type", m.TaskType)
 			continue
 		}

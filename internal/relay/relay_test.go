@@ -28,6 +28,7 @@ import (
 	"github.com/conveyorhq/conveyor/internal/rabbitmq"
 	"github.com/conveyorhq/conveyor/internal/relay"
 	"github.com/conveyorhq/conveyor/internal/task"
+	"github.com/conveyorhq/conveyor/internal/telemetry"
 	"github.com/conveyorhq/conveyor/internal/testdb"
 	"github.com/conveyorhq/conveyor/internal/testenv"
 )
@@ -76,6 +77,8 @@ type relayOpts struct {
 	tp *sdktrace.TracerProvider
 	// reg, when set, holds the relay's metrics.
 	reg *prometheus.Registry
+	// logs, when set, takes the relay's JSON log.
+	logs io.Writer
 }
 
 // startRelay runs a relay (and its NOTIFY listener) until the test ends.
@@ -97,6 +100,9 @@ func (b *testBundle) startRelay(t *testing.T, o relayOpts) *relay.Relay {
 		o.reg = prometheus.NewRegistry()
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if o.logs != nil {
+		log = telemetry.NewLogger(o.logs, "info", "json")
+	}
 	r := relay.New(relay.Config{
 		BatchSize: o.batchSize, PollInterval: o.pollInterval, Lanes: o.lanes,
 		ConfirmTimeout: 5 * time.Second, ReconnectBackoffMax: 200 * time.Millisecond, StatsInterval: time.Second,
@@ -444,6 +450,45 @@ func TestUnroutableMessagesWaitForAWorker(t *testing.T) {
 	require.NoError(t, err)
 	testenv.WaitForDepth(t, b.amqpURL, rabbitmq.QueueName("no.worker.yet"), 1, 10*time.Second)
 	b.waitOutboxEmpty(t)
+}
+
+// The relay's log lines about one task's message (parked, publish failed)
+// carry the task's trace_id, as every log line of a traced context does:
+// the trace a task's JSON links to leads to them, and they to it.
+func TestRelayLogsOfATaskCarryItsTrace(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	orphan := b.submit(t, "no.worker.yet", `{"n":1}`, 5)
+	var logs syncBuffer
+	b.startRelay(t, relayOpts{logs: &logs})
+	var line map[string]any
+	testenv.Eventually(t, 10*time.Second, func() error {
+		for _, l := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(l, orphan.ID.String()) {
+				return json.Unmarshal([]byte(l), &line)
+			}
+		}
+		return fmtErr("no log line names the parked task: %s", logs.String())
+	})
+	require.Equal(t, "0af7651916cd43dd8448eb211c80319c", line["trace_id"], "%v", line)
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a test at once.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // conveyor_relay_commit_to_publish_seconds is the relay's lag: a row

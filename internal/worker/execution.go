@@ -796,8 +796,13 @@ func (e *execution) done(ctx context.Context, outcome string, err error) {
 		e.log.WarnContext(ctx, "task attempt ended", "outcome", outcome, "error", err)
 		return
 	}
-	if outcome == "failed" {
+	switch outcome {
+	case "failed":
 		e.span.SetStatus(codes.Error, "task failed")
+	case "retried":
+		// The attempt failed, though the task runs again (in a trace of
+		// its own): its span is an error as the last attempt's is.
+		e.span.SetStatus(codes.Error, "attempt failed; retry scheduled")
 	}
 	// A completion is the common case, counted in the metrics and kept in
 	// the task's events: it is logged at debug level, every other outcome

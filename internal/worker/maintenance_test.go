@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	oteltrace "go.opentelemetry.io/otel/trace"
@@ -172,13 +174,18 @@ func TestMaintenanceEndsExpiredLeases(t *testing.T) {
 	require.Equal(t, []task.Transition{task.ExpireRequeue, task.ExpireFail, task.ExpireCancel}, got)
 }
 
-// cronStore records the context of each cron pass.
+// cronStore records the context of each cron pass; its passes fail with
+// err when set.
 type cronStore struct {
 	passes []context.Context
+	err    error
 }
 
 func (s *cronStore) Cron(ctx context.Context, _ job.CronConfig, _ time.Time) (job.CronStats, error) {
 	s.passes = append(s.passes, ctx)
+	if s.err != nil {
+		return job.CronStats{}, s.err
+	}
 	return job.CronStats{Made: 2}, nil
 }
 func (s *cronStore) Admit(context.Context, job.AdmitConfig) (job.AdmitStats, error) {
@@ -207,6 +214,22 @@ func TestSchedulerTracesItsCronPasses(t *testing.T) {
 	require.Equal(t, "cron", ended[0].Name())
 	require.False(t, ended[0].Parent().IsValid(), "a pass starts a trace")
 	require.Equal(t, sc.TraceID(), ended[0].SpanContext().TraceID())
+}
+
+// A cron pass that failed (its ticks' tasks were not made) is an error in
+// its trace, not a pass like any other.
+func TestSchedulerMarksAFailedCronPassAsAnError(t *testing.T) {
+	t.Parallel()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	store := &cronStore{err: errors.New("connection refused")}
+	s := NewScheduler(SchedulerConfig{Interval: time.Second, CronEvery: time.Millisecond}, store,
+		func() bool { return true }, slog.New(slog.NewTextHandler(io.Discard, nil)), NewMetrics(prometheus.NewRegistry()), tp)
+	s.RunOnce(context.Background())
+	ended := rec.Ended()
+	require.Len(t, ended, 1)
+	require.Equal(t, codes.Error, ended[0].Status().Code)
+	require.Contains(t, ended[0].Status().Description, "connection refused")
 }
 
 // electionStore is a maintenance store whose elections go as told.

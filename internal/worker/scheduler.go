@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/conveyorhq/conveyor/internal/job"
@@ -174,6 +175,7 @@ func (s *Scheduler) cron(ctx context.Context) {
 	cs, err := s.store.Cron(ctx, s.cfg.Cron, time.Now())
 	span.SetAttributes(attribute.Int("conveyor.tasks_made", cs.Made))
 	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
 		if ctx.Err() == nil {
 			s.log.WarnContext(ctx, "cron pass failed", "error", err)
 		}

@@ -30,7 +30,9 @@ func (w *Worker) startConsumerSpan(ctx context.Context, d outbox.Delivery) (cont
 			attribute.String("messaging.rabbitmq.queue", d.Queue),
 			attribute.Bool("messaging.rabbitmq.redelivered", d.Redelivered),
 			attribute.String("conveyor.task_id", d.Body.TaskID.String()),
-			attribute.Int("conveyor.attempt", d.Body.Attempt),
+			// The attempt the delivery's claim starts: the message
+			// carries the count before it.
+			attribute.Int("conveyor.attempt", d.Body.Attempt+1),
 		)
 	}
 	return ctx, span

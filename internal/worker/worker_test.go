@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -359,6 +360,79 @@ func TestWorkerEndsTheSpanOfAHandlerThatIgnoresItsContext(t *testing.T) {
 	}
 	require.Eventually(t, consumerEnded, 2*time.Second, 10*time.Millisecond,
 		"the attempt's outcome is stored: its consumer span ends, though the handler still runs")
+}
+
+// An attempt that failed is an error in its trace whether or not the task
+// has attempts left: the CONSUMER span of an attempt whose handler failed,
+// or ran past its run time, and that was retried shows the error, as the
+// last attempt's does.
+func TestWorkerMarksTheSpanOfAFailedAttemptAsAnError(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	h := newBlocking()
+	b := setup(t, testConfig{maxRunTime: 50 * time.Millisecond, handlers: []conveyor.Handler{
+		conveyor.Handle("t.fail", func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) {
+			return nil, errors.New("boom")
+		}),
+		conveyor.Handle("t.block", h.handle),
+	}, tracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))})
+	failing, slow := b.store.add("t.fail", 3), b.store.add("t.block", 3)
+	b.deliver(t, failing)
+	require.Equal(t, "retried", b.finished(t, failing))
+	b.deliver(t, slow)
+	require.Equal(t, "retried", b.finished(t, slow))
+	for _, id := range []uuid.UUID{failing, slow} {
+		var span sdktrace.ReadOnlySpan
+		require.Eventually(t, func() bool {
+			for _, s := range rec.Ended() {
+				for _, a := range s.Attributes() {
+					if s.SpanKind() == oteltrace.SpanKindConsumer && a.Key == "conveyor.task_id" && a.Value.AsString() == id.String() {
+						span = s
+						return true
+					}
+				}
+			}
+			return false
+		}, waitLimit, 10*time.Millisecond)
+		require.Equal(t, codes.Error, span.Status().Code, "the failed attempt of %s is an error", b.store.get(id).Type)
+	}
+}
+
+// A CONSUMER span names the attempt its delivery runs, the attempt the
+// task, its events and its logs show (and the one the retry's span calls
+// next): not the attempt count the message was written at, one less.
+func TestWorkerConsumerSpanNamesTheAttemptItRuns(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	b := setup(t, testConfig{handlers: []conveyor.Handler{
+		conveyor.Handle("t.fail", func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) {
+			return nil, errors.New("boom")
+		}),
+	}, tracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))})
+	id := b.store.add("t.fail", 3)
+	for attempt := range 2 {
+		// The message of each attempt, as the relay writes it: the
+		// task's attempt count when it was queued.
+		d := outbox.Delivery{Body: outbox.Body{TaskID: id, Type: "t.fail", Attempt: attempt}, Acknowledger: newAcker()}
+		select {
+		case b.src.deliveries <- d:
+		case <-time.After(waitLimit):
+			t.Fatal("the worker took no delivery")
+		}
+		require.Equal(t, "retried", b.finished(t, id))
+		require.Equal(t, attempt+1, b.store.get(id).Attempt)
+	}
+	var attempts []int64
+	require.Eventually(t, func() bool {
+		attempts = nil
+		for _, s := range rec.Ended() {
+			for _, a := range s.Attributes() {
+				if s.SpanKind() == oteltrace.SpanKindConsumer && a.Key == "conveyor.attempt" {
+					attempts = append(attempts, a.Value.AsInt64())
+				}
+			}
+		}
+		return len(attempts) == 2
+	}, waitLimit, 10*time.Millisecond)
+	require.Equal(t, []int64{1, 2}, attempts)
 }
 
 // A running task's lease is renewed every heartbeat (100 ms here), not
