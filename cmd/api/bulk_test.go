@@ -261,3 +261,39 @@ func TestBulkCancelRecoversFromADeadlockWithAWorker(t *testing.T) {
 		require.Equal(t, "CANCELLED", status)
 	}
 }
+
+// A running task's lease renewals and progress reports move its version
+// and nothing a cancel looks at. A bulk cancel that meets one between its
+// pick and its change still asks the task to stop, as the single cancel
+// does: skipped, it would go on running while the answer says no task is
+// left ("more": false).
+func TestBulkCancelAsksARunningTaskToStopThroughItsRenewal(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	running := b.submitTask(t, `{"type":"bh.a","payload":{"n":1}}`)
+	b.exec(t, `UPDATE tasks SET status = 'IN_PROGRESS', worker_id = 'w1', attempt = 1,
+		lease_expires_at = now() + interval '30 seconds', version = version + 1 WHERE id = $1`, running)
+
+	// The worker renews the lease, its transaction still open while the
+	// bulk cancel picks the task at the version before.
+	worker, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = worker.Rollback(ctx) }()
+	_, err = worker.Exec(ctx, `UPDATE tasks SET lease_expires_at = now() + interval '30 seconds',
+		version = version + 1 WHERE id = $1`, running)
+	require.NoError(t, err)
+
+	answer := make(chan response, 1)
+	go func() { answer <- b.post(t, "/v1/tasks/cancel", `{"filter":{"type":"bh.a"},"expected":1}`) }()
+	b.db.WaitForLockWait(t)
+	require.NoError(t, worker.Commit(ctx))
+
+	resp := <-answer
+	require.Equal(t, http.StatusOK, resp.status, string(resp.body))
+	require.Equal(t, map[string]any{"matched": float64(1), "cancelled": float64(1), "skipped": float64(0), "more": false}, resp.json(t))
+	status, cancelPending := b.statusOf(t, running)
+	require.Equal(t, "IN_PROGRESS", status)
+	require.True(t, cancelPending, "the running task is asked to stop")
+	require.Equal(t, 1, b.rowCount(t, "outbox", "kind = 'task.cancel' AND task_id = $1", running), "one broadcast to the workers")
+}

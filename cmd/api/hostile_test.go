@@ -47,6 +47,14 @@ func TestHostileInputIsRefusedCleanly(t *testing.T) {
 		{"a field given twice in a batch entry", "/v1/tasks/batch", `{"tasks":[{"type":"a"},{"type":"a","priority":1,"priority":9}]}`,
 			nil, 422, "tasks.1.priority: is given twice"},
 		{"a payload's member given twice", "/v1/tasks", `{"type":"a","payload":{"n":1,"n":2}}`, nil, 422, "payload.n: is given twice"},
+		// The decoder takes a name for a field it matches ignoring case.
+		{"a field given twice in two cases", "/v1/tasks", `{"type":"demo.sleep","Type":"demo.noop"}`, nil, 422, "Type: is given twice"},
+		{"dedupe given twice in two cases", "/v1/tasks", `{"type":"a","payload":{"n":1},"dedupe":true,"DEDUPE":false}`,
+			nil, 422, "DEDUPE: is given twice"},
+		{"a batch entry's key given twice in two cases", "/v1/tasks/batch",
+			`{"tasks":[{"type":"a","idempotency_key":"k1","Idempotency_Key":"k2"}]}`, nil, 422, "tasks.0.Idempotency_Key: is given twice"},
+		{"a bulk filter given twice in two cases", "/v1/tasks/cancel", `{"filter":{"type":"a","TYPE":"b"},"dry_run":true}`,
+			nil, 422, "filter.TYPE: is given twice"},
 	}
 	before := b.counts(t)
 	for _, tt := range tests {

@@ -9,7 +9,9 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"reflect"
 	"strings"
+	"sync"
 
 	"github.com/go-json-experiment/json/jsontext"
 
@@ -36,20 +38,132 @@ func (s *server) decode(w http.ResponseWriter, r *http.Request, dst any) error {
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return task.Errorf(task.ErrCodeMalformed, "request body must hold a single JSON value")
 	}
-	return duplicateNames(body)
+	return duplicateNames(body, reflect.TypeOf(dst))
 }
 
 // duplicateNames refuses a body whose object names a member twice, which
 // the decoder above takes silently, keeping the last: {"type": "a",
-// "type": "b"} is no submission of either.
-func duplicateNames(body []byte) error {
-	_, err := jsontext.NewDecoder(bytes.NewReader(body), jsontext.AllowInvalidUTF8(true)).ReadValue()
+// "type": "b"} is no submission of either. The decoder also takes a name
+// for the field it matches only when case is ignored, so in the objects
+// of t's structs (not in a payload's) names that differ only in case are
+// one field given twice too: {"dedupe": true, "Dedupe": false}.
+func duplicateNames(body []byte, t reflect.Type) error {
+	dec := jsontext.NewDecoder(bytes.NewReader(body), jsontext.AllowInvalidUTF8(true))
+	err := sameFields(dec, t)
 	var serr *jsontext.SyntacticError
-	if errors.As(err, &serr) && errors.Is(serr.Err, jsontext.ErrDuplicateName) {
-		field := strings.ReplaceAll(strings.TrimPrefix(string(serr.JSONPointer), "/"), "/", ".")
-		return task.Invalid(field, "is given twice")
+	var twice *task.Error
+	switch {
+	case errors.As(err, &twice):
+		return twice
+	case errors.As(err, &serr) && errors.Is(serr.Err, jsontext.ErrDuplicateName):
+		return task.Invalid(fieldPath(serr.JSONPointer), "is given twice")
 	}
 	return nil
+}
+
+// fieldPath is a JSON pointer as the problems name fields: tasks.1.type.
+func fieldPath(p jsontext.Pointer) string {
+	return strings.ReplaceAll(strings.TrimPrefix(string(p), "/"), "/", ".")
+}
+
+var unmarshaler = reflect.TypeFor[json.Unmarshaler]()
+
+// sameFields reads the next value of dec, which the decoder read into a
+// value of type t, and refuses two members of one of its structs' objects
+// that name the same field. Errors of the JSON text itself are the
+// decoder's to report, and were.
+func sameFields(dec *jsontext.Decoder, t reflect.Type) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch {
+	case reflect.PointerTo(t).Implements(unmarshaler):
+	case t.Kind() == reflect.Struct && dec.PeekKind() == '{':
+		fields := jsonFields(t)
+		if _, err := dec.ReadToken(); err != nil {
+			return err
+		}
+		named := map[string]bool{}
+		for dec.PeekKind() == '"' {
+			tok, err := dec.ReadToken()
+			if err != nil {
+				return err
+			}
+			field := fieldNamed(fields, tok.String())
+			if field == "" {
+				err = dec.SkipValue()
+			} else if named[field] {
+				return task.Invalid(fieldPath(dec.StackPointer()), "is given twice")
+			} else {
+				named[field] = true
+				err = sameFields(dec, fields[field])
+			}
+			if err != nil {
+				return err
+			}
+		}
+		_, err := dec.ReadToken()
+		return err
+	case t.Kind() == reflect.Slice && dec.PeekKind() == '[':
+		if _, err := dec.ReadToken(); err != nil {
+			return err
+		}
+		for k := dec.PeekKind(); k != ']' && k != 0; k = dec.PeekKind() {
+			if err := sameFields(dec, t.Elem()); err != nil {
+				return err
+			}
+		}
+		_, err := dec.ReadToken()
+		return err
+	}
+	return dec.SkipValue()
+}
+
+// fieldsOf caches jsonFields by type: a batch reads one struct per entry.
+var fieldsOf sync.Map
+
+// jsonFields are the fields of struct type t as encoding/json names them,
+// with their types, those of embedded structs included.
+func jsonFields(t reflect.Type) map[string]reflect.Type {
+	if m, ok := fieldsOf.Load(t); ok {
+		return m.(map[string]reflect.Type)
+	}
+	out := map[string]reflect.Type{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch {
+		case tag == "-":
+		case f.Anonymous && tag == "" && f.Type.Kind() == reflect.Struct:
+			for name, ft := range jsonFields(f.Type) {
+				if _, ok := out[name]; !ok {
+					out[name] = ft
+				}
+			}
+		case !f.IsExported():
+		case tag == "":
+			out[f.Name] = f.Type
+		default:
+			out[tag] = f.Type
+		}
+	}
+	fieldsOf.Store(t, out)
+	return out
+}
+
+// fieldNamed is the field that encoding/json reads a member called name
+// into: the one of that name, else one whose name differs only in case;
+// "" for none.
+func fieldNamed(fields map[string]reflect.Type, name string) string {
+	if _, ok := fields[name]; ok {
+		return name
+	}
+	for f := range fields {
+		if strings.EqualFold(f, name) {
+			return f
+		}
+	}
+	return ""
 }
 
 // hasBody reports whether r carries a body, for a route whose body is

@@ -64,17 +64,35 @@ func bulkCountSQL(org uuid.UUID, a task.Action, statuses []task.Status, f task.F
 }
 
 // bulkPickSQL reads where the first limit of them stand, in id order (the
-// order the transition statement locks them in).
-func bulkPickSQL(org uuid.UUID, a task.Action, statuses []task.Status, f task.Filter, limit int) (string, []any) {
+// order the transition statement locks them in); of the tasks ids alone,
+// when not nil.
+func bulkPickSQL(org uuid.UUID, a task.Action, statuses []task.Status, f task.Filter, limit int, ids []uuid.UUID) (string, []any) {
 	w := bulkWhere(org, a, statuses, f)
+	if ids != nil {
+		w.and("id = ANY (" + w.arg(ids) + ")")
+	}
 	n := w.arg(limit)
 	return named(nameBulkPick, `SELECT id, status, version, cancel_requested_at IS NOT NULL FROM tasks
 	WHERE `+w.String()+` ORDER BY id LIMIT `+n), w.args
 }
 
+// scanStanding reads a row of bulkPickSQL.
+func scanStanding(row pgx.CollectableRow) (task.Standing, error) {
+	var st task.Standing
+	var status string
+	err := row.Scan(&st.ID, &status, &st.Version, &st.CancelPending)
+	st.Status = task.Status(status)
+	return st, err
+}
+
+// maxBulkTries bounds the times a bulk action applies its change to a task
+// whose version moved in the meantime, its status not.
+const maxBulkTries = 5
+
 var (
 	_ = statement(nameBulkCount, widest(bulkCountSQL(uuid.Max, task.ActionCancel, task.ActionCancel.Statuses(), widestFilter)))
-	_ = statement(nameBulkPick, widest(bulkPickSQL(uuid.Max, task.ActionCancel, task.ActionCancel.Statuses(), widestFilter, 1)))
+	_ = statement(nameBulkPick, widest(bulkPickSQL(uuid.Max, task.ActionCancel, task.ActionCancel.Statuses(), widestFilter, 1,
+		[]uuid.UUID{uuid.Max})))
 )
 
 // Bulk applies an action to every task of the principal's org that the
@@ -83,8 +101,9 @@ var (
 // matches more tasks than that is a conflict (the result still holds the
 // count), and no more than that many tasks change. Each task gets the
 // transition the single-task endpoint would apply, at the version read: a
-// task that moved meanwhile is skipped. Everything happens in one
-// transaction of the principal's scope.
+// task that moved meanwhile is skipped, and one whose version alone moved
+// (a running task's lease renewal) is read again and changed. Everything
+// happens in one transaction of the principal's scope.
 func (s *APIStore) Bulk(ctx context.Context, p auth.Principal, b task.Bulk, trace task.Carrier) (task.BulkResult, error) {
 	statuses, err := b.Action.Narrow(b.Filter.Status)
 	if err != nil {
@@ -103,16 +122,10 @@ func (s *APIStore) Bulk(ctx context.Context, p auth.Principal, b task.Bulk, trac
 		countSQL, countArgs := bulkCountSQL(p.OrgID, b.Action, statuses, b.Filter)
 		batch.Queue(countSQL, countArgs...).QueryRow(func(row pgx.Row) error { return row.Scan(&res.Matched) })
 		if !b.DryRun {
-			pickSQL, pickArgs := bulkPickSQL(p.OrgID, b.Action, statuses, b.Filter, limit)
+			pickSQL, pickArgs := bulkPickSQL(p.OrgID, b.Action, statuses, b.Filter, limit, nil)
 			batch.Queue(pickSQL, pickArgs...).Query(func(rows pgx.Rows) error {
 				var err error
-				picked, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (task.Standing, error) {
-					var st task.Standing
-					var status string
-					err := row.Scan(&st.ID, &status, &st.Version, &st.CancelPending)
-					st.Status = task.Status(status)
-					return st, err
-				})
+				picked, err = pgx.CollectRows(rows, scanStanding)
 				return err
 			})
 		}
@@ -127,34 +140,65 @@ func (s *APIStore) Bulk(ctx context.Context, p auth.Principal, b task.Bulk, trac
 			return nil
 		}
 		res.More = res.Matched > len(picked)
-		changes := make([]task.Change, 0, len(picked))
-		for _, st := range picked {
-			tr, err := b.Action.Decide(st.Status, st.CancelPending)
-			if err != nil || tr == "" {
-				res.Skipped++ // cannot happen for the rows bulkWhere picks
-				continue
+		for try := 1; len(picked) > 0; try++ {
+			changes := make([]task.Change, 0, len(picked))
+			for _, st := range picked {
+				tr, err := b.Action.Decide(st.Status, st.CancelPending)
+				if err != nil || tr == "" {
+					res.Skipped++ // cannot happen for the rows bulkWhere picks
+					continue
+				}
+				changes = append(changes, task.Change{TaskID: st.ID, Version: st.Version, Transition: tr,
+					Trace: trace, By: p.Actor()})
 			}
-			changes = append(changes, task.Change{TaskID: st.ID, Version: st.Version, Transition: tr,
-				Trace: trace, By: p.Actor()})
-		}
-		if len(changes) == 0 {
-			return nil
-		}
-		applied, errs, q, err := apply(ctx, tx, changes)
-		if err != nil {
-			return err
-		}
-		if i := slices.IndexFunc(errs, func(err error) bool { return err != nil }); i >= 0 {
-			return errs[i]
-		}
-		for _, a := range applied {
-			if a.Fenced {
-				res.Skipped++
-			} else {
-				res.Changed++
+			if len(changes) == 0 {
+				return nil
 			}
+			applied, errs, q, err := apply(ctx, tx, changes)
+			if err != nil {
+				return err
+			}
+			if i := slices.IndexFunc(errs, func(err error) bool { return err != nil }); i >= 0 {
+				return errs[i]
+			}
+			queued = queued || q
+			status := map[uuid.UUID]task.Status{}
+			for _, st := range picked {
+				status[st.ID] = st.Status
+			}
+			was := map[uuid.UUID]task.Status{}
+			for i, a := range applied {
+				if !a.Fenced {
+					res.Changed++
+				} else if try < maxBulkTries {
+					was[changes[i].TaskID] = status[changes[i].TaskID]
+				} else {
+					res.Skipped++
+				}
+			}
+			if len(was) == 0 {
+				return nil
+			}
+			// A fenced task's version moved. A running task's lease
+			// renewals and progress reports move it and nothing else: one
+			// still in the status it was picked in, and still matched, is
+			// changed after all; one a worker moved on is skipped.
+			ids := make([]uuid.UUID, 0, len(was))
+			for id := range was {
+				ids = append(ids, id)
+			}
+			sql, args := bulkPickSQL(p.OrgID, b.Action, statuses, b.Filter, len(ids), ids)
+			rows, err := tx.Query(ctx, sql, args...)
+			if err != nil {
+				return err
+			}
+			again, err := pgx.CollectRows(rows, scanStanding)
+			if err != nil {
+				return err
+			}
+			picked = slices.DeleteFunc(again, func(st task.Standing) bool { return st.Status != was[st.ID] })
+			res.Skipped += len(was) - len(picked)
 		}
-		queued = q
 		return nil
 	}
 	// The tasks a bulk action settles lock their parents and workflow runs

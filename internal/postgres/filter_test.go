@@ -120,8 +120,9 @@ func TestEveryFilterShapeSelectsWhatItMeans(t *testing.T) {
 	require.Equal(t, 144, shapes)
 }
 
-// A task that changes between a bulk action's read and its write is
-// skipped and counted as such: each change is fenced by the version read.
+// A task that moves on between a bulk action's read and its write is
+// skipped and counted as such: each change is fenced by the version read,
+// and a task read again in another status is left alone.
 func TestBulkSkipsATaskThatChangedMeanwhile(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t)
@@ -130,11 +131,12 @@ func TestBulkSkipsATaskThatChangedMeanwhile(t *testing.T) {
 	_, admin := db.Admin(t)
 	a, b, c := submit(t, store, admin, `{"n":1}`), submit(t, store, admin, `{"n":2}`), submit(t, store, admin, `{"n":3}`)
 
-	// Another writer holds b's row and is about to move its version.
+	// Another writer holds b's row and is about to end it.
 	tx, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, `UPDATE tasks SET version = version + 1 WHERE id = $1`, b.ID)
+	_, err = tx.Exec(ctx, `UPDATE tasks SET status = 'FAILED', state = 'Failed', completed_at = now(),
+		version = version + 1 WHERE id = $1`, b.ID)
 	require.NoError(t, err)
 
 	type outcome struct {
@@ -153,7 +155,7 @@ func TestBulkSkipsATaskThatChangedMeanwhile(t *testing.T) {
 	got := <-done
 	require.NoError(t, got.err)
 	require.Equal(t, task.BulkResult{Matched: 3, Changed: 2, Skipped: 1}, got.res)
-	for id, want := range map[uuid.UUID]task.Status{a.ID: task.StatusCancelled, b.ID: task.StatusPending, c.ID: task.StatusCancelled} {
+	for id, want := range map[uuid.UUID]task.Status{a.ID: task.StatusCancelled, b.ID: task.StatusFailed, c.ID: task.StatusCancelled} {
 		tk, err := store.Get(ctx, admin, id)
 		require.NoError(t, err)
 		require.Equal(t, want, tk.Status)
