@@ -50,6 +50,10 @@ echo "conveyor running: API on $api_url — Ctrl-C to stop" >&2
 if [ -n "$key" ]; then
   echo "admin key of org ${CONVEYOR_ORG:-local} (also in .conveyor-key):" >&2
   echo "  export CONVEYOR_KEY=$key" >&2
+  # bin/conveyor looks for the API at http://localhost:8080 unless told.
+  if [ "$api_url" != "http://localhost:8080" ]; then
+    echo "  export CONVEYOR_URL=$api_url" >&2
+  fi
 fi
 if ((BASH_VERSINFO[0] >= 5)); then
   # A service that exits (a crash, a lost database it will not wait for)

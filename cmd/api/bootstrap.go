@@ -25,6 +25,9 @@ func bootstrap(ctx context.Context, cfg config.Common, stdout io.Writer) error {
 	org := fs.String("org", "", "the org's slug ("+task.SlugPattern+"); made if missing")
 	name := fs.String("name", "bootstrap", "the new admin key's name")
 	if err := fs.Parse(os.Args[2:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) { // -h: the usage is printed
+			return nil
+		}
 		return err
 	}
 	if !regexp.MustCompile(task.SlugPattern).MatchString(*org) {

@@ -12,6 +12,21 @@ import (
 	"github.com/conveyorhq/conveyor/internal/cli"
 )
 
+const usage = `usage: api [migrate | bootstrap --org SLUG [--name NAME] | healthcheck URL]
+
+With no argument, api serves Conveyor's HTTP API, the dashboard (/ui/) and
+its metrics on API_ADDR (default :8080) until SIGINT or SIGTERM.
+
+  migrate          create the database named in DATABASE_URL if it is
+                   missing, apply the migrations, and exit
+  bootstrap        make the org SLUG if it is missing and print a new admin
+                   key for it, alone on stdout
+  healthcheck URL  exit 0 if URL answers 200 (a container's healthcheck)
+
+Everything else is configured by environment variables (DATABASE_URL,
+API_ADDR, …): see "Configuration" in README.md.
+`
+
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "migrate" {
 		cli.Main("conveyor-migrate", migrate)
@@ -19,5 +34,5 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "bootstrap" {
 		cli.Main("conveyor-bootstrap", bootstrap)
 	}
-	cli.Main("conveyor-api", run)
+	cli.Service("conveyor-api", usage, run)
 }

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -530,4 +532,56 @@ func TestOpsEndpoints(t *testing.T) {
 	spec := b.get(t, "/openapi.yaml")
 	require.Equal(t, http.StatusOK, spec.status)
 	require.True(t, bytes.HasPrefix(spec.body, []byte("openapi: 3.1")))
+}
+
+// The services take their configuration from the environment: -h prints
+// their usage, and an argument they do not take is refused — never ignored
+// by starting the service (`api --help` once served on :8080).
+func TestServicesAnswerHelpAndRefuseUnknownArguments(t *testing.T) {
+	t.Parallel()
+	for _, pkg := range []string{"./cmd/api", "./cmd/relay", "./cmd/worker"} {
+		bin := testenv.Binary(t, pkg)
+		name := pkg[len("./cmd/"):]
+		for _, tc := range []struct {
+			args   []string
+			code   int
+			stdout string // a line it holds
+			stderr string
+		}{
+			{args: []string{"--help"}, code: 0, stdout: "usage: " + name + " ["},
+			{args: []string{"-h"}, code: 0, stdout: "usage: " + name + " ["},
+			{args: []string{"--hlep"}, code: 2, stderr: name + `: unknown argument "--hlep"`},
+			{args: []string{"serve", "now"}, code: 2, stderr: name + `: unknown argument "serve"`},
+		} {
+			t.Run(name+" "+strings.Join(tc.args, " "), func(t *testing.T) {
+				t.Parallel()
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				cmd := exec.CommandContext(ctx, bin, tc.args...)
+				// Were an argument ignored, the service would start here, on a
+				// database and a broker nobody listens for, and never exit.
+				cmd.Env = append(os.Environ(), "DATABASE_URL=postgres://postgres@127.0.0.1:1/none?sslmode=disable",
+					"AMQP_URL=amqp://guest:guest@127.0.0.1:1/", "API_ADDR=127.0.0.1:0",
+					"RELAY_ADMIN_ADDR=127.0.0.1:0", "WORKER_ADMIN_ADDR=127.0.0.1:0")
+				var stdout, stderr bytes.Buffer
+				cmd.Stdout, cmd.Stderr = &stdout, &stderr
+				err := cmd.Run()
+				require.NoError(t, ctx.Err(), "it started instead of answering:\n%s", stderr.String())
+				code := 0
+				if ee, ok := errors.AsType[*exec.ExitError](err); ok {
+					code = ee.ExitCode()
+				} else {
+					require.NoError(t, err)
+				}
+				require.Equal(t, tc.code, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+				require.Contains(t, stdout.String()+stderr.String(), "see \"Configuration\" in")
+				if tc.stdout != "" {
+					require.Contains(t, stdout.String(), tc.stdout)
+				}
+				if tc.stderr != "" {
+					require.Contains(t, stderr.String(), tc.stderr)
+				}
+			})
+		}
+	}
 }

@@ -57,8 +57,10 @@ func (a *app) keysCreateCommand() *cobra.Command {
 		Long: `Make an API key named NAME for a service of the org. Its secret, the
 whole key to send as the bearer token, is printed alone on standard output
 and is never shown again (only its SHA-256 is stored).`,
-		Example: `  export CONVEYOR_TOKEN=$(conveyor keys create billing --role writer --org-role finance)`,
-		Args:    exactArgs(1, "NAME"),
+		Example: `  # for the billing service; not into your own CONVEYOR_TOKEN, which would
+  # then win over CONVEYOR_KEY and leave this shell without the admin role
+  BILLING_KEY=$(conveyor keys create billing --role writer --org-role finance --expires-in 720h)`,
+		Args: exactArgs(1, "NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			in.Name = args[0]
 			switch {

@@ -175,7 +175,9 @@ func TestConfigPrecedence(t *testing.T) {
 		"--config": {file: "url: http://ignored:9\n", args: []string{"--config", "OTHER"},
 			want: config{URL: "http://other:4", Token: "other-token"}},
 		"--config missing": {args: []string{"--config", "MISSING"}, wantErr: "no such file"},
-		"unknown key":      {file: "url: http://file:1\ntokn: typo\n", wantErr: "field tokn not found"},
+		"unknown key":      {file: "url: http://file:1\ntokn: typo\n", wantErr: `line 2: unknown key "tokn" (the keys are url and token)`},
+		"not a mapping":    {file: "- url\n", wantErr: "line 1: want the keys url and token"},
+		"only a comment":   {file: "# nothing yet\n", want: config{URL: defaultURL}},
 		"empty file":       {file: "\n", want: config{URL: defaultURL}},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -536,7 +538,8 @@ func TestErrors(t *testing.T) {
 		"forbidden":     {args: []string{"keys", "ls"}, code: 1, stderr: "conveyor: needs the admin role (HTTP 403)\n"},
 		"not a problem": {args: []string{"whoami"}, code: 1, stderr: "conveyor: Bad Gateway (HTTP 502)\n"},
 		"unreachable": {args: []string{"get", "x"}, env: map[string]string{"CONVEYOR_URL": "http://127.0.0.1:1"}, code: 1,
-			stderr: "conveyor: cannot reach the API at http://127.0.0.1:1: dial tcp 127.0.0.1:1: connect: connection refused\n"},
+			stderr: "conveyor: cannot reach the API at http://127.0.0.1:1: dial tcp 127.0.0.1:1: connect: connection refused\n" +
+				"conveyor: is the API running at that address? --url, CONVEYOR_URL or url: in the config file names another\n"},
 		"bad url": {args: []string{"get", "x"}, env: map[string]string{"CONVEYOR_URL": "localhost:8080"}, code: 2,
 			stderr: "conveyor: API URL \"localhost:8080\": want http(s)://host[:port]\nRun 'conveyor get --help' for usage.\n"},
 		"unknown command":  {args: []string{"sbumit"}, code: 2, stderr: "conveyor: unknown command \"sbumit\" for \"conveyor\"\n\nDid you mean this?\n\tsubmit\n\nRun 'conveyor --help' for usage.\n"},

@@ -68,10 +68,29 @@ func readConfigFile(path string) (config, error) {
 	if err != nil {
 		return config{}, fmt.Errorf("config file: %w", err)
 	}
+	var doc yaml.Node
+	if err := yaml.NewDecoder(bytes.NewReader(b)).Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return config{}, nil
+		}
+		return config{}, fmt.Errorf("config file %s: %w", path, err)
+	}
+	if len(doc.Content) == 0 { // comments only
+		return config{}, nil
+	}
+	// The keys are checked here, rather than by the decoder's KnownFields,
+	// so that a mistake is told in the file's terms, not in Go's.
+	m := doc.Content[0]
+	if m.Kind != yaml.MappingNode {
+		return config{}, fmt.Errorf("config file %s: line %d: want the keys url and token, such as url: http://localhost:8080", path, m.Line)
+	}
+	for i := 0; i < len(m.Content); i += 2 {
+		if k := m.Content[i]; k.Value != "url" && k.Value != "token" {
+			return config{}, fmt.Errorf("config file %s: line %d: unknown key %q (the keys are url and token)", path, k.Line, k.Value)
+		}
+	}
 	var c config
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+	if err := doc.Decode(&c); err != nil {
 		return config{}, fmt.Errorf("config file %s: %w", path, err)
 	}
 	return c, nil

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 
 	"github.com/spf13/cobra"
 
@@ -93,6 +94,9 @@ func markRunErrors(cmd *cobra.Command) {
 // keyHint says where an API key is given, after a 401.
 const keyHint = "give an API key with --token, CONVEYOR_TOKEN (or CONVEYOR_KEY), or token: in the config file"
 
+// urlHint says where the API's URL is given, after a failed dial.
+const urlHint = "is the API running at that address? --url, CONVEYOR_URL or url: in the config file names another"
+
 // exitCode reports err on stderr, as "conveyor: <what> (HTTP status)" for
 // the API's refusals, and returns the process's exit code.
 func exitCode(stderr io.Writer, err error) int {
@@ -112,6 +116,9 @@ func exitCode(stderr io.Writer, err error) int {
 	fmt.Fprintf(stderr, "conveyor: %v\n", err)
 	if apiclient.StatusOf(err) == 401 {
 		fmt.Fprintf(stderr, "conveyor: %s\n", keyHint)
+	}
+	if op, ok := errors.AsType[*net.OpError](err); ok && op.Op == "dial" {
+		fmt.Fprintf(stderr, "conveyor: %s\n", urlHint)
 	}
 	if e, ok := errors.AsType[*apiclient.Error](err); ok && e.RetryAfter > 0 {
 		// A 429's or a 503's detail may point at the Retry-After header,

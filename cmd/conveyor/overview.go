@@ -19,10 +19,10 @@ func (a *app) overviewCommand() *cobra.Command {
 		Short: "Show the org's tasks at a glance, and the workers",
 		Long: `Show the tasks per status, what completed and failed in the last hour,
 the queue of each type with tasks waiting or running (WAITING: due;
-SCHEDULED: waiting for a retry's backoff; OLDEST: the longest wait of a
-due task), the outbox's backlog, and the workers heard from within the
-last minute (the maintenance leader marked), with how many of the org's
-tasks each runs. With -o json, the API's document as it came, the last
+SCHEDULED: not due yet, in a retry's backoff or submitted with a later
+--run-at or --delay; OLDEST: the longest wait of a due task), the
+outbox's backlog, and the workers heard from within the last minute (the
+maintenance leader marked), with how many of the org's tasks each runs. With -o json, the API's document as it came, the last
 hour minute by minute and the tasks each worker runs included.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

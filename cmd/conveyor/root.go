@@ -87,7 +87,9 @@ by make run), else the config file (YAML with the keys url and token;
 default URL ` + defaultURL + `.
 
 Exit status: 0 on success, 1 when the API refuses or a task does not
-complete, 2 when a command is used wrongly, 130 when interrupted.`,
+complete, 2 when a command is used wrongly, 130 when a task followed to
+its end is interrupted (the org's feed, events --follow without an ID,
+ends with Ctrl-C and exits 0).`,
 		Version:       buildVersion(),
 		SilenceErrors: true,
 		SilenceUsage:  true,

@@ -43,7 +43,8 @@ type Queue struct {
 	Type string `json:"type"`
 	// Pending tasks are due: the queue's depth.
 	Pending int `json:"pending"`
-	// Scheduled tasks are PENDING but not due yet (a retry's backoff).
+	// Scheduled tasks are PENDING but not due yet (a retry's backoff, or a
+	// run_at or delay still ahead).
 	Scheduled int `json:"scheduled"`
 	Running   int `json:"running"`
 	// OldestPendingAgeSeconds is how long the longest-waiting due task

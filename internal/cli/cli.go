@@ -9,11 +9,40 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
 	"github.com/conveyorhq/conveyor/internal/config"
 )
+
+// Service is Main for a service's own process (api, relay, worker), which
+// is configured by the environment and takes no arguments but `healthcheck
+// URL`: -h, --help or help prints usage on stdout and exits 0, and any other
+// argument is refused with usage and exit 2 — never ignored, so that
+// `api --help` does not start a server.
+func Service[C interface{ Validate() error }](name, usage string, run func(context.Context, C, io.Writer) error) {
+	if code, done := serviceArgs(filepath.Base(os.Args[0]), os.Args[1:], usage, os.Stdout, os.Stderr); done {
+		os.Exit(code)
+	}
+	Main(name, run)
+}
+
+// serviceArgs answers the arguments of a service's process: done, with the
+// exit code, when they ask for help or are not the service's; not done when
+// there are none (run the service) or they are `healthcheck …` (Main's).
+func serviceArgs(prog string, args []string, usage string, stdout, stderr io.Writer) (code int, done bool) {
+	if len(args) == 0 || args[0] == "healthcheck" {
+		return 0, false
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		_, _ = fmt.Fprint(stdout, usage)
+		return 0, true
+	}
+	fmt.Fprintf(stderr, "%s: unknown argument %q (the configuration is read from environment variables)\n\n%s", prog, args[0], usage)
+	return 2, true
+}
 
 // Main loads C from the environment and calls run with a context cancelled
 // on SIGINT or SIGTERM. It never returns.

@@ -39,7 +39,8 @@ type Minute struct {
 type Queue struct {
 	Type string
 	// Pending tasks are due and wait for a worker; Scheduled ones are
-	// PENDING but not due yet (a retry's backoff); Running are
+	// PENDING but not due yet (a retry's backoff, or a run_at or delay
+	// still ahead); Running are
 	// IN_PROGRESS.
 	Pending, Scheduled, Running int
 	// OldestPendingAge is how long the longest-waiting due task has been
