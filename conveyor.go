@@ -55,7 +55,10 @@ type Task struct {
 
 // Reporter records a running task's progress. Reports are durable (stored in
 // PostgreSQL with an event each) and rate-limited: a handler may report as
-// often as it likes, the latest value always lands.
+// often as it likes, the latest value always lands. A Reporter serves its
+// handler while it runs: once the handler has returned, its methods (called
+// from a goroutine the handler left behind) record nothing and return an
+// error.
 type Reporter interface {
 	// Progress sets the percentage done (0 to 100) and a human label of the
 	// current step, such as "Resizing 3/10". It returns the context's cause

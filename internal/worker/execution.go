@@ -32,6 +32,9 @@ type execution struct {
 	// awaiting says Gather reported children still running: only then
 	// does the task wait for them (they wake it when they end).
 	awaiting atomic.Bool
+	// returned says the handler has returned (or exited): its Reporter,
+	// kept by a goroutine of its, records nothing more.
+	returned atomic.Bool
 	lease    task.Lease
 	handler  conveyor.HandlerFunc
 	log      taskLog
@@ -125,18 +128,41 @@ func (e *execution) Progress(_ context.Context, percent int, state string) error
 	if percent < 0 || percent > 100 {
 		return fmt.Errorf("progress %d out of range 0..100", percent)
 	}
-	if e.hctx.Err() != nil {
-		return context.Cause(e.hctx)
+	if err := e.usable(); err != nil {
+		return err
 	}
 	state = task.CleanText(state, task.MaxStateLen)
 	e.mu.Lock()
-	e.latest = &progress{percent: percent, state: state}
+	stored := percent
+	if e.latest != nil {
+		// Progress never goes backwards within an attempt: a higher
+		// report still waiting for its turn is not lost behind a lower
+		// one (the store keeps the higher of what it has and what it gets).
+		stored = max(stored, e.latest.percent)
+	}
+	e.latest = &progress{percent: stored, state: state}
 	e.mu.Unlock()
 	e.span.AddEvent("progress", trace.WithAttributes(
 		attribute.Int("conveyor.progress", percent), attribute.String("conveyor.state", state)))
 	select {
 	case e.report <- struct{}{}:
 	default:
+	}
+	return nil
+}
+
+// errReporterDone refuses a Reporter used after its handler returned.
+var errReporterDone = errors.New("conveyor: the handler has returned: its Reporter records nothing more")
+
+// usable says why the handler's Reporter may record nothing more, if it
+// may not: the handler's context ended, or the handler returned (its
+// outcome is being stored, and a report or a child would land after it).
+func (e *execution) usable() error {
+	if e.returned.Load() {
+		return errReporterDone
+	}
+	if e.hctx.Err() != nil {
+		return context.Cause(e.hctx)
 	}
 	return nil
 }
@@ -420,6 +446,7 @@ func (e *execution) ack() {
 var errHandlerExited = errors.New("the handler exited its goroutine (runtime.Goexit) without returning")
 
 func (e *execution) call() (out outcome) {
+	defer e.returned.Store(true) // a panic or runtime.Goexit ends the handler too
 	defer func() {
 		if v := recover(); v != nil {
 			out = outcome{err: &conveyor.PanicError{Value: v, Stack: debug.Stack()}}
@@ -444,6 +471,7 @@ func (e *execution) call() (out outcome) {
 		t.Parent = *e.task.ParentID
 	}
 	result, err := e.handler(e.hctx, t, e)
+	e.returned.Store(true) // before the result's encoding, also the handler's code
 	out = outcome{result: result, err: err}
 	if err == nil {
 		out.encoded, out.encodeErr = json.Marshal(result)
@@ -464,8 +492,8 @@ var childKey = regexp.MustCompile(task.ChildKeyPattern)
 // Children it refuses are refused on every attempt: that error is
 // Permanent.
 func (e *execution) Gather(ctx context.Context, children ...conveyor.Child) ([]conveyor.ChildResult, error) {
-	if e.hctx.Err() != nil {
-		return nil, context.Cause(e.hctx)
+	if err := e.usable(); err != nil {
+		return nil, err
 	}
 	subs := make([]task.Submission, len(children))
 	seen := make(map[string]bool, len(children))
@@ -581,10 +609,13 @@ func (e *execution) flushProgress(ctx context.Context) {
 		}
 	}
 	if err != nil && !errors.Is(err, task.ErrFenced) {
-		// Keep it for the next try unless a newer report replaced it.
+		// Keep it for the next try unless a newer report replaced it,
+		// whose percentage it still raises.
 		e.mu.Lock()
 		if e.latest == nil {
 			e.latest = p
+		} else {
+			e.latest.percent = max(e.latest.percent, p.percent)
 		}
 		e.mu.Unlock()
 	}

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -317,4 +318,99 @@ func TestWorkerRecoversAPanicInTheErrorsText(t *testing.T) {
 	good := b.store.add("t.ok", 3)
 	b.deliver(t, good)
 	require.Equal(t, "completed", b.finished(t, good))
+}
+
+// A Reporter kept by a goroutine of a handler that has returned (its
+// outcome being stored) writes nothing: its report is refused rather than
+// accepted and then dropped or stored over the outcome, and its Gather
+// spawns no children for a task that is ending.
+func TestReporterRefusesUseAfterTheHandlerReturned(t *testing.T) {
+	finishing, used := make(chan struct{}), make(chan struct{})
+	errs := make(chan error, 2)
+	b := setup(t, testConfig{handlers: []conveyor.Handler{
+		conveyor.Handle("t.leak", func(ctx context.Context, _ conveyor.Task, r conveyor.Reporter) (any, error) {
+			go func() {
+				defer close(used)
+				<-finishing
+				errs <- r.Progress(ctx, 50, "Late")
+				_, err := r.Gather(ctx, conveyor.Child{Key: "c", Type: "t.child"})
+				errs <- err
+			}()
+			return 1, nil
+		}),
+	}})
+	var once sync.Once
+	b.store.mu.Lock()
+	b.store.refuse = func(c task.Change) error {
+		if c.Transition == task.Complete {
+			once.Do(func() { close(finishing); <-used })
+		}
+		return nil
+	}
+	b.store.mu.Unlock()
+	id := b.store.add("t.leak", 3)
+	b.deliver(t, id)
+	require.Equal(t, "completed", b.finished(t, id))
+	require.Error(t, receive(t, errs), "a report after the handler returned was accepted")
+	require.Error(t, receive(t, errs))
+	require.Zero(t, b.store.spawns.Load(), "Gather spawned children after the handler returned")
+}
+
+// Progress never goes backwards within an attempt: a lower report keeps
+// the higher value, its state text still lands. That holds too when the
+// higher report was still waiting for its turn (PROGRESS_MIN_INTERVAL)
+// as the lower one replaced it.
+func TestWorkerKeepsTheHigherProgressOfReportsThatWaitedTogether(t *testing.T) {
+	release := make(chan struct{})
+	stored := make(chan struct{})
+	b := setup(t, testConfig{progressInterval: 300 * time.Millisecond, handlers: []conveyor.Handler{
+		conveyor.Handle("t.progress", func(ctx context.Context, _ conveyor.Task, r conveyor.Reporter) (any, error) {
+			require.NoError(t, r.Progress(ctx, 10, "Step 1"))
+			<-stored // the first report is written; the next ones wait for their turn
+			require.NoError(t, r.Progress(ctx, 80, "Step 8"))
+			require.NoError(t, r.Progress(ctx, 20, "Retrying step 2"))
+			<-release
+			return nil, nil
+		}),
+	}})
+	id := b.store.add("t.progress", 3)
+	b.deliver(t, id)
+	require.Eventually(t, func() bool { return b.store.get(id).Progress == 10 }, waitLimit, time.Millisecond)
+	close(stored)
+	require.Eventually(t, func() bool { return b.store.get(id).State == "Retrying step 2" }, waitLimit, time.Millisecond)
+	require.Equal(t, 80, b.store.get(id).Progress, "the higher report was lost behind a lower one")
+	close(release)
+	require.Equal(t, "completed", b.finished(t, id))
+}
+
+// A report whose write failed is kept for the next try; when a lower one
+// came meanwhile, the percentage of the failed one is not lost behind it.
+func TestWorkerKeepsTheHigherProgressOfAReportWhoseWriteFailed(t *testing.T) {
+	release, writing, reported := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	b := setup(t, testConfig{handlers: []conveyor.Handler{
+		conveyor.Handle("t.progress", func(ctx context.Context, _ conveyor.Task, r conveyor.Reporter) (any, error) {
+			require.NoError(t, r.Progress(ctx, 80, "Step 8"))
+			<-writing // the report of 80 is being written, and that write fails
+			require.NoError(t, r.Progress(ctx, 20, "Retrying step 2"))
+			close(reported)
+			<-release
+			return nil, nil
+		}),
+	}})
+	var failed atomic.Bool
+	b.store.mu.Lock()
+	b.store.refuse = func(c task.Change) error {
+		if c.Transition == task.Progress && failed.CompareAndSwap(false, true) {
+			close(writing)
+			<-reported
+			return errors.New("the database did not answer")
+		}
+		return nil
+	}
+	b.store.mu.Unlock()
+	id := b.store.add("t.progress", 3)
+	b.deliver(t, id)
+	defer close(release)
+	require.Eventually(t, func() bool { return b.store.get(id).State == "Retrying step 2" }, waitLimit, time.Millisecond)
+	require.Equal(t, 80, b.store.get(id).Progress, "the failed report's percentage was lost behind a lower one")
 }

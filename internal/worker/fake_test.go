@@ -42,6 +42,8 @@ type fakeStore struct {
 	// writeTime, when set, is how long each ApplyAndClaim takes, as a
 	// commit does.
 	writeTime time.Duration
+	// spawns counts the Spawn calls.
+	spawns atomic.Int32
 }
 
 func newFakeStore() *fakeStore {
@@ -199,6 +201,7 @@ func (s *fakeStore) Apply(_ context.Context, changes []task.Change) ([]task.Appl
 }
 
 func (s *fakeStore) Spawn(context.Context, task.Task, []task.Submission, task.Carrier) ([]task.ChildState, error) {
+	s.spawns.Add(1)
 	return nil, errors.New("the fake store spawns no children")
 }
 
