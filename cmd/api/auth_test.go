@@ -598,6 +598,9 @@ func TestAuthFailuresAreCountedAndCredentialsNeverLogged(t *testing.T) {
 		{"Bearer " + iss.Token(t, map[string]any{"sub": "dave", "aud": oidcAudience, "exp": time.Now().Add(-time.Minute)}), auth.ReasonInvalidJWT},
 		{"Bearer " + stranger.Token(t, map[string]any{"sub": "dave", "aud": oidcAudience}), auth.ReasonInvalidJWT},
 		{"Bearer " + iss.Token(t, map[string]any{"sub": "nobody", "aud": oidcAudience}), auth.ReasonUnknownUser},
+		// A subject PostgreSQL cannot hold as text is no user's either:
+		// not a failed lookup (503).
+		{"Bearer " + iss.Token(t, map[string]any{"sub": "no\x00body", "aud": oidcAudience}), auth.ReasonUnknownUser},
 	}
 	want := map[string]int{}
 	for _, a := range attempts {

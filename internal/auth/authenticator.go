@@ -199,7 +199,9 @@ func (c *cache) get(ctx context.Context, name string) (Record, error) {
 	if ok && now.Sub(e.at) < c.ttl {
 		return e.rec, e.err
 	}
-	v, err, _ := c.group.Do(name, func() (any, error) {
+	// The lookup runs to its end whatever its callers do (it is shared),
+	// but each caller waits for it only as long as its context allows.
+	ch := c.group.DoChan(name, func() (any, error) {
 		rec, err := c.load(context.WithoutCancel(ctx), name)
 		if err != nil && !errors.Is(err, ErrNotFound) {
 			return nil, err // not cached: the next request asks again
@@ -221,9 +223,14 @@ func (c *cache) get(ctx context.Context, name string) (Record, error) {
 		c.entries[name] = entry{rec: rec, err: err, at: now}
 		return entry{rec: rec, err: err}, nil
 	})
-	if err != nil {
-		return Record{}, err
+	select {
+	case res := <-ch:
+		if res.Err != nil {
+			return Record{}, res.Err
+		}
+		e = res.Val.(entry)
+		return e.rec, e.err
+	case <-ctx.Done():
+		return Record{}, ctx.Err()
 	}
-	e = v.(entry)
-	return e.rec, e.err
 }

@@ -181,3 +181,39 @@ func TestRoles(t *testing.T) {
 	require.False(t, p.MayRestrictTo([]string{"finance", "hr"}))
 	require.True(t, Principal{Role: Admin}.MayRestrictTo([]string{"hr"}))
 }
+
+// stuckDirectory answers no lookup until release is closed.
+type stuckDirectory struct {
+	fakeDirectory
+	release chan struct{}
+}
+
+func (d *stuckDirectory) KeyByPrefix(ctx context.Context, prefix string) (Record, error) {
+	<-d.release
+	return d.fakeDirectory.KeyByPrefix(ctx, prefix)
+}
+
+// A caller waits for a lookup no longer than its context allows (the API
+// bounds it by the request timeout), whether it asked the directory itself
+// or shares another caller's lookup: a database slow to answer is a
+// refusal the caller may retry, not a request that hangs.
+func TestALookupIsBoundedByItsCallersContext(t *testing.T) {
+	t.Parallel()
+	dir := &stuckDirectory{release: make(chan struct{})}
+	defer close(dir.release)
+	a := New(dir, Config{CacheTTL: time.Hour})
+	token, _ := dir.add(Reader)
+	for range 2 { // the first asks, the second shares its lookup
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		done := make(chan error, 1)
+		go func() { _, err := a.Authenticate(ctx, "Bearer "+token); done <- err }()
+		select {
+		case err := <-done:
+			require.Error(t, err)
+			require.Equal(t, ReasonLookup, ReasonOf(err))
+		case <-time.After(5 * time.Second):
+			t.Fatal("the lookup outlived its caller's context")
+		}
+		cancel()
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -63,6 +65,11 @@ func (d *Directory) KeyByPrefix(ctx context.Context, prefix string) (auth.Record
 
 // UserBySubject returns the user whose identity provider subject it is.
 func (d *Directory) UserBySubject(ctx context.Context, subject string) (auth.Record, error) {
+	if strings.ContainsRune(subject, 0) || !utf8.ValidString(subject) {
+		// Not text PostgreSQL takes, so no user's external_id: asking
+		// would fail the lookup.
+		return auth.Record{}, auth.ErrNotFound
+	}
 	var r auth.Record
 	var role string
 	err := d.pool.QueryRow(ctx, sqlUserBySubject, subject).Scan(&r.ID, &r.Name, &role, &r.OrgID, &r.OrgSlug, &r.OrgRoles)
