@@ -38,10 +38,13 @@ WHERE id = l.locked_id`)
 
 // sqlRetryOutbox records failures and makes each row available again after
 // a backoff that doubles per attempt up to a cap (the exponent is capped
-// too: a row that failed a thousand times must not overflow it).
+// too: a row that failed a thousand times must not overflow it). The
+// backoff counts from the failure (clock_timestamp()), not from the start
+// of the pass (now()): the pass waited for the broker's confirms in
+// between, up to RELAY_CONFIRM_TIMEOUT, longer than the first backoffs.
 var sqlRetryOutbox = statement("outbox.retry", `
 UPDATE outbox o SET attempts = o.attempts + 1, last_error = f.reason,
-	available_at = now() + make_interval(secs => least($3::float8 * power(2, least(o.attempts, 30)), $4::float8))
+	available_at = clock_timestamp() + make_interval(secs => least($3::float8 * power(2, least(o.attempts, 30)), $4::float8))
 FROM unnest($1::bigint[], $2::text[]) AS f(id, reason)
 WHERE o.id = f.id`)
 

@@ -121,3 +121,27 @@ func TestARelayPassThatFailsKeepsItsRowsAndItsConnection(t *testing.T) {
 	require.Zero(t, b.count(t, `SELECT count(*) FROM outbox`))
 	require.EqualValues(t, 1, pool.Stat().TotalConns(), "the same connection relayed again")
 }
+
+// A row whose publication failed waits out its backoff from when the
+// failure was known, not from when its pass began: a pass that waited for
+// confirms that never came (RELAY_CONFIRM_TIMEOUT, 10 s, against a 1 s
+// backoff) left its rows due at once, published again straight away.
+func TestAFailedRowWaitsOutItsBackoffFromTheFailure(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	store := postgres.NewRelayStore(b.db.Pool, 500*time.Millisecond, 10*time.Second)
+	b.exec(t, `INSERT INTO outbox (kind, org_id, task_id, task_type, attempt, task_version)
+		VALUES ('task.run', `+testdb.OrgSQL+`, gen_random_uuid(), 'demo.noop', 0, 1)`)
+	n, err := store.Relay(ctx, 100, func(_ context.Context, msgs []outbox.Message) outbox.Outcome {
+		time.Sleep(time.Second) // the wait for a confirm that does not come
+		var out outbox.Outcome
+		for _, m := range msgs {
+			out.Fail(m.ID, "confirm: context deadline exceeded")
+		}
+		return out
+	})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox
+		WHERE available_at > now() + interval '400 milliseconds' AND attempts = 1`), "the backoff counts from the failure")
+}

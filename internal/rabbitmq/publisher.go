@@ -129,7 +129,9 @@ func (p *Publisher) Close() error { return p.conn.CloseDeadline(time.Now().Add(c
 //     because no queue is bound for its type: no worker of the type has
 //     declared its queue yet.
 //   - Failed: any other return, a nack, no confirm before ctx ended, or an
-//     error sending it.
+//     error sending it; and a 312 NO_ROUTE return whose type's queue exists
+//     but had lost its binding (its exchange was deleted): the publisher
+//     binds it again (bindAgain), and the message goes out on a later try.
 //
 // task.run messages go to the tasks exchange with the task's type as
 // routing key, mandatory; task.cancel messages are broadcast on the control
@@ -246,6 +248,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) outbox.O
 		}
 	}
 
+	bound := map[[2]string]bool{} // exchange and routing key → bound again
 	for i, u := range units {
 		if !confirmed[i] {
 			continue
@@ -254,10 +257,21 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) outbox.O
 		if !wasReturned {
 			out.Messages++
 		}
+		rebound := false
+		if wasReturned && r.ReplyCode == amqp.NoRoute {
+			k := [2]string{r.Exchange, r.RoutingKey}
+			if _, tried := bound[k]; !tried {
+				bound[k] = p.bindAgain(r.Exchange, r.RoutingKey)
+			}
+			rebound = bound[k]
+		}
 		for _, m := range u {
 			switch {
 			case !wasReturned:
 				out.Published = append(out.Published, m.ID)
+			case rebound:
+				out.Fail(m.ID, fmt.Sprintf("returned: %d %s: the queue of type %q was bound to no exchange "+
+					"(an exchange deleted and declared again): bound it again", r.ReplyCode, r.ReplyText, m.TaskType))
 			case r.ReplyCode == amqp.NoRoute:
 				out.Unroute(m.ID, fmt.Sprintf("returned: %d %s: no queue for type %q", r.ReplyCode, r.ReplyText, m.TaskType))
 			default:
@@ -276,6 +290,35 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) outbox.O
 		p.giveUp("confirms came too late: publishing on a new channel")
 	}
 	return out
+}
+
+// bindAgain binds the queue that a task.run message returned unroutable
+// from exchange under key was meant for, if that queue exists, and reports
+// whether it did. A queue loses its binding when its exchange is deleted
+// (the publisher declares the exchange again on its next channel), while
+// its worker, whose consumer goes on, declares and binds it again only when
+// it connects again: the messages of its type would be parked meanwhile.
+// The publisher still declares no queue: a passive declare only asks, on
+// a channel of its own, which the broker closes when the queue is missing.
+func (p *Publisher) bindAgain(exchange, key string) bool {
+	var queue string
+	switch exchange {
+	case TasksExchange:
+		queue = QueueName(key)
+	case PackedExchange:
+		queue = PackedQueueName(key)
+	default:
+		return false
+	}
+	ch, err := p.conn.Channel()
+	if err != nil {
+		return false
+	}
+	defer func() { _ = ch.Close() }()
+	if _, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err != nil {
+		return false
+	}
+	return ch.QueueBind(queue, key, exchange, false, nil) == nil
 }
 
 // giveUp gives up the channel for reason: Done closes once it is closed,

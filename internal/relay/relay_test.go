@@ -678,3 +678,32 @@ func (p *givingUpPublisher) Err() error {
 }
 
 func (p *givingUpPublisher) Done() <-chan struct{} { return p.open }
+
+// An exchange deleted under the relay takes its bindings with it: the
+// relay's publish to it fails, and the relay declares it again on its next
+// channel, bound to no queue. The workers' queues are still there, and
+// their consumers were not cancelled: the messages must reach them, not
+// wait parked until a worker happens to connect again.
+func TestADeletedExchangeDoesNotParkTheMessagesOfExistingQueues(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.declare(t, "demo.noop")
+	b.startRelay(t, relayOpts{pack: 4})
+	single, packed := rabbitmq.QueueName("demo.noop"), rabbitmq.PackedQueueName("demo.noop")
+	b.submit(t, "demo.noop", `{"n":0}`, 5)
+	testenv.WaitForDepth(t, b.amqpURL, single, 1, 10*time.Second)
+
+	conn, err := amqp.Dial(b.amqpURL)
+	require.NoError(t, err)
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	for _, exchange := range []string{rabbitmq.TasksExchange, rabbitmq.PackedExchange} {
+		require.NoError(t, ch.ExchangeDelete(exchange, false, false))
+	}
+	b.submit(t, "demo.noop", `{"n":1}`, 5)
+	testenv.WaitForDepth(t, b.amqpURL, single, 2, 10*time.Second)
+	b.fillOutbox(t, 3, "demo.noop") // packed together
+	testenv.WaitForDepth(t, b.amqpURL, packed, 1, 10*time.Second)
+	b.waitOutboxEmpty(t)
+}
