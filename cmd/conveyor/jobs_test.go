@@ -402,3 +402,32 @@ payload:           {}
 metadata:          {}
 `, r.stdout)
 }
+
+// A task whose handler spawned children waits for them, PENDING and not
+// admitted: get says it waits for its children, not for a limit, a pause
+// or its turn, and shows no "next run" (the time it went back to PENDING,
+// already past: it runs again when its last child ends, not then).
+func TestGetOfATaskWaitingForItsChildren(t *testing.T) {
+	t.Parallel()
+	api := newFakeAPI(t)
+	api.json("GET /v1/tasks/{id}", 200, `{"id":"t1","type":"demo.fanout","status":"PENDING","state":"Waiting for children",
+		"progress":0,"priority":5,"attempt":0,"max_attempts":3,"visibility":[],"payload":{},"metadata":{},
+		"next_run_at":"2026-11-23T12:00:01Z","created_at":"2026-11-23T12:00:00Z","started_at":"2026-11-23T12:00:00.5Z",
+		"updated_at":"2026-11-23T12:00:01Z","waiting":true}`)
+	r := newCLI(t, api).run("get", "t1")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, `id:       t1
+type:     demo.fanout
+status:   PENDING
+progress: 0%
+state:    Waiting for children
+waiting:  yes, for its children to finish
+attempt:  0 of 3
+priority: 5
+created:  2026-11-23T12:00:00.000Z
+started:  2026-11-23T12:00:00.500Z
+updated:  2026-11-23T12:00:01.000Z
+payload:  {}
+metadata: {}
+`, r.stdout)
+}

@@ -230,12 +230,18 @@ func (a *app) getCommand() *cobra.Command {
 // writeTask writes a task as "key: value" lines.
 func (a *app) writeTask(t apiclient.Task) error {
 	attempt := fmt.Sprintf("%d of %d", t.Attempt, t.MaxAttempts)
+	// A task waiting for its children runs again when the last one ends,
+	// not at its next_run_at, which is when it went back to PENDING.
+	awaiting := t.Status == apiclient.StatusPending && t.State == apiclient.StateAwaiting
 	var next string
-	if t.Status == apiclient.StatusPending {
+	if t.Status == apiclient.StatusPending && !awaiting {
 		next = stampPtr(t.NextRunAt)
 	}
 	var waiting string
-	if t.Waiting {
+	switch {
+	case t.Waiting && awaiting:
+		waiting = "yes, for its children to finish"
+	case t.Waiting:
 		waiting = "yes, not yet admitted (a limit, a pause, or its turn in a busy type)"
 	}
 	return fields(a.stdout,

@@ -551,3 +551,183 @@ func TestDashboardListRestoredByBackStaysLive(t *testing.T) {
 	after := b.submit(t, "demo.sleep", map[string]any{"steps": 1}, 1)
 	testenv.Eventually(t, 10*time.Second, listed(after))
 }
+
+// "Older tasks" refused once (a 429, the API restarting) says so; clicked
+// again once the API answers, it lists the next page, and the error of
+// the failed try is gone rather than left above a list that loaded.
+func TestDashboardOlderTasksErrorClearsOnceTheyLoad(t *testing.T) {
+	b := setup(t)
+	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
+	require.NoError(t, err)
+	ids := b.submitMany(t, "dashboard.page", map[string]any{}, 60, nil)
+
+	tab := browser(t)
+	signIn(t, tab, b.api, key)
+	older := `//button[normalize-space()="Older tasks"]`
+	var shown string
+	run(t, tab, 30*time.Second,
+		chromedp.Navigate(b.api+"/ui/tasks"),
+		chromedp.WaitVisible(older, chromedp.BySearch),
+		// The next page's request is answered 429 once, as the API's
+		// rate limit would.
+		chromedp.Evaluate(`{
+			const real = window.fetch;
+			window.fetch = (url, opts) => {
+				if (String(url).includes("cursor=")) {
+					window.fetch = real;
+					return Promise.resolve(new Response(JSON.stringify({title: "Too Many Requests", detail: "slow down"}),
+						{status: 429, headers: {"Content-Type": "application/problem+json"}}));
+				}
+				return real(url, opts);
+			};
+		}`, nil),
+		chromedp.Click(older, chromedp.BySearch),
+		chromedp.WaitVisible(`main [role="status"] .error`, chromedp.ByQuery),
+		chromedp.Text(`main [role="status"] .error`, &shown, chromedp.ByQuery))
+	require.Contains(t, shown, "slow down")
+	var listed, errors int
+	run(t, tab, 30*time.Second,
+		chromedp.Click(older, chromedp.BySearch),
+		chromedp.WaitNotVisible(older, chromedp.BySearch),
+		chromedp.Evaluate(`document.querySelectorAll("tr[data-task]").length`, &listed),
+		chromedp.Evaluate(`document.querySelectorAll("main .error:not(:empty)").length`, &errors))
+	require.Equal(t, len(ids), listed)
+	require.Zero(t, errors, "the error of the failed try is gone once the page loaded")
+}
+
+// The list's "Updated" column says how long ago each task last changed,
+// and keeps saying it right while the page stays open: a task untouched
+// since does not stay "50s ago" for ever.
+func TestDashboardListUpdatedTimesMoveOn(t *testing.T) {
+	b := setup(t)
+	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
+	require.NoError(t, err)
+	id := b.submit(t, "demo.sleep", map[string]any{"steps": 1}, 1)
+	_, err = b.pool.Exec(context.Background(), `UPDATE tasks SET updated_at = now() - interval '50 seconds' WHERE id = $1`, id)
+	require.NoError(t, err)
+
+	tab := browser(t)
+	signIn(t, tab, b.api, key)
+	cell := `tr[data-task="` + id.String() + `"] .upd`
+	var before, after string
+	run(t, tab, 30*time.Second,
+		chromedp.Navigate(b.api+"/ui/tasks"),
+		chromedp.WaitVisible(cell, chromedp.ByQuery),
+		chromedp.Text(cell, &before, chromedp.ByQuery))
+	require.Regexp(t, `^5\ds ago$`, before)
+	run(t, tab, 30*time.Second, chromedp.Sleep(13*time.Second), chromedp.Text(cell, &after, chromedp.ByQuery))
+	require.Equal(t, "1m ago", after, "a minute later, the list says so")
+}
+
+// The Theme button is a toggle (aria-pressed): a screen reader reads its
+// name with its state, so the name must not change with the state. Dark,
+// it is "Dark theme, pressed", never "Light theme, pressed", which says
+// the opposite of what the page shows.
+func TestDashboardThemeToggleSaysWhatIsOn(t *testing.T) {
+	b := setup(t)
+	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
+	require.NoError(t, err)
+	tab := browser(t)
+	signIn(t, tab, b.api, key)
+	type toggle struct {
+		Name    string `json:"name"`
+		Pressed string `json:"pressed"`
+		Dark    bool   `json:"dark"`
+	}
+	read := `(() => { const b = document.getElementById("theme");
+		return {name: b.textContent, pressed: b.getAttribute("aria-pressed"),
+			dark: getComputedStyle(document.body).backgroundColor !== "rgb(255, 255, 255)"}; })()`
+	var before, after toggle
+	run(t, tab, 20*time.Second,
+		chromedp.Navigate(b.api+"/ui/"),
+		chromedp.WaitVisible("#signout", chromedp.ByID),
+		chromedp.Evaluate(read, &before),
+		chromedp.Click("#theme", chromedp.ByID),
+		chromedp.Evaluate(read, &after))
+	require.NotEqual(t, before.Dark, after.Dark, "the button switches the theme")
+	require.Equal(t, before.Name, after.Name, "a toggle's name stays as its state changes")
+	for _, s := range []toggle{before, after} {
+		require.Equal(t, "Dark theme", s.Name)
+		require.Equal(t, fmt.Sprint(s.Dark), s.Pressed, "pressed when the dark theme shows")
+	}
+}
+
+// A task's or a run's page that the API could not answer for now (a 503
+// while it restarts, a 429) says so, and not that there is no such task:
+// the person would give up on a task that exists.
+func TestDashboardPageOfAnUnansweredReadIsNotNotFound(t *testing.T) {
+	b := setup(t)
+	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
+	require.NoError(t, err)
+	id := b.submit(t, "demo.sleep", map[string]any{"steps": 1}, 1)
+	b.apply(t, diamondJobs)
+	var started struct{ ID string }
+	require.NoError(t, json.Unmarshal(b.post(t, "/v1/workflows/diamond/runs", map[string]any{}, http.StatusCreated), &started))
+
+	tab := browser(t)
+	signIn(t, tab, b.api, key)
+	// The read of the task or run is answered 503 once, as an API that
+	// restarts would answer it.
+	run(t, tab, 10*time.Second, chromedp.ActionFunc(func(ctx context.Context) error {
+		_, err := page.AddScriptToEvaluateOnNewDocument(`{
+			const real = window.fetch;
+			window.fetch = (url, opts) => {
+				if (/^\/v1\/(tasks|runs)\/[^/]+$/.test(String(url))) {
+					window.fetch = real;
+					return Promise.resolve(new Response(JSON.stringify({title: "Service Unavailable", detail: "the API is starting; try again"}),
+						{status: 503, headers: {"Content-Type": "application/problem+json"}}));
+				}
+				return real(url, opts);
+			};
+		}`).Do(ctx)
+		return err
+	}))
+	for _, p := range []string{"/ui/tasks/" + id.String(), "/ui/runs/" + started.ID} {
+		var heading, shown string
+		run(t, tab, 20*time.Second,
+			chromedp.Navigate(b.api+p),
+			chromedp.WaitVisible(`main [role="alert"]`, chromedp.ByQuery),
+			chromedp.Text("h1", &heading, chromedp.ByQuery),
+			chromedp.Text(`main [role="alert"]`, &shown, chromedp.ByQuery))
+		require.NotContains(t, heading, "not found", p)
+		require.Contains(t, shown, "try again", p)
+	}
+}
+
+// A task's page opened while the task waits shows, once a worker takes
+// it, who runs it and since when, while it runs: not "—" until it ends.
+func TestDashboardTaskPageShowsTheWorkerWhileItRuns(t *testing.T) {
+	b := setup(t)
+	b.startWorker(t, "w1")
+	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
+	require.NoError(t, err)
+	tab := browser(t)
+	signIn(t, tab, b.api, key)
+	var task struct{ ID string }
+	require.NoError(t, json.Unmarshal(b.post(t, "/v1/tasks", map[string]any{"type": "demo.sleep",
+		"payload": map[string]any{"steps": 100, "step_ms": 150}, "delay": "5s", "dedupe": false}, http.StatusCreated), &task))
+	var status string
+	run(t, tab, 30*time.Second,
+		chromedp.Navigate(b.api+"/ui/tasks/"+task.ID),
+		chromedp.WaitVisible(`#status [data-status="PENDING"]`, chromedp.ByQuery))
+	run(t, tab, 30*time.Second, chromedp.WaitVisible(`#status [data-status="IN_PROGRESS"]`, chromedp.ByQuery))
+	details := func(term string) func() error {
+		return func() error {
+			var v string
+			if err := chromedp.Run(tab, chromedp.Evaluate(`(() => {
+				const dt = [...document.querySelectorAll("dl.details dt")].find((d) => d.textContent === "`+term+`");
+				return dt ? dt.nextElementSibling.textContent : "";
+			})()`, &v)); err != nil {
+				return err
+			}
+			if v == "" || v == "—" {
+				return fmt.Errorf("%s: %q", term, v)
+			}
+			return nil
+		}
+	}
+	testenv.Eventually(t, 5*time.Second, details("Worker"))
+	testenv.Eventually(t, 5*time.Second, details("Started"))
+	run(t, tab, 5*time.Second, chromedp.Text("#status", &status, chromedp.ByID))
+	require.Equal(t, "IN_PROGRESS", strings.TrimSpace(status), "the task still runs")
+}

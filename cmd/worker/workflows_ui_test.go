@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -124,4 +126,35 @@ func TestWorkflowsDashboardInABrowser(t *testing.T) {
 	run(t, tab, 30*time.Second,
 		chromedp.Navigate(b.api+"/ui/workflows"),
 		chromedp.WaitVisible(`section[data-workflow="diamond"] tr[data-run] [data-status="CANCELLED"]`, chromedp.ByQuery))
+}
+
+// A run's Cancel refused for now (a 429) says so, and the message stays
+// while the page, which reads a running run again every 1.5 s, redraws:
+// it does not flash and vanish before it can be read.
+func TestRunPageKeepsARefusedActionsError(t *testing.T) {
+	b := setup(t)
+	b.apply(t, diamondJobs)
+	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
+	require.NoError(t, err)
+	var started struct{ ID string }
+	require.NoError(t, json.Unmarshal(b.post(t, "/v1/workflows/diamond/runs", map[string]any{}, http.StatusCreated), &started))
+
+	tab := browser(t)
+	signIn(t, tab, b.api, key)
+	var shown string
+	run(t, tab, 30*time.Second,
+		chromedp.Navigate(b.api+"/ui/runs/"+started.ID),
+		chromedp.WaitVisible("#cancel-run", chromedp.ByID),
+		chromedp.Evaluate(`{
+			const real = window.fetch;
+			window.fetch = (url, opts) => String(url).endsWith("/cancel")
+				? Promise.resolve(new Response(JSON.stringify({title: "Too Many Requests", detail: "slow down"}),
+					{status: 429, headers: {"Content-Type": "application/problem+json"}}))
+				: real(url, opts);
+		}`, nil),
+		chromedp.Click("#cancel-run", chromedp.ByID),
+		chromedp.WaitVisible(`main .error[role="alert"]`, chromedp.ByQuery),
+		chromedp.Sleep(3*time.Second), // two redraws
+		chromedp.Text(`main .error[role="alert"]`, &shown, chromedp.ByQuery))
+	require.Contains(t, shown, "slow down")
 }

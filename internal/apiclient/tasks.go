@@ -18,6 +18,10 @@ const (
 	StatusCancelled  = "CANCELLED"
 )
 
+// StateAwaiting is the state of a PENDING task whose handler spawned
+// children and waits for them: it runs again when the last one ends.
+const StateAwaiting = "Waiting for children"
+
 // Terminal reports whether a task of status will change no more (unless
 // it is retried).
 func Terminal(status string) bool {

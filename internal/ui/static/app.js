@@ -326,6 +326,10 @@ async function renderTasks() {
     byID.set(t.id, { r, bar, at: Date.parse(t.updated_at || t.created_at) });
     return r;
   };
+  // "Updated" says how long ago, which grows while the page stays open.
+  setInterval(() => {
+    for (const { r, at } of byID.values()) r.querySelector(".upd").textContent = ago(at);
+  }, 5000);
   let cursor = "";
   const load = async () => {
     const q = new URLSearchParams({ ...filter, limit: "50" });
@@ -333,6 +337,8 @@ async function renderTasks() {
     more.disabled = true; // a second click would load the same page again
     try {
       const page = await api("GET", "/v1/tasks?" + q);
+      // An earlier try's error (a 429, the API restarting) is over.
+      if (note.querySelector(".error")) note.replaceChildren();
       rows.append(...page.tasks.map(row));
       cursor = page.next_cursor || "";
       more.hidden = !cursor;
@@ -471,7 +477,11 @@ async function renderTask(id) {
   try {
     t = await api("GET", "/v1/tasks/" + encodeURIComponent(id));
   } catch (err) {
-    fill(main, h("h1", {}, "Task not found"),
+    // A refusal (404, or 400 for an address that names no task) says
+    // there is no such task; a 429, a 503 while the API restarts or no
+    // answer at all will pass.
+    const none = err.status >= 400 && err.status < 500 && err.status !== 429;
+    fill(main, h("h1", {}, none ? "Task not found" : "Could not load the task"),
       h("p", { role: "alert" }, err.status === 404 ? "There is no such task, or it is not yours to see." : err.message),
       h("p", {}, h("a", { href: "/ui/tasks" }, "All tasks")));
     return;
@@ -530,6 +540,23 @@ async function renderTask(id) {
       h("section", { "aria-labelledby": "events-h" }, h("h2", { id: "events-h" }, "Events"), timeline)));
   drawDetails();
 
+  // reread draws the task as it now is, once the events that came
+  // together (the history the stream replays first) are in; of reads
+  // that overlap, only the last one asked is drawn.
+  let reads = 0, pause = 0;
+  const reread = () => {
+    clearTimeout(pause);
+    pause = setTimeout(async () => {
+      const n = ++reads;
+      try {
+        const now = await api("GET", "/v1/tasks/" + t.id);
+        if (n !== reads) return;
+        t = now;
+        drawDetails();
+      } catch { /* the page still shows the stream */ }
+    }, 200);
+  };
+
   // The stream replays the task's history from its first event, then
   // follows it live, and ends after its terminal event.
   follow(`/v1/tasks/${t.id}/stream`, (e) => {
@@ -542,10 +569,11 @@ async function renderTask(id) {
       t.status = e.status;
       badge.replaceChildren(statusBadge(e.status));
       drawActions();
+      // A new status comes with a new worker, attempt, start or error:
+      // the details are read again.
+      reread();
     }
-  }, async () => {
-    try { t = await api("GET", "/v1/tasks/" + t.id); drawDetails(); } catch { /* the page still shows the stream */ }
-  });
+  }, reread);
 }
 
 // ---- workflows --------------------------------------------------------------
@@ -749,7 +777,11 @@ async function renderRun(id) {
   try {
     r = await api("GET", "/v1/runs/" + encodeURIComponent(id));
   } catch (err) {
-    fill(main, h("h1", {}, "Run not found"),
+    // A refusal (404, or 400 for an address that names no run) says
+    // there is no such run; a 429, a 503 while the API restarts or no
+    // answer at all will pass.
+    const none = err.status >= 400 && err.status < 500 && err.status !== 429;
+    fill(main, h("h1", {}, none ? "Run not found" : "Could not load the run"),
       h("p", { role: "alert" }, err.status === 404 ? "There is no such run, or it is not yours to see." : err.message),
       h("p", {}, h("a", { href: "/ui/workflows" }, "All workflows")));
     return;
@@ -763,22 +795,27 @@ async function renderRun(id) {
   const table = h("div", {});
 
   let timer = 0;
+  // refused is why the last action failed: it stays through the redraws
+  // (every 1.5 s while the run runs) until the next action.
+  let refused = "";
   const drawActions = () => {
     // fill, not replaceChildren: a redraw leaves the focus on the button.
     fill(actions, !mayWrite() ? null
       : r.status === "RUNNING" ? h("button", { type: "button", class: "danger", id: "cancel-run", onclick: () => act("cancel") }, "Cancel run")
       : r.status === "FAILED" || r.status === "CANCELLED" ? h("button", { type: "button", id: "retry-run", onclick: () => act("retry") }, "Retry run")
-      : null);
+      : null,
+    refused ? h("p", { class: "error", role: "alert" }, refused) : null);
   };
   const act = async (verb) => {
     if (!confirm(verb === "cancel" ? "Cancel this run? Its running tasks are told to stop, and its waiting nodes will not run."
       : "Retry this run? Its nodes that did not complete run again.")) return;
+    refused = "";
     try {
       r = await api("POST", `/v1/runs/${r.id}/${verb}`);
-      draw();
     } catch (err) {
-      actions.append(h("p", { class: "error", role: "alert" }, err.message));
+      refused = err.message;
     }
+    draw();
   };
   const draw = () => {
     badge.replaceChildren(statusBadge(r.status));
@@ -830,8 +867,10 @@ function theme() {
   const apply = (v) => {
     if (v) document.documentElement.dataset.theme = v; else delete document.documentElement.dataset.theme;
     const dark = v ? v === "dark" : matchMedia("(prefers-color-scheme: dark)").matches;
+    // A toggle's name stays the same: its state is aria-pressed, which a
+    // screen reader reads with the name ("Dark theme, pressed").
     btn.setAttribute("aria-pressed", String(dark));
-    btn.textContent = dark ? "Light theme" : "Dark theme";
+    btn.textContent = "Dark theme";
   };
   apply(localStorage.getItem("theme"));
   btn.addEventListener("click", () => {
