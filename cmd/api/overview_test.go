@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/conveyorhq/conveyor/internal/auth"
+	"github.com/conveyorhq/conveyor/internal/task"
 )
 
 // overviewBody is GET /v1/overview as a client reads it.
@@ -235,6 +236,20 @@ func TestOverviewSumsUpTheOrgAsTheCallerSeesIt(t *testing.T) {
 
 // The overview takes no parameters: a misspelt one is an error, not
 // silently ignored.
+// A parent waiting for its children waits for no worker: its type's queue
+// neither counts it as due nor ages with it.
+func TestOverviewLeavesOutAParentWaitingForItsChildren(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	parent := b.submitTask(t, `{"type":"ov.parent"}`)
+	b.exec(t, `DELETE FROM outbox WHERE task_id = $1`, parent)
+	b.exec(t, `UPDATE tasks SET state = $2, attempt = 1, next_run_at = now() - interval '1 hour',
+		version = version + 1 WHERE id = $1`, parent, task.StateAwaiting)
+	o := b.overview(t, b.token)
+	require.Equal(t, 1, o.Counts["PENDING"])
+	require.Empty(t, o.Types, "no type has a task waiting for a worker")
+}
+
 func TestOverviewRefusesParameters(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -37,6 +37,9 @@ FROM generate_series(date_trunc('minute', now()) - interval '59 minutes', date_t
 LEFT JOIN ended e ON e.minute = m.minute
 GROUP BY m.minute ORDER BY m.minute`)
 
+// sqlOverviewQueues sums up each type's queue: its tasks due, scheduled
+// and running, and how long the oldest due one has waited. A parent
+// waiting for its children waits for no worker, and is left out.
 var sqlOverviewQueues = statement("overview.queues", `SELECT type,
 	count(*) FILTER (WHERE `+isPending+` AND next_run_at <= now()),
 	count(*) FILTER (WHERE `+isPending+` AND next_run_at > now()),
@@ -44,6 +47,7 @@ var sqlOverviewQueues = statement("overview.queues", `SELECT type,
 	coalesce(extract(epoch FROM now() - min(next_run_at) FILTER (WHERE `+isPending+` AND next_run_at <= now())), 0)
 FROM (
 	SELECT type, status, next_run_at FROM tasks WHERE org_id = $1 AND `+isPending+`
+		AND state <> '`+task.StateAwaiting+`'
 	UNION ALL
 	SELECT type, status, next_run_at FROM tasks WHERE org_id = $1 AND `+isRunning+`
 ) t
