@@ -567,11 +567,18 @@ func processStats(t *testing.T, admin string) (goroutines int, rss float64) {
 		var v float64
 		switch {
 		case strings.HasPrefix(line, "go_goroutines "):
-			_, _ = fmt.Sscan(strings.TrimPrefix(line, "go_goroutines "), &v)
+			_, err := fmt.Sscan(strings.TrimPrefix(line, "go_goroutines "), &v)
+			require.NoError(t, err, line)
 			goroutines = int(v)
 		case strings.HasPrefix(line, "process_resident_memory_bytes "):
-			_, _ = fmt.Sscan(strings.TrimPrefix(line, "process_resident_memory_bytes "), &rss)
+			_, err := fmt.Sscan(strings.TrimPrefix(line, "process_resident_memory_bytes "), &rss)
+			require.NoError(t, err, line)
 		}
 	}
+	require.NoError(t, sc.Err())
+	// A bound checked on a value never read holds trivially: a process
+	// that exports neither leaves the leak checks nothing to judge.
+	require.Positive(t, goroutines, "%s exports go_goroutines", admin)
+	require.Positive(t, rss, "%s exports process_resident_memory_bytes", admin)
 	return goroutines, rss
 }

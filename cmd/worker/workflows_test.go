@@ -121,13 +121,23 @@ func TestFanoutGathersChildrenAcrossAKill(t *testing.T) {
 	b := setup(t)
 	w1 := b.startWorker(t, "w1", "WORKER_CONCURRENCY=2")
 	b.startWorker(t, "w2", "WORKER_CONCURRENCY=2")
-	parent := b.submit(t, "demo.fanout", map[string]any{"children": 20, "child": map[string]int{"steps": 2, "step_ms": 100}}, 3)
-	time.Sleep(time.Second)
+	parent := b.submit(t, "demo.fanout", map[string]any{"children": 20, "child": map[string]int{"steps": 10, "step_ms": 100}}, 3)
+	ctx := context.Background()
+	// The kill lands on a child w1 is running, early in its second: a
+	// kill of a worker with nothing to do would prove nothing.
+	testenv.Eventually(t, 30*time.Second, func() error {
+		var running int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE parent_id = $1 AND worker_id = 'w1'
+			AND status = 'IN_PROGRESS' AND progress <= 30`, parent).Scan(&running))
+		if running == 0 {
+			return fmt.Errorf("w1 runs no child yet")
+		}
+		return nil
+	})
 	w1.Signal(syscall.SIGKILL)
 	w1.Wait(t, 10*time.Second)
 	b.startWorker(t, "w3", "WORKER_CONCURRENCY=2")
 
-	ctx := context.Background()
 	testenv.Eventually(t, 90*time.Second, func() error {
 		var status string
 		require.NoError(t, b.pool.QueryRow(ctx, `SELECT status FROM tasks WHERE id = $1`, parent).Scan(&status))
@@ -154,4 +164,7 @@ func TestFanoutGathersChildrenAcrossAKill(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM task_events WHERE task_id = $1 AND state = 'Waiting for children'`,
 		parent).Scan(&waited))
 	require.Positive(t, waited, "the parent waited for its children")
+	var rerun int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE parent_id = $1 AND attempt > 1`, parent).Scan(&rerun))
+	require.Positive(t, rerun, "a child the kill interrupted ran again")
 }

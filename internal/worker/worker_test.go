@@ -272,6 +272,11 @@ func TestWorkerIgnoresACancelOfAnEarlierRun(t *testing.T) {
 	claimed := b.store.get(id).Version
 
 	b.src.cancels <- outbox.Cancel{TaskID: id, Version: claimed - 1}
+	// The stale broadcast stops nothing: the lease is renewed twice after
+	// it, the task still running.
+	before := len(b.store.transitions(id))
+	require.Eventually(t, func() bool { return len(b.store.transitions(id)) >= before+2 }, waitLimit, time.Millisecond)
+	require.Equal(t, task.StatusInProgress, b.store.get(id).Status, "a stale cancel stopped the run")
 	v := b.store.requestCancel(id) // what the API does
 	// The stale broadcast was handled before the current one, which
 	// stops the handler: the attempt ends CANCELLED, not earlier.
@@ -931,6 +936,13 @@ func TestWorkerCancelsATaskClaimedAhead(t *testing.T) {
 	require.Empty(t, h.entered, "the cancelled task's handler never ran")
 	close(h.release)
 	require.Equal(t, "completed", b.finished(t, first))
+	// Nor does it run once the slot it waited for is free: the next task
+	// takes the slot (and the cancelled one's place in the window), and
+	// its handler is the only one to have started since.
+	third := b.store.add("t.block", 3)
+	b.deliver(t, third)
+	require.Equal(t, "completed", b.finished(t, third))
+	require.Len(t, h.entered, 1, "a handler ran besides the next task's: the cancelled task's, once the slot freed")
 }
 
 // A task claimed ahead that finds every slot still taken after LongAfter is
