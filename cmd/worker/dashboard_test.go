@@ -64,6 +64,14 @@ func browser(t *testing.T) context.Context {
 	return ctx
 }
 
+// dashboardKey is an admin key of the test org, to sign in with.
+func (b *bundle) dashboardKey(t *testing.T) string {
+	t.Helper()
+	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
+	require.NoError(t, err)
+	return key
+}
+
 // run runs the actions with a deadline.
 func run(t *testing.T, ctx context.Context, d time.Duration, actions ...chromedp.Action) {
 	t.Helper()
@@ -211,8 +219,7 @@ func TestDashboardInABrowser(t *testing.T) {
 // "Loading…" with nothing said.
 func TestDashboardTasksPageShowsARefusedFilter(t *testing.T) {
 	b := setup(t)
-	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
-	require.NoError(t, err)
+	key := b.dashboardKey(t)
 	tab := browser(t)
 	signIn(t, tab, b.api, key)
 
@@ -231,8 +238,7 @@ func TestDashboardTasksPageShowsARefusedFilter(t *testing.T) {
 // stops it.
 func TestDashboardStreamRefusedForGoodIsNotAskedAgain(t *testing.T) {
 	b := setup(t)
-	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
-	require.NoError(t, err)
+	key := b.dashboardKey(t)
 	tab := browser(t)
 	signIn(t, tab, b.api, key)
 
@@ -262,8 +268,7 @@ func TestDashboardStreamRefusedForGoodIsNotAskedAgain(t *testing.T) {
 // shows the API's answer, not a page stuck at "Loading…".
 func TestDashboardMalformedAddressesShowAnAnswer(t *testing.T) {
 	b := setup(t)
-	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
-	require.NoError(t, err)
+	key := b.dashboardKey(t)
 	tab := browser(t)
 	signIn(t, tab, b.api, key)
 	for _, page := range []string{"/ui/tasks/%E0", "/ui/runs/%E0%A4"} {
@@ -281,11 +286,10 @@ func TestDashboardMalformedAddressesShowAnAnswer(t *testing.T) {
 // after the moment does appear.
 func TestDashboardEmptyListShowsNoRetriedOldTaskAsNew(t *testing.T) {
 	b := setup(t)
-	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
-	require.NoError(t, err)
+	key := b.dashboardKey(t)
 	// No worker runs here: the old task is made FAILED by hand.
 	old := b.submit(t, "demo.sleep", map[string]any{"steps": 1, "step_ms": 10}, 1)
-	_, err = b.pool.Exec(context.Background(), `UPDATE tasks SET status = 'FAILED', completed_at = now(),
+	_, err := b.pool.Exec(context.Background(), `UPDATE tasks SET status = 'FAILED', completed_at = now(),
 		version = version + 1 WHERE id = $1`, old)
 	require.NoError(t, err)
 	time.Sleep(20 * time.Millisecond)
@@ -312,8 +316,7 @@ func TestDashboardEmptyListShowsNoRetriedOldTaskAsNew(t *testing.T) {
 // the filter form is sent again.
 func TestDashboardFilterKeepsTheSeconds(t *testing.T) {
 	b := setup(t)
-	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
-	require.NoError(t, err)
+	key := b.dashboardKey(t)
 	tab := browser(t)
 	signIn(t, tab, b.api, key)
 	var shown string
@@ -336,10 +339,9 @@ func TestDashboardFilterKeepsTheSeconds(t *testing.T) {
 // count the ended ones.
 func TestDashboardOverviewOfAnOrgWithNothingQueued(t *testing.T) {
 	b := setup(t)
-	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
-	require.NoError(t, err)
+	key := b.dashboardKey(t)
 	id := b.submit(t, "demo.sleep", map[string]any{"steps": 1}, 1)
-	_, err = b.pool.Exec(context.Background(), `UPDATE tasks SET status = 'COMPLETED', completed_at = now(),
+	_, err := b.pool.Exec(context.Background(), `UPDATE tasks SET status = 'COMPLETED', completed_at = now(),
 		version = version + 1 WHERE id = $1`, id)
 	require.NoError(t, err)
 	tab := browser(t)
@@ -362,13 +364,12 @@ func TestDashboardOverviewOfAnOrgWithNothingQueued(t *testing.T) {
 // scroll in their own box), and the HTML-ish text shows as text.
 func TestDashboardTaskPageWithLongTextFitsAPhone(t *testing.T) {
 	b := setup(t)
-	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
-	require.NoError(t, err)
+	key := b.dashboardKey(t)
 	long := strings.Repeat("ü0123456789abcdef", 24)
 	html := `<img src=x onerror="window.pwned=1"><b>bold</b>`
 	id := b.submit(t, "demo.sleep", map[string]any{"steps": 1, "step_ms": 10, "blob": long, "html": html}, 1)
 	// A handler's report: its state text and an error, as long.
-	_, err = b.pool.Exec(context.Background(), `WITH upd AS (UPDATE tasks SET state = $2, updated_at = now() WHERE id = $1 RETURNING *)
+	_, err := b.pool.Exec(context.Background(), `WITH upd AS (UPDATE tasks SET state = $2, updated_at = now() WHERE id = $1 RETURNING *)
 		INSERT INTO task_events (task_id, org_id, status, state, progress, actor, error)
 		SELECT id, org_id, status, $2, progress, 'WORKER', $3 FROM upd`, id, "Fetching "+long+" "+html, "no such blob "+long)
 	require.NoError(t, err)
@@ -439,8 +440,7 @@ func TestDashboardStreamOfARevokedKeySendsToSignIn(t *testing.T) {
 // impatient second one) lists each task once.
 func TestDashboardOlderTasksClickedTwiceListsEachTaskOnce(t *testing.T) {
 	b := setup(t)
-	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
-	require.NoError(t, err)
+	key := b.dashboardKey(t)
 	ids := b.submitMany(t, "dashboard.page", map[string]any{}, 60, nil)
 
 	tab := browser(t)
@@ -466,8 +466,7 @@ func TestDashboardOlderTasksClickedTwiceListsEachTaskOnce(t *testing.T) {
 // redraw instead of falling back to the top of the page.
 func TestDashboardRedrawsKeepTheKeyboardsPlace(t *testing.T) {
 	b := setup(t)
-	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
-	require.NoError(t, err)
+	key := b.dashboardKey(t)
 	tab := browser(t)
 	signIn(t, tab, b.api, key)
 	link := `a[href="/ui/tasks?status=FAILED"]`
@@ -518,8 +517,7 @@ func TestDashboardRedrawsKeepTheKeyboardsPlace(t *testing.T) {
 // made meanwhile and after appear.
 func TestDashboardListRestoredByBackStaysLive(t *testing.T) {
 	b := setup(t)
-	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
-	require.NoError(t, err)
+	key := b.dashboardKey(t)
 	first := b.submit(t, "demo.sleep", map[string]any{"steps": 1}, 1)
 	tab := browser(t)
 	signIn(t, tab, b.api, key)
@@ -557,8 +555,7 @@ func TestDashboardListRestoredByBackStaysLive(t *testing.T) {
 // the failed try is gone rather than left above a list that loaded.
 func TestDashboardOlderTasksErrorClearsOnceTheyLoad(t *testing.T) {
 	b := setup(t)
-	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
-	require.NoError(t, err)
+	key := b.dashboardKey(t)
 	ids := b.submitMany(t, "dashboard.page", map[string]any{}, 60, nil)
 
 	tab := browser(t)
@@ -600,10 +597,9 @@ func TestDashboardOlderTasksErrorClearsOnceTheyLoad(t *testing.T) {
 // since does not stay "50s ago" for ever.
 func TestDashboardListUpdatedTimesMoveOn(t *testing.T) {
 	b := setup(t)
-	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
-	require.NoError(t, err)
+	key := b.dashboardKey(t)
 	id := b.submit(t, "demo.sleep", map[string]any{"steps": 1}, 1)
-	_, err = b.pool.Exec(context.Background(), `UPDATE tasks SET updated_at = now() - interval '50 seconds' WHERE id = $1`, id)
+	_, err := b.pool.Exec(context.Background(), `UPDATE tasks SET updated_at = now() - interval '50 seconds' WHERE id = $1`, id)
 	require.NoError(t, err)
 
 	tab := browser(t)
@@ -625,8 +621,7 @@ func TestDashboardListUpdatedTimesMoveOn(t *testing.T) {
 // the opposite of what the page shows.
 func TestDashboardThemeToggleSaysWhatIsOn(t *testing.T) {
 	b := setup(t)
-	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
-	require.NoError(t, err)
+	key := b.dashboardKey(t)
 	tab := browser(t)
 	signIn(t, tab, b.api, key)
 	type toggle struct {
@@ -657,8 +652,7 @@ func TestDashboardThemeToggleSaysWhatIsOn(t *testing.T) {
 // the person would give up on a task that exists.
 func TestDashboardPageOfAnUnansweredReadIsNotNotFound(t *testing.T) {
 	b := setup(t)
-	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
-	require.NoError(t, err)
+	key := b.dashboardKey(t)
 	id := b.submit(t, "demo.sleep", map[string]any{"steps": 1}, 1)
 	b.apply(t, diamondJobs)
 	var started struct{ ID string }
@@ -699,8 +693,7 @@ func TestDashboardPageOfAnUnansweredReadIsNotNotFound(t *testing.T) {
 func TestDashboardTaskPageShowsTheWorkerWhileItRuns(t *testing.T) {
 	b := setup(t)
 	b.startWorker(t, "w1")
-	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
-	require.NoError(t, err)
+	key := b.dashboardKey(t)
 	tab := browser(t)
 	signIn(t, tab, b.api, key)
 	var task struct{ ID string }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -10,9 +9,6 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
-
-	"github.com/conveyorhq/conveyor/internal/postgres"
-	"github.com/conveyorhq/conveyor/internal/testdb"
 )
 
 // The dashboard's workflows in a real browser: a diamond workflow (a → b,
@@ -52,8 +48,7 @@ const readDAG = `Object.fromEntries([...document.querySelectorAll("#dag g.node")
 func TestWorkflowsDashboardInABrowser(t *testing.T) {
 	b := setup(t)
 	b.apply(t, diamondJobs)
-	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
-	require.NoError(t, err)
+	key := b.dashboardKey(t)
 
 	tab := browser(t)
 	signIn(t, tab, b.api, key)
@@ -134,8 +129,7 @@ func TestWorkflowsDashboardInABrowser(t *testing.T) {
 func TestRunPageKeepsARefusedActionsError(t *testing.T) {
 	b := setup(t)
 	b.apply(t, diamondJobs)
-	key, err := postgres.NewDirectory(b.pool).Bootstrap(context.Background(), testdb.TestOrg, "dashboard")
-	require.NoError(t, err)
+	key := b.dashboardKey(t)
 	var started struct{ ID string }
 	require.NoError(t, json.Unmarshal(b.post(t, "/v1/workflows/diamond/runs", map[string]any{}, http.StatusCreated), &started))
 
