@@ -545,9 +545,9 @@ func TestDashboardListRestoredByBackStaysLive(t *testing.T) {
 			return nil
 		}
 	}
-	testenv.Eventually(t, 10*time.Second, listed(away))
+	testenv.Eventually(t, 20*time.Second, listed(away))
 	after := b.submit(t, "demo.sleep", map[string]any{"steps": 1}, 1)
-	testenv.Eventually(t, 10*time.Second, listed(after))
+	testenv.Eventually(t, 20*time.Second, listed(after))
 }
 
 // "Older tasks" refused once (a 429, the API restarting) says so; clicked
@@ -599,7 +599,7 @@ func TestDashboardListUpdatedTimesMoveOn(t *testing.T) {
 	b := setup(t)
 	key := b.dashboardKey(t)
 	id := b.submit(t, "demo.sleep", map[string]any{"steps": 1}, 1)
-	_, err := b.pool.Exec(context.Background(), `UPDATE tasks SET updated_at = now() - interval '50 seconds' WHERE id = $1`, id)
+	_, err := b.pool.Exec(context.Background(), `UPDATE tasks SET updated_at = now() - interval '40 seconds' WHERE id = $1`, id)
 	require.NoError(t, err)
 
 	tab := browser(t)
@@ -610,9 +610,13 @@ func TestDashboardListUpdatedTimesMoveOn(t *testing.T) {
 		chromedp.Navigate(b.api+"/ui/tasks"),
 		chromedp.WaitVisible(cell, chromedp.ByQuery),
 		chromedp.Text(cell, &before, chromedp.ByQuery))
-	require.Regexp(t, `^5\ds ago$`, before)
-	run(t, tab, 30*time.Second, chromedp.Sleep(13*time.Second), chromedp.Text(cell, &after, chromedp.ByQuery))
-	require.Equal(t, "1m ago", after, "a minute later, the list says so")
+	require.Regexp(t, `^\d+s ago$`, before, "drawn before its first minute")
+	// The page is left alone: only its own clock can move the text on.
+	deadline := time.Now().Add(45 * time.Second)
+	for after != "1m ago" && time.Now().Before(deadline) {
+		run(t, tab, 10*time.Second, chromedp.Sleep(500*time.Millisecond), chromedp.Text(cell, &after, chromedp.ByQuery))
+	}
+	require.Equal(t, "1m ago", after, "a minute on, the list says so")
 }
 
 // The Theme button is a toggle (aria-pressed): a screen reader reads its

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -453,11 +452,10 @@ func TestParseFarTooManyNodesIsCheap(t *testing.T) {
 		b.WriteString("      - *n\n")
 	}
 	ws := []want{{5, "workflows[0].nodes", fmt.Sprintf("a workflow has at most %d nodes, got %d", job.MaxNodes, n)}}
-	start := time.Now()
-	got := problems(t, b.String(), ws)
-	took := time.Since(start)
-	require.Equal(t, ws, got)
-	require.Less(t, took, 5*time.Second, "checking a file of %d bytes took %s", b.Len(), took)
+	// One problem, the size: had the nodes' own checks run, each would
+	// have answered one of its own (speed is not asserted here; the
+	// problems say which checks ran).
+	require.Equal(t, ws, problems(t, b.String(), ws))
 }
 
 func TestParseTooManyNodes(t *testing.T) {

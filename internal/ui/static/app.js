@@ -168,7 +168,8 @@ function follow(url, onEvent, onEnd) {
   // A page left for another is closed, its stream with it; but the browser
   // may keep it in its back-forward cache, and show it again on Back as it
   // was left, without running it again: its stream, unless it had ended,
-  // then opens again from the last event seen.
+  // then opens again from the last event seen (or, with none seen, the
+  // page loads again).
   let hidden = false;
   window.addEventListener("pagehide", () => {
     hidden = !ended;
@@ -180,6 +181,13 @@ function follow(url, onEvent, onEnd) {
   window.addEventListener("pageshow", (e) => {
     if (!e.persisted || !hidden) return;
     hidden = false;
+    // A stream that had seen no event has no place to resume from: what
+    // happened while the page was away would be missed, so it is read
+    // again whole.
+    if (!last) {
+      location.reload();
+      return;
+    }
     ended = false;
     open();
   });
