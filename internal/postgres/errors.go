@@ -99,8 +99,7 @@ func retryDeadlocks(f func() error) error {
 			return err
 		}
 		if try >= maxDeadlockTries {
-			return &task.Error{Code: task.ErrCodeUnavailable,
-				Message: "the database rolled this back, again and again, for a deadlock with concurrent work; try again"}
+			return outlasted(err)
 		}
 	}
 }

@@ -77,37 +77,36 @@ var sqlTypeMode = statement("scheduler.type_mode", `UPDATE task_types SET admit_
 // tasks waiting for admission, after the group ($2, $3, $4), skipping
 // through the waiting index one group at a time however many tasks each
 // holds; groups of a type paused in their org are left out.
-var sqlWaitingGroups = statement("scheduler.waiting_groups", `
-WITH RECURSIVE g AS (
-	(SELECT type, org_id, concurrency_key FROM tasks WHERE `+isPending+` AND NOT admitted
-		AND (type, org_id, concurrency_key) > ($2::text, $3::uuid, $4::text)
-		ORDER BY type, org_id, concurrency_key LIMIT 1)
-	UNION ALL
-	SELECT n.type, n.org_id, n.concurrency_key FROM g CROSS JOIN LATERAL (
-		SELECT type, org_id, concurrency_key FROM tasks
-		WHERE `+isPending+` AND NOT admitted AND (type, org_id, concurrency_key) > (g.type, g.org_id, g.concurrency_key)
-		ORDER BY type, org_id, concurrency_key LIMIT 1) n
-)
-SELECT g.type, g.org_id, g.concurrency_key FROM g
-WHERE NOT EXISTS (SELECT 1 FROM type_limits l WHERE l.org_id = g.org_id AND l.type = g.type AND l.paused_at IS NOT NULL)
-LIMIT $1`)
+var sqlWaitingGroups = statement("scheduler.waiting_groups", waitingSkipScan(
+	"AND (type, org_id, concurrency_key) > ($2::text, $3::uuid, $4::text)",
+	"(type, org_id, concurrency_key) > (g.type, g.org_id, g.concurrency_key)"))
 
 // sqlWaitingPairs lists the first group of each (type, org) that has tasks
 // waiting for admission, skipping through the waiting index one pair at a
 // time; pairs of a type paused in their org are left out.
-var sqlWaitingPairs = statement("scheduler.waiting_pairs", `
+var sqlWaitingPairs = statement("scheduler.waiting_pairs", waitingSkipScan("",
+	"(type, org_id) > (g.type, g.org_id)"))
+
+// waitingSkipScan is a statement that walks the waiting index from its
+// first group matching start (a condition, or none), then from each group
+// to the first one past it by next, and lists up to $1 groups of types not
+// paused in their org.
+func waitingSkipScan(start, next string) string {
+	return `
 WITH RECURSIVE g AS (
-	(SELECT type, org_id, concurrency_key FROM tasks WHERE `+isPending+` AND NOT admitted
+	(SELECT type, org_id, concurrency_key FROM tasks WHERE ` + isPending + ` AND NOT admitted
+		` + start + `
 		ORDER BY type, org_id, concurrency_key LIMIT 1)
 	UNION ALL
 	SELECT n.type, n.org_id, n.concurrency_key FROM g CROSS JOIN LATERAL (
 		SELECT type, org_id, concurrency_key FROM tasks
-		WHERE `+isPending+` AND NOT admitted AND (type, org_id) > (g.type, g.org_id)
+		WHERE ` + isPending + ` AND NOT admitted AND ` + next + `
 		ORDER BY type, org_id, concurrency_key LIMIT 1) n
 )
 SELECT g.type, g.org_id, g.concurrency_key FROM g
 WHERE NOT EXISTS (SELECT 1 FROM type_limits l WHERE l.org_id = g.org_id AND l.type = g.type AND l.paused_at IS NOT NULL)
-LIMIT $1`)
+LIMIT $1`
+}
 
 // sqlWaitingTasks reads up to $4 due waiting tasks of each group, in the
 // order they are admitted within it, without those of paused jobs, nor
