@@ -38,12 +38,25 @@ for bin in "$@"; do
   "$bin" > >(sed -u "s/^/[$name] /") 2>&1 &
   pids+=($!)
   # The API migrates the database; give it a head start so the others find
-  # the schema ready.
+  # the schema ready. An API that exits meanwhile (its port taken, a bad
+  # variable) ends the run here, before the others start and before the
+  # banner below says the pipeline is running.
   if [ "$name" = api ]; then
+    api_pid=$!
     for _ in $(seq 1 50); do
-      curl -fsS "$api_url/readyz" >/dev/null 2>&1 && break
+      curl -fsS --max-time 2 "$api_url/readyz" >/dev/null 2>&1 && break
+      kill -0 "$api_pid" 2>/dev/null || break
       sleep 0.2
     done
+    if ! kill -0 "$api_pid" 2>/dev/null; then
+      wait "$api_pid"
+      rc=$?
+      trap - INT TERM
+      echo "api exited (status $rc) before it was ready; see its log above" >&2
+      kill -TERM "${pids[@]}" 2>/dev/null
+      wait
+      exit $((rc == 0 ? 1 : rc))
+    fi
   fi
 done
 echo "conveyor running: API on $api_url — Ctrl-C to stop" >&2

@@ -29,14 +29,30 @@ func TestSubmitWithRunAtOrDelay(t *testing.T) {
 		WHERE t.type IN ('delay.at', 'delay.batch') AND o.available_at = t.next_run_at AND t.next_run_at > now() + interval '59 minutes'`).Scan(&waiting))
 	require.Equal(t, 2, waiting)
 
-	for body, want := range map[string]int{
-		`{"type":"delay.bad","payload":{},"delay":"soon"}`:                               http.StatusUnprocessableEntity,
-		`{"type":"delay.bad","payload":{},"delay":"1s","run_at":"2026-01-01T00:00:00Z"}`: http.StatusUnprocessableEntity,
-		`{"type":"delay.bad","payload":{},"run_at":"tomorrow"}`:                          http.StatusBadRequest,
-	} {
-		resp := b.post(t, "/v1/tasks", body)
-		require.Equal(t, want, resp.status, "%s: %s", body, resp.body)
+	// A run_at in the past means now: the task is due from its submission,
+	// not from the time a client's zero value names.
+	for _, past := range []string{"0001-01-01T00:00:00Z", "2000-01-01T00:00:00Z"} {
+		resp := b.post(t, "/v1/tasks", `{"type":"delay.past","payload":{},"dedupe":false,"run_at":"`+past+`"}`)
+		require.Equal(t, http.StatusCreated, resp.status, string(resp.body))
+		got := resp.json(t)
+		require.Equal(t, got["created_at"], got["next_run_at"], "run_at %s", past)
 	}
+
+	// A run_at that is no RFC 3339 time is the field's mistake, as a delay
+	// that is no duration is: a 422 naming it, not a malformed body.
+	for _, c := range []struct{ path, body, field string }{
+		{"/v1/tasks", `{"type":"delay.bad","payload":{},"delay":"soon"}`, "delay"},
+		{"/v1/tasks", `{"type":"delay.bad","payload":{},"delay":"1s","run_at":"2026-01-01T00:00:00Z"}`, "delay"},
+		{"/v1/tasks", `{"type":"delay.bad","payload":{},"run_at":"tomorrow"}`, "run_at"},
+		{"/v1/tasks", `{"type":"delay.bad","payload":{},"run_at":1767225600}`, "run_at"},
+		{"/v1/tasks/batch", `{"tasks":[{"type":"delay.bad","payload":{},"run_at":"2026-01-01 00:00:00"}]}`, "tasks.run_at"},
+	} {
+		resp := b.post(t, c.path, c.body)
+		require.Equal(t, http.StatusUnprocessableEntity, resp.status, "%s: %s", c.body, resp.body)
+		require.Equal(t, c.field, resp.json(t)["field"], "%s: %s", c.body, resp.body)
+	}
+	resp := b.post(t, "/v1/tasks", `{"type":"delay.null","payload":{},"run_at":null}`)
+	require.Equal(t, http.StatusCreated, resp.status, "a null run_at is none: %s", resp.body)
 	var bad int
 	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM tasks WHERE type = 'delay.bad'`).Scan(&bad))
 	require.Zero(t, bad, "a refused submission writes nothing")

@@ -530,9 +530,10 @@ func TestApplyListsABoundedNumberOfMistakes(t *testing.T) {
 	require.Empty(t, b.jobsByName(t), "nothing applied")
 }
 
-// A request with no body at all lost its file: it is refused, and a prune
-// with it deletes nothing. A file that declares nothing, sent as such,
-// still prunes everything.
+// A request with no body at all, or white space alone (`echo "$FILE"` of a
+// missing file), lost its file: it is refused, and a prune with it deletes
+// nothing. A file that declares nothing, sent as such, still prunes
+// everything.
 func TestApplyWithNoBodyIsRefused(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -542,6 +543,12 @@ func TestApplyWithNoBodyIsRefused(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, resp.status, string(resp.body))
 	require.Contains(t, string(resp.body), "request body is empty")
 	require.Equal(t, []string{"keep"}, keys(b.jobsByName(t)), "a refused request deletes nothing")
+	for _, blank := range []string{"\n", " \r\n\t\n"} {
+		resp := b.apply(t, "?prune=true", "application/yaml", blank)
+		require.Equal(t, http.StatusBadRequest, resp.status, "%q: %s", blank, resp.body)
+		require.Contains(t, string(resp.body), "request body is empty")
+	}
+	require.Equal(t, []string{"keep"}, keys(b.jobsByName(t)), "a body of white space alone deletes nothing")
 
 	require.Equal(t, []string{"delete job keep"}, b.applied(t, "?prune=true", "{}"))
 	require.Empty(t, b.jobsByName(t))

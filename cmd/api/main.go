@@ -28,11 +28,15 @@ API_ADDR, …): see "Configuration" in README.md.
 `
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "migrate" {
-		cli.Main("conveyor-migrate", migrate)
-	}
-	if len(os.Args) > 1 && os.Args[1] == "bootstrap" {
-		cli.Main("conveyor-bootstrap", bootstrap)
+	if len(os.Args) > 1 && (os.Args[1] == "migrate" || os.Args[1] == "bootstrap") {
+		f, code, done := commandArgs(os.Args[1], os.Args[2:], os.Stdout, os.Stderr)
+		if done {
+			os.Exit(code)
+		}
+		if os.Args[1] == "migrate" {
+			cli.Main("conveyor-migrate", migrate)
+		}
+		cli.Main("conveyor-bootstrap", bootstrap(f))
 	}
 	cli.Service("conveyor-api", usage, run)
 }

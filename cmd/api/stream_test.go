@@ -247,3 +247,39 @@ func TestStreamResumesAfterItsNewestEventsExpired(t *testing.T) {
 	next := b.post(t, "/v1/tasks", `{"type":"stream.expired","payload":{}}`).json(t)["id"].(string)
 	require.Contains(t, nextData(t, lines), next)
 }
+
+// A task's end that a transaction commits after the gap timeout is behind
+// the hub's cursor by then, and the hub never delivers it: the task's own
+// stream still sends it, and ends, rather than wait for ever.
+func TestTaskStreamGetsAnEndCommittedAfterTheGapTimeout(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *config.API) {
+		c.StreamGapTimeout, c.StreamHeartbeat = 200*time.Millisecond, 100*time.Millisecond
+	})
+	id := b.post(t, "/v1/tasks", `{"type":"stream.late","payload":{}}`).json(t)["id"].(string)
+	resp, lines := b.openStream(t, "/v1/tasks/"+id+"/stream", b.token)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Contains(t, nextData(t, lines), `"PENDING"`)
+
+	// The task's end, written as a cancel writes it (the row, then its
+	// event), by a transaction that stays open.
+	ctx := context.Background()
+	tx, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `UPDATE tasks SET status = 'CANCELLED', state = 'Cancelled', completed_at = now(),
+		version = version + 1 WHERE id = $1`, id)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `INSERT INTO task_events (task_id, org_id, status, state, progress, actor)
+		SELECT id, org_id, status, state, 0, 'SYSTEM' FROM tasks WHERE id = $1`, id)
+	require.NoError(t, err)
+
+	// A later event commits, and reaches the org's stream once the hub has
+	// passed the open transaction's id.
+	_, feed := b.openStream(t, "/v1/events/stream?type=stream.other", b.token)
+	other := b.post(t, "/v1/tasks", `{"type":"stream.other","payload":{}}`).json(t)["id"].(string)
+	require.Contains(t, nextData(t, feed), other)
+	require.NoError(t, tx.Commit(ctx))
+
+	require.Contains(t, nextData(t, lines), `"CANCELLED"`)
+}

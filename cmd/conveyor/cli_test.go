@@ -1012,3 +1012,15 @@ func TestWatchUnauthorizedSaysHowToGiveAKey(t *testing.T) {
 		"conveyor: task b: missing bearer token (HTTP 401)\n"+
 		"conveyor: give an API key with --token, CONVEYOR_TOKEN (or CONVEYOR_KEY), or token: in the config file\n", r.stderr)
 }
+
+// watch at an address where no API listens says so at once, and where the
+// address comes from, as get does: it has no stream to resume.
+func TestWatchUnreachableSaysWhereTheAddressComesFrom(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t, nil)
+	c.env["CONVEYOR_URL"] = "http://127.0.0.1:1"
+	r := c.run("watch", "a")
+	require.Equal(t, 1, r.code)
+	require.Equal(t, "conveyor: task a: cannot reach the API at http://127.0.0.1:1: dial tcp 127.0.0.1:1: connect: connection refused\n"+
+		"conveyor: is the API running at that address? --url, CONVEYOR_URL or url: in the config file names another\n", r.stderr)
+}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 
 	"github.com/spf13/cobra"
 
@@ -117,7 +116,7 @@ func exitCode(stderr io.Writer, err error) int {
 	if apiclient.StatusOf(err) == 401 {
 		fmt.Fprintf(stderr, "conveyor: %s\n", keyHint)
 	}
-	if op, ok := errors.AsType[*net.OpError](err); ok && op.Op == "dial" {
+	if apiclient.Unreachable(err) {
 		fmt.Fprintf(stderr, "conveyor: %s\n", urlHint)
 	}
 	if e, ok := errors.AsType[*apiclient.Error](err); ok && e.RetryAfter > 0 {

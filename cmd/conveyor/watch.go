@@ -91,16 +91,20 @@ func (a *app) watchTasks(ctx context.Context, c *apiclient.Client, ids []string)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	ok, unauthorized := true, false
+	ok, unauthorized, unreachable := true, false, false
 	for i, r := range ends {
 		if r.err != nil {
 			fmt.Fprintf(a.stderr, "conveyor: task %s: %v\n", ids[i], r.err)
 		}
 		ok = ok && r.err == nil && r.status == apiclient.StatusCompleted
 		unauthorized = unauthorized || apiclient.StatusOf(r.err) == 401
+		unreachable = unreachable || apiclient.Unreachable(r.err)
 	}
 	if unauthorized {
 		fmt.Fprintf(a.stderr, "conveyor: %s\n", keyHint)
+	}
+	if unreachable {
+		fmt.Fprintf(a.stderr, "conveyor: %s\n", urlHint)
 	}
 	if !ok {
 		return &exitStatus{code: exitFailure}

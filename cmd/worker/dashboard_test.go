@@ -728,3 +728,51 @@ func TestDashboardTaskPageShowsTheWorkerWhileItRuns(t *testing.T) {
 	run(t, tab, 5*time.Second, chromedp.Text("#status", &status, chromedp.ByID))
 	require.Equal(t, "IN_PROGRESS", strings.TrimSpace(status), "the task still runs")
 }
+
+// A task's page follows the task's stream, which ends with the task; a
+// retry made elsewhere (the CLI, another person, the list's bulk action)
+// starts the task again, and the page left open must show that rather
+// than the old ending, whose Retry button the API would now refuse.
+func TestDashboardTaskPageShowsARetryMadeElsewhere(t *testing.T) {
+	b := setup(t)
+	key := b.dashboardKey(t)
+	id := b.submit(t, "dash.retried", map[string]any{}, 1)
+	b.post(t, "/v1/tasks/"+id.String()+"/cancel", nil, http.StatusOK)
+
+	tab := browser(t)
+	signIn(t, tab, b.api, key)
+	run(t, tab, 30*time.Second,
+		chromedp.Navigate(b.api+"/ui/tasks/"+id.String()),
+		chromedp.WaitVisible(`#status [data-status="CANCELLED"]`, chromedp.ByQuery),
+		chromedp.WaitVisible("#retry", chromedp.ByID),
+		chromedp.WaitVisible(`#timeline li [data-status="CANCELLED"]`, chromedp.ByQuery))
+	// The page's stream has ended, and the page has read the task again
+	// (as it does at the end): the retry comes after both.
+	reads := `performance.getEntriesByType("resource").filter((e) => e.name.endsWith("/v1/tasks/` + id.String() + `")).length`
+	run(t, tab, 10*time.Second, chromedp.Poll(reads+" >= 2", nil, chromedp.WithPollingInterval(50*time.Millisecond)))
+	b.post(t, "/v1/tasks/"+id.String()+"/retry", nil, http.StatusOK)
+	run(t, tab, 30*time.Second,
+		chromedp.WaitVisible(`#status [data-status="PENDING"]`, chromedp.ByQuery),
+		chromedp.WaitVisible("#cancel", chromedp.ByID))
+}
+
+// The tasks page's counts by status are those of the overview: they must
+// follow the tasks as its rows do (a bulk action on this very page, a task
+// cancelled elsewhere), not stay as they were when the page opened.
+func TestDashboardTasksPageCountsFollowTheTasks(t *testing.T) {
+	b := setup(t)
+	key := b.dashboardKey(t)
+	first := b.submit(t, "dash.counted", map[string]any{}, 1)
+	b.submit(t, "dash.counted", map[string]any{}, 1)
+
+	tab := browser(t)
+	signIn(t, tab, b.api, key)
+	run(t, tab, 30*time.Second,
+		chromedp.Navigate(b.api+"/ui/tasks"),
+		chromedp.WaitVisible(`//span[@data-count="PENDING"][text()="2"]`, chromedp.BySearch),
+		chromedp.WaitVisible(`//span[@data-count="CANCELLED"][text()="0"]`, chromedp.BySearch))
+	b.post(t, "/v1/tasks/"+first.String()+"/cancel", nil, http.StatusOK)
+	run(t, tab, 30*time.Second,
+		chromedp.WaitVisible(`//span[@data-count="PENDING"][text()="1"]`, chromedp.BySearch),
+		chromedp.WaitVisible(`//span[@data-count="CANCELLED"][text()="1"]`, chromedp.BySearch))
+}

@@ -152,3 +152,36 @@ func TestRunPageKeepsARefusedActionsError(t *testing.T) {
 		chromedp.Text(`main .error[role="alert"]`, &shown, chromedp.ByQuery))
 	require.Contains(t, shown, "slow down")
 }
+
+// A run cancelled while one of its tasks runs is CANCELLED at once, but
+// that task only stops when its worker hears of it: the run's page must
+// keep reading the run until its tasks have stopped, not leave the node
+// IN_PROGRESS for good because the run itself is over.
+func TestRunPageFollowsTasksStillStoppingAfterACancel(t *testing.T) {
+	b := setup(t)
+	b.apply(t, `
+jobs:
+  - {name: slow, type: demo.sleep, payload: {steps: 600, step_ms: 100}}
+workflows:
+  - name: stopping
+    nodes:
+      - {job: slow}
+`)
+	b.startWorker(t, "w-run-page")
+	key := b.dashboardKey(t)
+	var started struct{ ID string }
+	require.NoError(t, json.Unmarshal(b.post(t, "/v1/workflows/stopping/runs", map[string]any{}, http.StatusCreated), &started))
+
+	tab := browser(t)
+	signIn(t, tab, b.api, key)
+	var nodes map[string]dagNode
+	run(t, tab, 60*time.Second,
+		chromedp.Navigate(b.api+"/ui/runs/"+started.ID),
+		chromedp.WaitVisible(`#dag g.node[data-node="slow"][data-status="IN_PROGRESS"]`, chromedp.ByQuery),
+		chromedp.Click("#cancel-run", chromedp.ByID),
+		chromedp.WaitVisible(`#run-status [data-status="CANCELLED"]`, chromedp.ByQuery))
+	run(t, tab, 30*time.Second,
+		chromedp.WaitVisible(`#dag g.node[data-node="slow"][data-status="CANCELLED"]`, chromedp.ByQuery),
+		chromedp.Evaluate(readDAG, &nodes))
+	require.Equal(t, "CANCELLED", nodes["slow"].Status)
+}

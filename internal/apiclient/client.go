@@ -42,6 +42,8 @@ type Config struct {
 	ReconnectDelay, ReconnectMaxDelay time.Duration
 	// ReconnectTries is how many reconnects in a row a stream makes
 	// without receiving an event before it gives up (0: 20, about 35s).
+	// A stream whose first dial fails is not retried: no API listens
+	// there.
 	ReconnectTries int
 	// StreamIdleTimeout is how long a stream may stay silent, heartbeats
 	// included, before it is taken for dead and reconnected (0: 60s).
@@ -129,6 +131,14 @@ func StatusOf(err error) int {
 		return e.Status
 	}
 	return 0
+}
+
+// Unreachable reports whether err is a failure to connect to the API at
+// all (nothing listens there, or its name does not resolve), as opposed to
+// an answer or a connection that broke.
+func Unreachable(err error) bool {
+	op, ok := errors.AsType[*net.OpError](err)
+	return ok && op.Op == "dial"
 }
 
 // Document keeps the JSON the API answered, so that a caller can show it

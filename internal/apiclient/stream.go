@@ -86,6 +86,11 @@ type follower struct {
 	lastID     string
 	last       int64
 	lastStatus string
+	// answered: the API has answered one of the stream's requests, with
+	// anything. Until then a failed dial is no dropped stream but an
+	// address where nothing listens, reported at once as other commands
+	// do, not after ReconnectTries of silence.
+	answered bool
 }
 
 // errEnded says the server has no more to send (a 204).
@@ -113,6 +118,8 @@ func (f *follower) run(ctx context.Context) (string, error) {
 		case ctx.Err() != nil:
 			return "", ctx.Err()
 		case err != nil && !retryable(err):
+			return "", err
+		case err != nil && !f.answered && Unreachable(err):
 			return "", err
 		}
 		if progressed {
@@ -188,6 +195,7 @@ func (f *follower) connect(ctx context.Context) (end string, progressed bool, er
 		return "", false, err
 	}
 	defer resp.Body.Close()
+	f.answered = true
 	idle.Reset(f.c.cfg.StreamIdleTimeout)
 	switch {
 	case resp.StatusCode == http.StatusNoContent:

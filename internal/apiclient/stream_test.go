@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -507,4 +509,63 @@ func TestFollowTaskReconnectsARequestNeverAnswered(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, apiclient.StatusCompleted, status)
 	require.Equal(t, ids(f.events), got)
+}
+
+// refusing is a transport that fails the dials it is told to, as when
+// nothing listens at the API's address, and passes the other requests on.
+type refusing struct {
+	mu     sync.Mutex
+	calls  int
+	refuse func(call int, r *http.Request) bool
+}
+
+func (rt *refusing) RoundTrip(r *http.Request) (*http.Response, error) {
+	rt.mu.Lock()
+	rt.calls++
+	call := rt.calls
+	rt.mu.Unlock()
+	if rt.refuse(call, r) {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	}
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+func (rt *refusing) count() int {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return rt.calls
+}
+
+// A stream whose API was never reached is not a dropped stream: a wrong
+// --url is reported at once, as every other command reports it, rather
+// than after ReconnectTries of backoff with nothing on the screen.
+func TestFollowTaskReportsAnUnreachableAPIAtOnce(t *testing.T) {
+	t.Parallel()
+	rt := &refusing{refuse: func(int, *http.Request) bool { return true }}
+	c, err := apiclient.New(apiclient.Config{URL: "http://127.0.0.1:1", Transport: rt, ReconnectDelay: time.Millisecond,
+		ReconnectMaxDelay: time.Millisecond, ReconnectTries: 5})
+	require.NoError(t, err)
+	_, err = c.FollowTask(t.Context(), "t9", func(apiclient.Event) error { return nil })
+	require.ErrorContains(t, err, "cannot reach the API at http://127.0.0.1:1")
+	require.NotContains(t, err.Error(), "reconnects")
+	require.True(t, apiclient.Unreachable(err), "%v", err)
+	require.Equal(t, 1, rt.count(), "an address where nothing listens is not tried again")
+}
+
+// Once the API answered, a failed dial is a restart or a network blip,
+// and the stream is resumed as any other dropped stream.
+func TestFollowTaskResumesAcrossAnAPIThatWentAway(t *testing.T) {
+	t.Parallel()
+	f := &fakeStream{t: t, taskID: "t10", events: newTaskEvents("t10", 6, apiclient.StatusCompleted), perConn: 2}
+	srv := httptest.NewServer(f)
+	t.Cleanup(srv.Close)
+	// The first resume finds the API gone, twice.
+	rt := &refusing{refuse: func(call int, _ *http.Request) bool { return call == 2 || call == 3 }}
+	c, err := apiclient.New(apiclient.Config{URL: srv.URL, Transport: rt, ReconnectDelay: time.Millisecond,
+		ReconnectMaxDelay: time.Millisecond, ReconnectTries: 5})
+	require.NoError(t, err)
+	got, status := follow(t, c, "t10")
+	require.Equal(t, ids(f.events), got)
+	require.Equal(t, apiclient.StatusCompleted, status)
+	require.Equal(t, []string{"", "101", "103"}, f.resumes())
 }

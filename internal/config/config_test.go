@@ -77,6 +77,22 @@ func requireLoadNamesTheBadVariable[T interface{ Validate() error }](t *testing.
 	}
 }
 
+// A failover makes ticks late by up to LEADER_TTL (the dead leader's lease
+// runs out), a MAINTENANCE_INTERVAL (the next election a worker tries) and a
+// SCHEDULER_INTERVAL (the new leader's next pass): a catch-up within that
+// would count ordinary ticks of a failover as missed.
+func TestLoadWorkerRefusesACatchUpWithinAFailover(t *testing.T) {
+	t.Setenv("LEADER_TTL", "15s")
+	t.Setenv("MAINTENANCE_INTERVAL", "5s")
+	t.Setenv("SCHEDULER_INTERVAL", "500ms")
+	t.Setenv("CRON_CATCH_UP", "20s")
+	_, err := config.Load[config.Worker]()
+	require.ErrorContains(t, err, "CRON_CATCH_UP")
+	t.Setenv("CRON_CATCH_UP", "21s")
+	_, err = config.Load[config.Worker]()
+	require.NoError(t, err)
+}
+
 func TestLoadWorkerDefaults(t *testing.T) {
 	cfg, err := config.Load[config.Worker]()
 	require.NoError(t, err)

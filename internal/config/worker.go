@@ -165,10 +165,14 @@ func (c Worker) Validate() error {
 	if c.MaintenanceInterval >= c.LeaderTTL {
 		return fmt.Errorf("MAINTENANCE_INTERVAL: must be shorter than LEADER_TTL (%s), got %s", c.LeaderTTL, c.MaintenanceInterval)
 	}
-	if gap := c.LeaderTTL + c.SchedulerInterval; c.CronCatchUp <= gap {
-		// A leader's failover delays ticks by up to that much: with less
-		// catch-up, a job that skips missed ticks would lose ordinary ones.
-		return fmt.Errorf("CRON_CATCH_UP: must be longer than LEADER_TTL + SCHEDULER_INTERVAL (%s), got %s", gap, c.CronCatchUp)
+	if gap := c.LeaderTTL + c.MaintenanceInterval + c.SchedulerInterval; c.CronCatchUp <= gap {
+		// A leader's failover delays ticks by up to that much: its lease
+		// runs out, the next worker to try an election (they try once a
+		// maintenance interval) takes over, and its scheduler's next pass
+		// makes the ticks. With less catch-up, a job that skips missed
+		// ticks would lose ordinary ones.
+		return fmt.Errorf("CRON_CATCH_UP: must be longer than LEADER_TTL + MAINTENANCE_INTERVAL + SCHEDULER_INTERVAL (%s), got %s",
+			gap, c.CronCatchUp)
 	}
 	if c.WorkerDeadAfter <= c.HeartbeatInterval {
 		return fmt.Errorf("WORKER_DEAD_AFTER: must be longer than HEARTBEAT_INTERVAL (%s), got %s", c.HeartbeatInterval, c.WorkerDeadAfter)

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -124,10 +125,12 @@ func (s *server) handleApplyJobs() http.HandlerFunc {
 			s.writeError(w, r, task.Errorf(task.ErrCodeMalformed, "reading the body: %v", err))
 			return
 		}
-		if len(body) == 0 {
+		if len(bytes.TrimSpace(body)) == 0 {
 			// No body at all is a request that lost its file, not one that
-			// declares nothing: with prune it would delete every job. A
-			// file that declares nothing says so ({}, or a comment).
+			// declares nothing: with prune it would delete every job. So is
+			// one of white space alone, which is what `echo "$FILE"` or a
+			// template sends when its file is missing. A file that declares
+			// nothing says so ({}, or a comment).
 			s.writeError(w, r, task.Errorf(task.ErrCodeMalformed,
 				"request body is empty: send the file (one that declares nothing is {})"))
 			return

@@ -12,6 +12,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/go-json-experiment/json/jsontext"
 
@@ -204,12 +205,35 @@ func decodeError(err error, limit int64) error {
 		if field == "" {
 			field = "body"
 		}
-		return task.Invalid(field, "must be %s, got JSON %s", jsonKind(typeErr.Type.Kind().String()), typeErr.Value)
+		want := jsonKind(typeErr.Type.Kind().String())
+		if typeErr.Type == timeType {
+			want = "an RFC 3339 time such as 2026-01-02T15:04:05Z"
+		}
+		return task.Invalid(field, "must be %s, got JSON %s", want, typeErr.Value)
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		return task.Errorf(task.ErrCodeMalformed, "unknown field %s", strings.TrimPrefix(err.Error(), "json: unknown field "))
 	default:
 		return task.Errorf(task.ErrCodeMalformed, "malformed JSON: %v", err)
 	}
+}
+
+// jsonTime is an RFC 3339 time in a request body. time.Time's own
+// decoding fails with an error that names no field, which decode could
+// only call malformed JSON (400); this one fails as a value of the wrong
+// kind does, a 422 naming its field.
+type jsonTime struct{ time.Time }
+
+var timeType = reflect.TypeFor[time.Time]()
+
+func (t *jsonTime) UnmarshalJSON(b []byte) error {
+	if err := t.Time.UnmarshalJSON(b); err != nil {
+		value := string(b)
+		if len(value) > 64 {
+			value = value[:64] + "…"
+		}
+		return &json.UnmarshalTypeError{Value: value, Type: timeType}
+	}
+	return nil
 }
 
 func jsonKind(goKind string) string {

@@ -323,3 +323,24 @@ func TestOpenAPIParsesAsWritten(t *testing.T) {
 		require.Len(t, names, len(slices.Compact(slices.Sorted(slices.Values(names)))), "%s lists a query parameter twice: %v", op, names)
 	}
 }
+
+// TestMethodNotAllowedSaysWhatIs keeps the 405 a 405 (RFC 9110): its Allow
+// header lists the methods the path is served with.
+func TestMethodNotAllowedSaysWhatIs(t *testing.T) {
+	t.Parallel()
+	h := testHandler(DevMode(auth.Principal{Kind: auth.KindKey, ID: uuid.New(), OrgID: uuid.New(), Role: auth.Admin}))
+	for _, c := range []struct{ method, path, allow string }{
+		{http.MethodDelete, "/v1/tasks/" + uuid.NewString(), "GET"},
+		{http.MethodPut, "/v1/tasks", "GET, POST"},
+		{http.MethodGet, "/v1/tasks/" + uuid.NewString() + "/cancel", "POST"},
+		{http.MethodPost, "/v1/users/" + uuid.NewString(), "PATCH, DELETE"},
+		{"BREW", "/v1/tasks", "GET, POST"},
+		{http.MethodPost, "/healthz", "GET"},
+	} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(c.method, c.path, nil))
+		require.Equal(t, http.StatusMethodNotAllowed, rec.Code, "%s %s: %s", c.method, c.path, rec.Body)
+		require.Equal(t, c.allow, rec.Header().Get("Allow"), "%s %s", c.method, c.path)
+		require.Equal(t, "application/problem+json", rec.Header().Get("Content-Type"))
+	}
+}

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"strings"
+
+	"github.com/go-chi/chi/v5"
 
 	"github.com/conveyorhq/conveyor/internal/job"
 	"github.com/conveyorhq/conveyor/internal/task"
@@ -89,13 +92,31 @@ func (s *server) handleNotFound() http.HandlerFunc {
 	}
 }
 
-func (s *server) handleMethodNotAllowed() http.HandlerFunc {
+// routeMethods are the methods the API's routes are served for.
+var routeMethods = []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
+
+// handleMethodNotAllowed answers 405 with the Allow header a 405 must
+// carry (RFC 9110): the methods the router serves the path with. chi sets it
+// only in its own 405 handler, which this one replaces.
+func (s *server) handleMethodNotAllowed(routes chi.Routes) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		path := r.URL.RawPath
+		if path == "" {
+			path = r.URL.Path
+		}
+		var allowed []string
+		for _, m := range routeMethods {
+			if routes.Match(chi.NewRouteContext(), m, path) {
+				allowed = append(allowed, m)
+			}
+		}
 		p := problem{
 			Type: "urn:conveyor:problem:method_not_allowed", Title: http.StatusText(http.StatusMethodNotAllowed),
 			Status: http.StatusMethodNotAllowed, Detail: r.Method + " is not allowed on " + r.URL.Path, Instance: r.URL.Path,
 		}
+		w.Header().Set("Allow", strings.Join(allowed, ", "))
 		w.Header().Set("Content-Type", "application/problem+json")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
 		w.WriteHeader(http.StatusMethodNotAllowed)
 		_ = json.NewEncoder(w).Encode(p)
 	}

@@ -41,7 +41,7 @@ func (s *server) router() chi.Router {
 	r.Use(middleware.Recoverer)
 	r.Use(s.instrument, s.knownParams(r))
 	r.NotFound(s.handleNotFound())
-	r.MethodNotAllowed(s.handleMethodNotAllowed())
+	r.MethodNotAllowed(s.handleMethodNotAllowed(r))
 
 	// Every /v1 route needs a principal; each group, a role. Every request
 	// but a live stream is bounded by the request timeout.

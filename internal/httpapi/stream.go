@@ -126,6 +126,8 @@ func (s *server) serveStream(w http.ResponseWriter, r *http.Request, p auth.Prin
 		return
 	}
 	defer sub.Close()
+	// Read before the catch-up, which reads whatever ended before it.
+	late := s.Hub.LateEnded()
 	if after < 0 {
 		after = cursor
 	}
@@ -146,7 +148,8 @@ func (s *server) serveStream(w http.ResponseWriter, r *http.Request, p auth.Prin
 			return
 		}
 	}
-	out := &sse{s: s, w: w, rc: http.NewResponseController(w), p: p, last: after, taskStream: f.TaskID != uuid.Nil}
+	out := &sse{s: s, w: w, rc: http.NewResponseController(w), p: p, last: after, taskStream: f.TaskID != uuid.Nil,
+		taskID: f.TaskID}
 
 	// The catch-up. One task's events commit in id order (each is written
 	// under its task's row lock), so its catch-up reads them all; an org's
@@ -200,7 +203,7 @@ func (s *server) serveStream(w http.ResponseWriter, r *http.Request, p auth.Prin
 	// header, or the dashboard's session cookie (an EventSource sends no
 	// header).
 	cred, _ := credentials(r)
-	out.live(ctx, cred, sub)
+	out.live(ctx, cred, sub, late)
 }
 
 // sse writes one stream's frames.
@@ -277,6 +280,25 @@ func (o *sse) event(ctx context.Context, e *task.Event, frame []byte) error {
 	return nil
 }
 
+// catchUp sends a task's events after the last one sent, from the database.
+func (o *sse) catchUp(ctx context.Context) error {
+	f := task.EventFilter{TaskID: o.taskID}
+	for {
+		page, err := o.s.Store.EventsBetween(ctx, o.p, f, o.last, math.MaxInt64, streamPage)
+		if err != nil {
+			return err
+		}
+		for i := range page {
+			if err := o.event(ctx, &page[i], nil); err != nil {
+				return err
+			}
+		}
+		if len(page) < streamPage {
+			return nil
+		}
+	}
+}
+
 // ended reports whether a task's stream has sent the task's end.
 func (o *sse) ended() bool { return o.taskStream && o.status.Terminal() }
 
@@ -291,7 +313,13 @@ func (o *sse) end() error {
 // key's streams end too, and so do those whose scope changed (a new role,
 // a team left): the hub filters by the scope the stream opened with, and
 // the client's reconnect opens one with the new scope.
-func (o *sse) live(ctx context.Context, authorization string, sub *stream.Subscription) {
+//
+// A task's stream also reads its task's events again when transactions
+// that the hub passed after its gap timeout have ended since (late): the
+// hub never delivers what they committed, which may be the task's end, and
+// the stream would then wait for it for ever. A task's events commit in id
+// order, so the read after the last one sent misses none.
+func (o *sse) live(ctx context.Context, authorization string, sub *stream.Subscription, late uint64) {
 	ticker := time.NewTicker(o.heartbeat())
 	defer ticker.Stop()
 	for {
@@ -311,6 +339,16 @@ func (o *sse) live(ctx context.Context, authorization string, sub *stream.Subscr
 			o.extendDeadline()
 			if o.write([]byte(": heartbeat\n\n")) != nil {
 				return
+			}
+			if n := o.s.Hub.LateEnded(); o.taskStream && n != late {
+				late = n
+				if o.catchUp(ctx) != nil {
+					return
+				}
+				if o.ended() {
+					_ = o.end()
+					return
+				}
 			}
 		case item, ok := <-sub.Events():
 			if !ok {

@@ -30,7 +30,7 @@ type submitRequest struct {
 	MaxAttempts *int            `json:"max_attempts"`
 	Dedupe      *bool           `json:"dedupe"`
 	Visibility  []string        `json:"visibility"`
-	RunAt       *time.Time      `json:"run_at"`
+	RunAt       *jsonTime       `json:"run_at"`
 	Delay       string          `json:"delay"`
 	// ConcurrencyKey divides the type's per-key limit; the timeouts
 	// bound each attempt and the time between its heartbeats.
@@ -47,9 +47,13 @@ type batchEntry struct {
 }
 
 func toSubmitInput(req submitRequest, key string) task.SubmitInput {
+	var runAt *time.Time
+	if req.RunAt != nil {
+		runAt = &req.RunAt.Time
+	}
 	return task.SubmitInput{Type: req.Type, Payload: req.Payload, Priority: req.Priority,
 		Metadata: req.Metadata, MaxAttempts: req.MaxAttempts, Dedupe: req.Dedupe, IdempotencyKey: key,
-		Visibility: req.Visibility, RunAt: req.RunAt, Delay: req.Delay, ConcurrencyKey: req.ConcurrencyKey,
+		Visibility: req.Visibility, RunAt: runAt, Delay: req.Delay, ConcurrencyKey: req.ConcurrencyKey,
 		TimeoutSeconds: req.TimeoutSeconds, HeartbeatTimeoutSeconds: req.HeartbeatTimeoutSeconds}
 }
 

@@ -37,6 +37,10 @@ type AdmitStats struct {
 	Fair []string
 	// Waiting: tasks still wait for admission.
 	Waiting bool
+	// Busy: another transaction held the scheduler's lock (a pause, an
+	// apply, a deposed leader's pass), so the pass read and changed
+	// nothing; Fair then says nothing of the types' modes.
+	Busy bool
 }
 
 // CronConfig tunes a cron pass.

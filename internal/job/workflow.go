@@ -48,7 +48,8 @@ type Workflow struct {
 	// Memoize: a node whose memo key (its job's config hash, the run's
 	// params, its parents' results, its input datasets' versions) equals
 	// that of a node completed in an earlier run of the workflow is not run
-	// again; it takes that run's result. A forced run ignores it.
+	// again; it takes that run's result, while its output datasets are
+	// still at the versions that run's task wrote. A forced run ignores it.
 	Memoize bool    `json:"memoize"`
 	Source  *Source `json:"source,omitempty"`
 	Active  bool    `json:"active"`

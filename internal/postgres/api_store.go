@@ -543,7 +543,7 @@ func (s *APIStore) transition(ctx context.Context, p auth.Principal, id uuid.UUI
 		// deadlock by rolling one back whole; this one then runs again.
 		err := retryDeadlocks(func() error { return inScope(ctx, s.pool, p.Scope(), attempt) })
 		if err != nil {
-			return task.Task{}, err
+			return task.Task{}, translate(err)
 		}
 		if fenced {
 			continue

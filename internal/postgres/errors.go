@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -64,6 +65,13 @@ func translate(err error) error {
 	}
 	if pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
 		return &task.Error{Code: task.ErrCodeUnavailable, Message: "database unavailable, try again"}
+	}
+	// A request whose time ran out before it reached PostgreSQL (waiting
+	// for a connection of a busy pool, or its turn in a submit group) gets
+	// the bare context error, which pgconn.Timeout does not recognise: it
+	// is the same slow database, not a bug.
+	if errors.Is(err, context.DeadlineExceeded) {
+		return &task.Error{Code: task.ErrCodeUnavailable, Message: "the database did not answer in time; try again"}
 	}
 	return err
 }

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
@@ -78,5 +80,36 @@ func TestAServerShuttingDownIsUnavailable(t *testing.T) {
 		var te *task.Error
 		require.ErrorAs(t, postgres.Translate(fmt.Errorf("read: %w", &pgconn.PgError{Code: code})), &te, code)
 		require.Equal(t, task.ErrCodeUnavailable, te.Code, code)
+	}
+}
+
+// A request whose time runs out before it reaches PostgreSQL, waiting for a
+// connection of a busy pool, is the slow database the API answers 503 for,
+// not an internal error, whichever statement it was to run.
+func TestARequestOutOfTimeWaitingForAConnectionIsUnavailable(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, p := db.Admin(t)
+	pool, err := postgres.Open(context.Background(), postgres.PoolConfig{URL: db.URL, MaxConns: 1})
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	store := postgres.NewAPIStore(pool, nil)
+	busy, err := pool.Acquire(context.Background())
+	require.NoError(t, err)
+	defer busy.Release()
+
+	for _, c := range []struct {
+		name string
+		call func(context.Context) error
+	}{
+		{"get", func(ctx context.Context) error { _, err := store.Get(ctx, p, uuid.New()); return err }},
+		{"cancel", func(ctx context.Context) error { _, _, err := store.Cancel(ctx, p, uuid.New(), nil); return err }},
+		{"submit", func(ctx context.Context) error { _, err := store.Submit(ctx, p, noop(t, `{}`), nil); return err }},
+		{"list", func(ctx context.Context) error { _, err := store.List(ctx, p, task.ListFilter{Limit: 1}); return err }},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		err := c.call(ctx)
+		cancel()
+		require.Equal(t, task.ErrCodeUnavailable, task.ErrorCode(err), "%s: %v", c.name, err)
 	}
 }

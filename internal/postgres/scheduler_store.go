@@ -269,14 +269,15 @@ type candidate struct {
 func (s *SchedulerStore) Admit(ctx context.Context, cfg job.AdmitConfig) (job.AdmitStats, error) {
 	var st job.AdmitStats
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		st = job.AdmitStats{}
 		var locked bool
 		if err := tx.QueryRow(ctx, sqlSchedulerLock).Scan(&locked); err != nil || !locked {
+			st.Busy = !locked
 			return err
 		}
 		if _, err := tx.Exec(ctx, sqlSchedulerSettings); err != nil {
 			return err
 		}
-		st = job.AdmitStats{}
 		loads, err := s.typeLoads(ctx, tx, cfg)
 		if err != nil {
 			return err

@@ -890,3 +890,39 @@ func TestFairModeEndsWithOnlyLaterTasksWaiting(t *testing.T) {
 	require.Empty(t, st.Fair, "the queue is empty and nothing due waits")
 	require.Len(t, admitted(t, db, submitOf(t, db, org, "fair.later", "", 1)), 1, "admitted as it is written")
 }
+
+// A pass that finds the scheduler's lock held (a pause, an apply, another
+// leader's pass) says so, rather than answer as a pass that found no type
+// in fair mode.
+func TestAdmissionPassSaysWhenTheLockWasHeld(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, org := db.Key(t, "org", auth.Admin)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `INSERT INTO task_types (name) VALUES ('busy.t')`)
+	require.NoError(t, err)
+	cfg := admitAll
+	cfg.Window = 2
+	s := postgres.NewSchedulerStore(db.Pool, nil)
+	submitOf(t, db, org, "busy.t", "", 3)
+	st, err := s.Admit(ctx, cfg)
+	require.NoError(t, err)
+	require.Equal(t, []string{"busy.t"}, st.Fair)
+	require.False(t, st.Busy)
+
+	// A pause holds the lock for its transaction.
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(`+fmt.Sprint(0x636f6e76)+`)`)
+	require.NoError(t, err)
+	st, err = s.Admit(ctx, cfg)
+	require.NoError(t, err)
+	require.True(t, st.Busy, "the pass could not look")
+	require.NoError(t, tx.Rollback(ctx))
+
+	st, err = s.Admit(ctx, cfg)
+	require.NoError(t, err)
+	require.False(t, st.Busy)
+	require.Equal(t, []string{"busy.t"}, st.Fair, "still in fair mode")
+}

@@ -26,6 +26,12 @@ import (
 // task's, writes nothing. Rows are written in the order given, which the
 // callers make (type, input hash) so that two batches sharing inputs wait
 // for each other instead of deadlocking. It returns the tasks it made.
+//
+// A run_at in the past means now: the task is due from its submission,
+// and its next_run_at says so. Kept as sent, a client's zero time
+// (0001-01-01) would put the task ahead of every task waiting for
+// admission (admitted by next_run_at) and make the overview's oldest wait
+// two thousand years long.
 var sqlSubmit = statement("tasks.submit", `
 WITH u AS MATERIALIZED (
 	SELECT u.*, conveyor_must_wait(u.org_id, u.type, u.job_id, u.concurrency_key) AS wait
@@ -47,7 +53,7 @@ WITH u AS MATERIALIZED (
 	SELECT u.id, u.org_id, u.type, $23, CASE WHEN u.wait THEN '`+task.StateWaiting+`' ELSE $24 END, u.priority,
 		u.payload::jsonb, u.metadata::jsonb, u.input_hash, u.idempotency_key, u.max_attempts,
 		u.headers::jsonb->>'traceparent', ARRAY(SELECT jsonb_array_elements_text(u.visibility::jsonb)),
-		coalesce(u.run_at, now() + u.delay_ms * interval '1 millisecond'), u.concurrency_key,
+		greatest(coalesce(u.run_at, now() + u.delay_ms * interval '1 millisecond'), now()), u.concurrency_key,
 		nullif(u.timeout_ms, 0), nullif(u.heartbeat_timeout_ms, 0), u.job_id, u.scheduled_at, NOT u.wait,
 		u.parent_id, nullif(u.child_key, '')
 	FROM u

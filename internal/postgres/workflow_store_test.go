@@ -839,3 +839,213 @@ workflows:
 	h.settle(h.nodeTasks(run.ID)["b"].ID, task.Complete, `{}`)
 	require.Equal(t, job.RunCompleted, h.run(run.ID).Status)
 }
+
+// With on_failure stop, a node that cannot run because its job was
+// removed while the run waited stops the run as a failed node does: the
+// run fails at once, and the branches beside it are not carried on to an
+// end that can only be FAILED.
+func TestWorkflowStopsWhenANodesJobWasRemoved(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailStop)
+	ctx := context.Background()
+	run, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{})
+	require.NoError(t, err)
+	_, err = h.db.Pool.Exec(ctx, `DELETE FROM jobs WHERE org_id = $1 AND name = 'c'`, h.p.OrgID)
+	require.NoError(t, err)
+	h.settle(h.nodeTasks(run.ID)["a"].ID, task.Complete, `{}`)
+
+	failed := h.run(run.ID)
+	require.Equal(t, job.RunFailed, failed.Status, "nodes: %v", nodeStatus(failed))
+	require.NotNil(t, failed.FinishedAt)
+	require.Contains(t, failed.Error, "job c no longer exists")
+	require.Equal(t, "SKIPPED", nodeStatus(failed)["c"])
+	require.Equal(t, "SKIPPED", nodeStatus(failed)["d"])
+	if b := h.nodeTasks(run.ID)["b"]; b.ID != uuid.Nil {
+		n, err := postgres.NewSchedulerStore(h.db.Pool, nil).CancelStopped(ctx, 100)
+		require.NoError(t, err)
+		require.Equal(t, 1, n, "b, still in flight, is cancelled")
+	}
+
+	applyFile(t, h.db, h.p, fmt.Sprintf(diamondFile, job.FailStop)) // c is back
+	retried, err := h.store.RetryRun(ctx, h.p, run.ID, nil)
+	require.NoError(t, err)
+	require.Equal(t, job.RunRunning, retried.Status)
+	for _, node := range []string{"b", "c"} {
+		h.settle(h.nodeTasks(run.ID)[node].ID, task.Complete, `{}`)
+	}
+	h.settle(h.nodeTasks(run.ID)["d"].ID, task.Complete, `{}`)
+	require.Equal(t, job.RunCompleted, h.run(run.ID).Status)
+}
+
+// A memoized node hands on its result as if it had just written its
+// output datasets again; once another run has written one of them since,
+// the data there is no longer what that result was made with, and the
+// node runs again. Otherwise a's memo for day 23 is taken while raw holds
+// what day 24's a wrote, and b runs on day 24's data under day 23's params
+// (its task_inputs then name a version written by the other run).
+func TestWorkflowNodeWhoseOutputWasRewrittenRunsAgain(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailStop)
+	ctx := context.Background()
+	complete := func(params string) uuid.UUID {
+		run, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{Params: json.RawMessage(params)})
+		require.NoError(t, err)
+		h.settle(h.nodeTasks(run.ID)["a"].ID, task.Complete, `{"a": 1}`)
+		tasks := h.nodeTasks(run.ID)
+		h.settle(tasks["b"].ID, task.Complete, `{"b": 1}`)
+		h.settle(tasks["c"].ID, task.Complete, `{"c": 1}`)
+		h.settle(h.nodeTasks(run.ID)["d"].ID, task.Complete, `{}`)
+		require.Equal(t, job.RunCompleted, h.run(run.ID).Status)
+		return run.ID
+	}
+	complete(`{"day": "2026-11-23"}`)
+	again, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{Params: json.RawMessage(`{"day": "2026-11-23"}`)})
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"a": "MEMOIZED", "b": "MEMOIZED", "c": "MEMOIZED", "d": "MEMOIZED"}, nodeStatus(again),
+		"raw is still what the first run's a wrote")
+
+	complete(`{"day": "2026-11-24"}`) // a writes raw for day 24
+	stale, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{Params: json.RawMessage(`{"day": "2026-11-23"}`)})
+	require.NoError(t, err)
+	require.Equal(t, "PENDING", nodeStatus(stale)["a"], "raw now holds day 24's data: a writes day 23's again")
+	h.settle(h.nodeTasks(stale.ID)["a"].ID, task.Complete, `{"a": 1}`)
+	var wroteBy uuid.UUID
+	require.NoError(t, h.db.Pool.QueryRow(ctx, `SELECT v.task_id FROM task_inputs i
+		JOIN dataset_versions v ON v.id = i.input_version WHERE i.task_id = $1`, h.nodeTasks(stale.ID)["b"].ID).Scan(&wroteBy))
+	require.Equal(t, h.nodeTasks(stale.ID)["a"].ID, wroteBy, "b reads the raw its own run's a wrote")
+}
+
+// Retention reads which runs are under way as its statement starts. A run
+// started meanwhile that memoized b from a task being deleted then has a
+// MEMOIZED node with no task: c's completion released d with null for b's
+// result, and the run completed. A node of a running run whose task is
+// gone runs again, as a retry runs one (here b, before d).
+func TestWorkflowMemoizedTaskDeletedAsTheRunStartsRunsAgain(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailStop)
+	ctx := context.Background()
+	first, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{})
+	require.NoError(t, err)
+	h.settle(h.nodeTasks(first.ID)["a"].ID, task.Complete, `{"a": 1}`)
+	tasks := h.nodeTasks(first.ID)
+	h.settle(tasks["b"].ID, task.Complete, `{"b": 1}`)
+	h.settle(tasks["c"].ID, task.Complete, `{"c": 1}`)
+	h.settle(h.nodeTasks(first.ID)["d"].ID, task.Complete, `{}`)
+	b := tasks["b"].ID
+	applyFile(t, h.db, h.p, strings.Replace(fmt.Sprintf(diamondFile, job.FailStop),
+		"{name: c, type: wf.c}", "{name: c, type: wf.c, payload: {v: 2}}", 1))
+
+	// Retention starts, sees no run under way, and waits on b's row while
+	// the second run starts and memoizes b.
+	var second job.Run
+	h.expireDuring(b, func() {
+		second, err = h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{})
+		require.NoError(t, err)
+		require.Equal(t, map[string]string{"a": "MEMOIZED", "b": "MEMOIZED", "c": "PENDING", "d": "WAITING"}, nodeStatus(second))
+	})
+
+	h.settle(h.nodeTasks(second.ID)["c"].ID, task.Complete, `{"c": 2}`)
+	nodes := h.nodeTasks(second.ID)
+	require.Equal(t, uuid.Nil, nodes["d"].ID, "d waits for b's result (nodes: %v)", nodeStatus(h.run(second.ID)))
+	require.NotEqual(t, uuid.Nil, nodes["b"].ID, "b runs again")
+	h.settle(nodes["b"].ID, task.Complete, `{"b": 2}`)
+	d := h.nodeTasks(second.ID)["d"]
+	var inputs []byte
+	require.NoError(t, h.db.Pool.QueryRow(ctx, `SELECT inputs FROM tasks WHERE id = $1`, d.ID).Scan(&inputs))
+	require.JSONEq(t, `{"params": {}, "parents": {"b": {"b": 2}, "c": {"c": 2}}}`, string(inputs))
+	h.settle(d.ID, task.Complete, `{}`)
+	require.Equal(t, job.RunCompleted, h.run(second.ID).Status)
+}
+
+// expireDuring puts task id past retention and deletes it as retention
+// does, with do run while retention's statement, which has read which runs
+// are under way, waits on the task's row.
+func (h *wfHarness) expireDuring(id uuid.UUID, do func()) {
+	h.t.Helper()
+	ctx := context.Background()
+	_, err := h.db.Pool.Exec(ctx, `UPDATE tasks SET completed_at = now() - interval '8 days' WHERE id = $1`, id)
+	require.NoError(h.t, err)
+	hold, err := h.db.Pool.Begin(ctx)
+	require.NoError(h.t, err)
+	defer hold.Rollback(ctx) //nolint:errcheck
+	_, err = hold.Exec(ctx, `SELECT 1 FROM tasks WHERE id = $1 FOR UPDATE`, id)
+	require.NoError(h.t, err)
+	deleted := make(chan error, 1)
+	go func() {
+		_, err := postgres.NewMaintenanceStore(h.db.Pool, nil).DeleteExpired(ctx, 7*24*time.Hour, 1000)
+		deleted <- err
+	}()
+	require.Eventually(h.t, func() bool {
+		var waiting int
+		err := h.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%DELETE FROM tasks%'`).Scan(&waiting)
+		return err == nil && waiting > 0
+	}, 10*time.Second, 10*time.Millisecond, "retention waits on the task's row")
+	do()
+	require.NoError(h.t, hold.Commit(ctx))
+	require.NoError(h.t, <-deleted)
+	var left int
+	require.NoError(h.t, h.db.Pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE id = $1`, id).Scan(&left))
+	require.Zero(h.t, left, "retention deleted the task")
+}
+
+// The same race with a retry: retention, having read the run as FAILED,
+// deletes b's task once the retry has kept b as completed and released c.
+// d then waited for ever on b, with nothing in flight.
+func TestWorkflowRetryRacingRetentionIsNotStuck(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailStop)
+	ctx := context.Background()
+	run, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{})
+	require.NoError(t, err)
+	h.settle(h.nodeTasks(run.ID)["a"].ID, task.Complete, `{"a": 1}`)
+	tasks := h.nodeTasks(run.ID)
+	h.settle(tasks["b"].ID, task.Complete, `{"b": 1}`)
+	h.settle(tasks["c"].ID, task.Fail, "")
+	require.Equal(t, job.RunFailed, h.run(run.ID).Status)
+
+	h.expireDuring(tasks["b"].ID, func() {
+		retried, err := h.store.RetryRun(ctx, h.p, run.ID, nil)
+		require.NoError(t, err)
+		require.Equal(t, map[string]string{"a": "COMPLETED", "b": "COMPLETED", "c": "PENDING", "d": "WAITING"}, nodeStatus(retried))
+	})
+	h.settle(h.nodeTasks(run.ID)["c"].ID, task.Complete, `{"c": 2}`)
+	b := h.nodeTasks(run.ID)["b"]
+	require.Equal(t, task.StatusPending, b.Status, "b runs again (nodes: %v)", nodeStatus(h.run(run.ID)))
+	h.settle(b.ID, task.Complete, `{"b": 2}`)
+	h.settle(h.nodeTasks(run.ID)["d"].ID, task.Complete, `{}`)
+	require.Equal(t, job.RunCompleted, h.run(run.ID).Status)
+}
+
+// Nodes of one run may write the same dataset (each its part of a table):
+// that the other node of the earlier run wrote it after the reused task
+// does not make the data another run's, and both are memoized.
+func TestWorkflowNodesSharingADatasetAreMemoized(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	ctx := context.Background()
+	applyFile(t, db, admin, `
+jobs:
+  - {name: a, type: wf.a}
+  - {name: b, type: wf.b}
+  - {name: c, type: wf.c}
+workflows:
+  - name: parts
+    memoize: true
+    nodes:
+      - {job: a, output_datasets: [table]}
+      - {job: b, output_datasets: [table]}
+      - {job: c, depends_on: [a, b], input_datasets: [table]}
+`)
+	h := &wfHarness{t: t, db: db, p: admin, store: postgres.NewJobStore(db.Pool)}
+	first, err := h.store.StartRun(ctx, admin, "parts", job.RunRequest{})
+	require.NoError(t, err)
+	tasks := h.nodeTasks(first.ID)
+	h.settle(tasks["a"].ID, task.Complete, `{}`)
+	h.settle(tasks["b"].ID, task.Complete, `{}`)
+	h.settle(h.nodeTasks(first.ID)["c"].ID, task.Complete, `{}`)
+	again, err := h.store.StartRun(ctx, admin, "parts", job.RunRequest{})
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"a": "MEMOIZED", "b": "MEMOIZED", "c": "MEMOIZED"}, nodeStatus(again))
+}

@@ -23,6 +23,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -58,8 +59,9 @@ type Config struct {
 	// passes it anyway (default 10s). A gap lasts as long as the longest
 	// transaction that was running when it appeared, whatever that
 	// transaction writes; past the timeout an event that commits later is
-	// not streamed (it stays in the history). An idle hub's cursor moves
-	// past such a transaction after the same time.
+	// not delivered (it stays in the history; LateEnded says when to read
+	// it). An idle hub's cursor moves past such a transaction after the
+	// same time.
 	GapTimeout time.Duration
 	// PageSize is the most events one read returns (default 1000).
 	PageSize int
@@ -126,6 +128,11 @@ type Hub struct {
 	closed bool
 
 	gap *gap // the gap the cursor waits at, if any
+	// late are the transactions that were still running when the cursor
+	// passed ids after GapTimeout: what they commit is never delivered.
+	// lateEnded counts the reads that saw some of them finished.
+	late      []uint64
+	lateEnded atomic.Uint64
 }
 
 // jump is where an idle hub's cursor goes next: the newest event id when it
@@ -278,6 +285,7 @@ func (h *Hub) skipAhead(ctx context.Context) error {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.endLate(snap)
 	if len(h.byOrg) > 0 || len(h.byTask) > 0 {
 		// A subscriber came meanwhile: it is sent every event after the
 		// cursor, which must not move past one it has not been sent.
@@ -290,6 +298,7 @@ func (h *Hub) skipAhead(ctx context.Context) error {
 			h.metrics.gaps.WithLabelValues("timed_out").Inc()
 			h.log.Info("stream: idle, moving the cursor past transactions that may still write older events",
 				"from", h.cursor, "to", j.to, "waited", time.Since(j.since))
+			h.noteLate(j.xip)
 		default:
 			return nil
 		}
@@ -324,6 +333,9 @@ func (h *Hub) settle(ctx context.Context) error {
 			h.metrics.gaps.WithLabelValues("timed_out").Inc()
 			h.log.Warn("stream: starting after waiting for transactions that may still write older events",
 				"cursor", h.cursor, "waited", time.Since(since))
+			h.mu.Lock()
+			h.noteLate(barrier)
+			h.mu.Unlock()
 			close(h.ready)
 			return nil
 		}
@@ -352,7 +364,7 @@ func (h *Hub) step(ctx context.Context) (blocked bool, err error) {
 			return true, nil
 		}
 		if len(events) < h.cfg.PageSize {
-			return false, nil
+			return false, h.checkLate(ctx, len(events) > 0)
 		}
 	}
 }
@@ -362,6 +374,9 @@ func (h *Hub) step(ctx context.Context) (blocked bool, err error) {
 func (h *Hub) deliver(events []task.Event, snap postgres.Snapshot) (blocked bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if len(events) > 0 {
+		h.endLate(snap)
+	}
 	for i := range events {
 		e := &events[i]
 		if e.ID != h.cursor+1 && !h.gapPassed(e.ID, snap) {
@@ -372,6 +387,52 @@ func (h *Hub) deliver(events []task.Event, snap postgres.Snapshot) (blocked bool
 	}
 	return false
 }
+
+// noteLate adds xids to the transactions whose events the cursor passed;
+// h.mu is held.
+func (h *Hub) noteLate(xids []uint64) {
+	for _, x := range xids {
+		if !slices.Contains(h.late, x) {
+			h.late = append(h.late, x)
+		}
+	}
+}
+
+// endLate drops the late transactions that snap saw finished, and counts
+// the drop in LateEnded; h.mu is held.
+func (h *Hub) endLate(snap postgres.Snapshot) {
+	n := len(h.late)
+	h.late = slices.DeleteFunc(h.late, func(x uint64) bool { return snap.Finished([]uint64{x}) })
+	if len(h.late) < n {
+		h.lateEnded.Add(1)
+	}
+}
+
+// checkLate sees whether late transactions finished after a read that
+// found no event, and so brought no snapshot: a quiet hub would otherwise
+// never see them end.
+func (h *Hub) checkLate(ctx context.Context, read bool) error {
+	h.mu.Lock()
+	pending := len(h.late) > 0
+	h.mu.Unlock()
+	if !pending || read {
+		return nil
+	}
+	_, snap, err := h.src.Head(ctx)
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.endLate(snap)
+	return nil
+}
+
+// LateEnded changes whenever transactions that were still running when
+// the cursor passed them (after GapTimeout) are seen finished: what they
+// committed was not delivered, and a stream that must not miss it reads
+// it from the database then.
+func (h *Hub) LateEnded() uint64 { return h.lateEnded.Load() }
 
 // gapPassed reports whether the ids between the cursor and next are
 // settled: all the transactions running when the gap was first seen have
@@ -388,6 +449,7 @@ func (h *Hub) gapPassed(next int64, snap postgres.Snapshot) bool {
 		h.metrics.gaps.WithLabelValues("timed_out").Inc()
 		h.log.Warn("stream: passing a gap in the event ids after waiting for it",
 			"from", h.gap.at, "to", next-1, "waited", time.Since(h.gap.since))
+		h.noteLate(h.gap.xip)
 	default:
 		return false
 	}

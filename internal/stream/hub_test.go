@@ -402,3 +402,30 @@ func TestHubIdlePassesATransactionThatStaysOpenAfterTheTimeout(t *testing.T) {
 	src.mu.Unlock()
 	requireStreamStartsAfter(t, h, src, 5)
 }
+
+// A transaction the hub passed after the gap timeout may still commit an
+// event it will never deliver: LateEnded changes once that transaction
+// ended, so that a stream that must not miss it reads the database again.
+func TestHubSaysWhenATransactionItPassedEnded(t *testing.T) {
+	src := &fakeSource{}
+	h := startHub(t, src, Config{GapTimeout: 50 * time.Millisecond})
+	sub, _, err := h.Subscribe(context.Background(), auth.Scope{OrgID: orgA}, task.EventFilter{})
+	require.NoError(t, err)
+	before := h.LateEnded()
+
+	xid := src.begin() // holds id 1
+	src.commit(ev(2, orgA, taskY))
+	h.Wake()
+	require.Equal(t, []int64{2}, receive(t, sub, 1))
+	require.Equal(t, before, h.LateEnded(), "the passed transaction still runs")
+
+	src.commit(ev(1, orgA, taskX)) // behind the cursor: not delivered
+	src.end(xid)
+	deadline := time.Now().Add(5 * time.Second)
+	for h.LateEnded() == before {
+		require.True(t, time.Now().Before(deadline), "LateEnded did not change")
+		h.Wake()
+		time.Sleep(5 * time.Millisecond)
+	}
+	requireNothing(t, sub, 20*time.Millisecond)
+}

@@ -1,10 +1,12 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -230,6 +232,36 @@ func TestSchedulerMarksAFailedCronPassAsAnError(t *testing.T) {
 	require.Len(t, ended, 1)
 	require.Equal(t, codes.Error, ended[0].Status().Code)
 	require.Contains(t, ended[0].Status().Description, "connection refused")
+}
+
+// admitStore answers each admission pass with the next of its stats.
+type admitStore struct {
+	cronStore
+	passes []job.AdmitStats
+}
+
+func (s *admitStore) Admit(context.Context, job.AdmitConfig) (job.AdmitStats, error) {
+	st := s.passes[0]
+	s.passes = s.passes[1:]
+	return st, nil
+}
+
+// A pass that found the scheduler's lock held (a pause or an apply under
+// way) looked at nothing: it does not log the types in fair mode as
+// admitting directly again, nor log them going back into fair mode at the
+// next pass.
+func TestSchedulerKeepsTheModesOfAPassThatDidNotLook(t *testing.T) {
+	t.Parallel()
+	store := &admitStore{passes: []job.AdmitStats{{Fair: []string{"busy.t"}}, {Busy: true}, {Fair: []string{"busy.t"}}}}
+	var logs bytes.Buffer
+	s := NewScheduler(SchedulerConfig{Interval: time.Second, CronEvery: time.Hour}, store,
+		func() bool { return true }, slog.New(slog.NewTextHandler(&logs, nil)), NewMetrics(prometheus.NewRegistry()),
+		sdktrace.NewTracerProvider())
+	for range 3 {
+		s.RunOnce(context.Background())
+	}
+	require.Equal(t, 1, strings.Count(logs.String(), "type in fair mode"), logs.String())
+	require.NotContains(t, logs.String(), "type admits directly again")
 }
 
 // electionStore is a maintenance store whose elections go as told.

@@ -124,6 +124,11 @@ func (s *Scheduler) RunOnce(ctx context.Context) bool {
 		}
 		return false
 	}
+	if as.Busy {
+		// The pass did not look: the types are in the modes they were, and
+		// logging them as admitting directly would be news that is false.
+		return false
+	}
 	if as.Admitted > 0 {
 		s.metrics.maintenance.WithLabelValues("admitted").Add(float64(as.Admitted))
 	}

@@ -318,11 +318,15 @@ async function renderTasks() {
     h("thead", {}, h("tr", {}, ["Task", "Type", "Status", "Progress", "State", "Updated"].map((t, i) =>
       h("th", { scope: "col", class: i === 5 ? "hide-narrow" : null }, t)))),
     rows));
+  // The counts follow the tasks as the rows do: read again every 5 s (as
+  // the overview is) and at once after a bulk action.
+  const drawCounts = () => api("GET", "/v1/overview").then((o) => fill(counts, countCards(o.counts))).catch(() => {});
   fill(main, h("h1", { id: "tasks-h" }, "Tasks"), counts, filterForm(filter),
-    mayWrite() ? bulkPanel(filter, note) : null, mayWrite() ? submitPanel() : null,
+    mayWrite() ? bulkPanel(filter, note, drawCounts) : null, mayWrite() ? submitPanel() : null,
     note, table, more);
 
-  api("GET", "/v1/overview").then((o) => fill(counts, countCards(o.counts))).catch(() => {});
+  drawCounts();
+  setInterval(drawCounts, 5000);
 
   const byID = new Map();
   const row = (t) => {
@@ -432,7 +436,7 @@ function filterForm(filter) {
     h("a", { href: "/ui/tasks" }, "Clear"));
 }
 
-function bulkPanel(filter, note) {
+function bulkPanel(filter, note, onDone) {
   const act = (verb, path) => async () => {
     try {
       const dry = await api("POST", path, { filter, dry_run: true });
@@ -441,6 +445,7 @@ function bulkPanel(filter, note) {
       const done = await api("POST", path, { filter, expected: dry.matched });
       note.textContent = `${done.cancelled ?? done.retried ?? 0} task(s) ${verb === "cancel" ? "cancelled" : "retried"}` +
         (done.skipped ? `, ${done.skipped} skipped (they changed meanwhile)` : "") + (done.more ? "; more match: run it again." : ".");
+      onDone();
     } catch (err) {
       note.textContent = `Could not ${verb}: ${err.message}`;
     }
@@ -581,7 +586,32 @@ async function renderTask(id) {
       // the details are read again.
       reread();
     }
-  }, reread);
+  }, () => {
+    reread();
+    watchEnded();
+  });
+
+  // The stream ends with the task, but a retry made elsewhere (the CLI,
+  // another person, the list's bulk action) starts it again: the task is
+  // read every 5 s, and one running again, or changed since the last read,
+  // reloads the page, whose new stream follows the new run from the start.
+  let seen = null;
+  const watchEnded = () => {
+    setTimeout(async () => {
+      try {
+        const now = await api("GET", "/v1/tasks/" + t.id);
+        if (!TERMINAL.has(now.status) || (seen !== null && now.version !== seen)) {
+          location.reload();
+          return;
+        }
+        seen = now.version;
+      } catch (err) {
+        // Gone (deleted by retention) or refused for good: nothing to follow.
+        if (err.status >= 400 && err.status < 500 && err.status !== 429) return;
+      }
+      watchEnded();
+    }, 5000);
+  };
 }
 
 // ---- workflows --------------------------------------------------------------
@@ -846,9 +876,12 @@ async function renderRun(id) {
         h("td", {}, n.task_id && !n.memoized ? h("progress", { max: 100, value: n.progress, "aria-label": `Progress of ${n.name}` }, n.progress + "%") : "—"),
         h("td", {}, n.attempt ? String(n.attempt) : "—"),
         h("td", { class: "id" }, n.task_id ? h("a", { href: "/ui/tasks/" + n.task_id }, n.task_id.slice(-12)) : "—")))))));
-    // A running run is read again every 1.5 s.
+    // A running run is read again every 1.5 s, and so is one that ended
+    // (cancelled, or failed and stopping) while tasks of it are still in
+    // flight: a running task stops only when its worker hears of it.
     clearTimeout(timer);
-    if (r.status === "RUNNING") timer = setTimeout(poll, 1500);
+    const inFlight = (r.nodes || []).some((n) => !n.memoized && (n.status === "PENDING" || n.status === "IN_PROGRESS"));
+    if (r.status === "RUNNING" || inFlight) timer = setTimeout(poll, 1500);
   };
   const poll = async () => {
     try {
