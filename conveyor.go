@@ -140,7 +140,9 @@ var (
 	ErrLost = errors.New("conveyor: task lost by this worker")
 	// ErrShutdown: the worker is stopping and the grace period is over. The
 	// task is handed back and runs again elsewhere, unless the handler
-	// returns a result with no error all the same: then it completes.
+	// returns a result with no error all the same: then it completes. A
+	// handler still running a heartbeat interval later has its task
+	// handed back without it, before the worker exits.
 	ErrShutdown = errors.New("conveyor: worker shutting down")
 	// ErrTimeout: the attempt ran longer than its task's timeout (or the
 	// worker's maximum run time). It fails as timed out, and is retried if

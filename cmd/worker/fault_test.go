@@ -98,3 +98,34 @@ func TestWorkerRecoversWhenItsQueueIsDeleted(t *testing.T) {
 	require.Contains(t, w.Output(), "consumer stopped; reconnecting")
 	testenv.WaitHTTP(t, "http://"+admin+"/readyz", 10*time.Second)
 }
+
+// A task that completes while PostgreSQL is down for longer than its lease
+// completes once the database is back: its outcome is written then (the
+// write is fenced by the task's version), not given up after a lease and
+// the task, on its last attempt, failed by the lease reaper.
+func TestWorkerStoresAnOutcomeAcrossAPostgresOutageLongerThanTheLease(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	pg := testenv.StartPG(t)
+	dbURL, pool := pg.Migrated(t, "conveyor")
+	b := setupWith(t, dbURL, pool, testenv.NewVhost(t))
+	// The lease reaper's next pass comes long after the database is back:
+	// the outcome is then written by the worker, or never.
+	w := b.startWorker(t, "w1", "LEASE_DURATION=2s", "HEARTBEAT_INTERVAL=200ms", "WORKER_DEAD_AFTER=30s",
+		"MAINTENANCE_INTERVAL=30s", "LEADER_TTL=40s", "CRON_CATCH_UP=5m")
+	id := b.submit(t, "demo.sleep", map[string]any{"steps": 10, "step_ms": 100}, 1)
+	b.waitUntil(t, id, "running", func(r taskRow) bool { return r.Progress >= 10 })
+
+	pg.Stop(t)
+	// The handler ends within a second; the database stays down for two
+	// leases more.
+	time.Sleep(5 * time.Second)
+	pg.Start(t)
+	pool.Reset()
+
+	r := b.waitStatus(t, id, "COMPLETED", 20*time.Second)
+	require.Equal(t, 1, r.Attempt)
+	b.requireOneTerminal(t, id)
+	require.Contains(t, w.Output(), "storing outcome failed; retrying", "the outage hit the outcome's write")
+	require.False(t, w.Exited(), w.Output())
+}

@@ -56,34 +56,53 @@ func (n *Notifier) Poker(channel string) func() {
 // sqlNotify notifies each of the channels given.
 const sqlNotify = `SELECT pg_notify(c, '') FROM unnest($1::text[]) AS c`
 
-// Run sends the NOTIFYs until ctx is done.
+// notifyOnStop bounds the last send of a stopping notifier.
+const notifyOnStop = time.Second
+
+// Run sends the NOTIFYs until ctx is done, then sends those still pending
+// once: a stopping process's last writes (a worker's tasks handed back)
+// would otherwise wait for the listeners' next poll.
 func (n *Notifier) Run(ctx context.Context) error {
 	due := make([]string, 0, len(n.channels))
 	for {
 		select {
 		case <-ctx.Done():
+			n.flushOnStop(ctx)
 			return nil
 		case <-n.poke:
 		}
-		due = due[:0]
-		for i := range n.pending {
-			if n.pending[i].Swap(false) {
-				due = append(due, n.channels[i])
-			}
-		}
-		if len(due) == 0 {
-			continue // an earlier send took this poke's channels along
-		}
-		if _, err := n.pool.Exec(ctx, sqlNotify, due); err != nil && ctx.Err() == nil {
-			// Listeners also poll, so a lost wake-up only costs latency.
-			n.log.WarnContext(ctx, "notify", "channels", due, "error", err)
-		}
+		n.send(ctx, due)
 		if n.interval > 0 {
 			select {
 			case <-ctx.Done():
+				n.flushOnStop(ctx)
 				return nil
 			case <-time.After(n.interval):
 			}
 		}
 	}
+}
+
+// send notifies the channels poked since the last send, if any.
+func (n *Notifier) send(ctx context.Context, due []string) {
+	due = due[:0]
+	for i := range n.pending {
+		if n.pending[i].Swap(false) {
+			due = append(due, n.channels[i])
+		}
+	}
+	if len(due) == 0 {
+		return // an earlier send took this poke's channels along
+	}
+	if _, err := n.pool.Exec(ctx, sqlNotify, due); err != nil && ctx.Err() == nil {
+		// Listeners also poll, so a lost wake-up only costs latency.
+		n.log.WarnContext(ctx, "notify", "channels", due, "error", err)
+	}
+}
+
+// flushOnStop sends what is pending once ctx is done.
+func (n *Notifier) flushOnStop(ctx context.Context) {
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), notifyOnStop)
+	defer cancel()
+	n.send(fctx, make([]string, 0, len(n.channels)))
 }

@@ -124,3 +124,32 @@ func listen(t *testing.T, ctx context.Context, url string, channels ...string) *
 	}
 	return conn
 }
+
+// A notifier that stops sends what was poked since its last send: a
+// stopping worker's last writes (its tasks handed back) wake the relays
+// and the streams at once, not at their next poll.
+func TestNotifierSendsThePendingPokesWhenItStops(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn := listen(t, ctx, db.URL, postgres.OutboxChannel)
+
+	n := postgres.NewNotifier(db.Pool, time.Hour, slog.New(slog.NewTextHandler(io.Discard, nil)), postgres.OutboxChannel)
+	poke := n.Poker(postgres.OutboxChannel)
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- n.Run(runCtx) }()
+	poke()
+	_, err := conn.WaitForNotification(ctx)
+	require.NoError(t, err, "the first poke is sent at once")
+
+	// Within the interval: held back, then the notifier stops.
+	poke()
+	stop()
+	require.NoError(t, <-done)
+	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer wcancel()
+	_, err = conn.WaitForNotification(wctx)
+	require.NoError(t, err, "the poke pending when the notifier stopped is sent")
+}

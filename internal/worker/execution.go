@@ -225,6 +225,7 @@ func (e *execution) run(ctx context.Context) {
 		}
 	}()
 	var giveUp <-chan time.Time // once stopped (timed out, cancelled), how long the handler may take to stop
+	abandon := e.w.abandon
 	var lastWrite time.Time
 	var timer *time.Timer
 	var timerC <-chan time.Time
@@ -332,8 +333,32 @@ func (e *execution) run(ctx context.Context) {
 			// The attempt is over: its span ends now, not when (if ever)
 			// the handler returns.
 			e.span.End()
-			<-done // the slot stays taken while the handler still runs
-			e.free()
+			// The slot stays taken while the handler still runs, but a
+			// stopping worker's drain does not wait for it.
+			select {
+			case <-done:
+				e.free()
+			case <-e.w.abandon:
+				go func() { <-done; e.free() }()
+			}
+			return
+		case <-abandon:
+			if len(done) > 0 {
+				// The handler has returned after all: its outcome is
+				// taken at the next turn.
+				abandon = nil
+				continue
+			}
+			// The worker is stopping and the handler ignored ErrShutdown
+			// for as long as the drain waits: the task is handed back
+			// without it (or ends as its cause says: cancelled, timed out,
+			// lost), before the worker exits.
+			e.log.ErrorContext(ctx, "handler ignored the shutdown; its task is handed back without it", "cause", context.Cause(e.hctx))
+			e.w.metrics.dropped.WithLabelValues("handler_ignored_shutdown").Inc()
+			e.finish(ctx, outcome{err: conveyor.ErrShutdown, cause: context.Cause(e.hctx)})
+			e.ack()
+			e.span.End()
+			go func() { <-done; e.free() }()
 			return
 		}
 	}
@@ -766,8 +791,15 @@ func (e *execution) fail(ctx context.Context, err error, permanent bool) {
 // was requested meanwhile, the task ends CANCELLED instead: a task whose
 // cancellation was accepted never completes nor runs again. A change the
 // database refuses for its data fails the attempt with that reason. A
-// database that does not answer is retried for as long as the lease lasts;
-// after that the lease's expiry hands the task on.
+// database that does not answer is retried until it does, or until a
+// stopping worker gives up its tasks: the change is fenced by the task's
+// version, so it lands only if no one moved the task on meanwhile, and the
+// lease reaper cannot run while the database is down either. Given up
+// after a lease, an outcome already won was thrown away, and a task on its
+// last attempt that had completed was failed by the reaper once the
+// database was back. Past a lease the delivery is settled all the same:
+// the database holds the task, and a write that never lands must not keep
+// the broker's credit.
 func (e *execution) store(ctx context.Context, outcome string, c task.Change) {
 	b := wait.Backoff(100*time.Millisecond, e.w.cfg.ReconnectBackoffMax)
 	deadline := time.Now().Add(e.w.cfg.Lease)
@@ -807,12 +839,16 @@ func (e *execution) store(ctx context.Context, outcome string, c task.Change) {
 			continue
 		}
 		if time.Now().After(deadline) {
-			e.done(ctx, "abandoned", err)
-			return
+			e.ack()
 		}
 		retry := b.NextBackOff()
 		e.log.WarnContext(ctx, "storing outcome failed; retrying", "outcome", outcome, "error", err, "retry_in", retry)
-		time.Sleep(retry)
+		select {
+		case <-time.After(retry):
+		case <-e.w.abandon:
+			e.done(ctx, "abandoned", err)
+			return
+		}
 	}
 }
 

@@ -414,3 +414,68 @@ func TestWorkerKeepsTheHigherProgressOfAReportWhoseWriteFailed(t *testing.T) {
 	require.Eventually(t, func() bool { return b.store.get(id).State == "Retrying step 2" }, waitLimit, time.Millisecond)
 	require.Equal(t, 80, b.store.get(id).Progress, "the failed report's percentage was lost behind a lower one")
 }
+
+// A handler that ignores ErrShutdown does not leave its task to its
+// lease: the stopping worker hands the task back, its attempt given back,
+// before it exits. Left to the lease, the attempt was spent, and a task on
+// its last attempt failed for a deployment's restart.
+func TestWorkerHandsBackATaskWhoseHandlerIgnoresTheShutdown(t *testing.T) {
+	h := newBlocking()
+	h.ignore = true
+	b := setup(t, testConfig{handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	t.Cleanup(func() { close(h.release) })
+	id := b.store.add("t.block", 1)
+	a := b.deliver(t, id)
+	receive(t, h.entered)
+	b.cancel() // SIGTERM
+	select {
+	case <-b.done:
+	case <-time.After(waitLimit):
+		t.Fatal("the worker did not stop")
+	}
+	got := b.store.get(id)
+	require.Equal(t, task.StatusPending, got.Status, "the task is handed back")
+	require.Zero(t, got.Attempt, "the attempt is given back")
+	require.Equal(t, "ack", a.how(), "the delivery is settled before the worker exits")
+	require.Equal(t, "handed_back", b.finished(t, id))
+}
+
+// An outcome the database cannot take while it is down is written once it
+// is back, however long that took: the write is fenced by the task's
+// version, so it lands only if no one moved the task on meanwhile. Given
+// up after a lease, the work was lost, and a task on its last attempt that
+// had succeeded was failed by the lease reaper.
+func TestWorkerStoresAnOutcomeOnceTheDatabaseIsBackAfterALease(t *testing.T) {
+	h := newBlocking()
+	b := setup(t, testConfig{heartbeat: 20 * time.Millisecond, handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	id := b.store.add("t.block", 1)
+	a := b.deliver(t, id)
+	receive(t, h.entered)
+	b.store.mu.Lock()
+	b.store.outage = 3 * b.w.cfg.Lease
+	b.store.mu.Unlock()
+	close(h.release)
+	require.Equal(t, "completed", b.finished(t, id))
+	require.Equal(t, task.StatusCompleted, b.store.get(id).Status)
+	receive(t, a.done)
+}
+
+// While the database stays down, an outcome waiting to be written does not
+// keep its delivery's broker credit past a lease: the delivery is settled
+// (the database holds the task), and a stopping worker gives the write up.
+func TestWorkerSettlesTheDeliveryOfAnOutcomeTheDatabaseCannotTakeForALease(t *testing.T) {
+	h := newBlocking()
+	b := setup(t, testConfig{heartbeat: 20 * time.Millisecond, handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	id := b.store.add("t.block", 1)
+	a := b.deliver(t, id)
+	receive(t, h.entered)
+	b.store.mu.Lock()
+	b.store.outage = time.Hour
+	b.store.mu.Unlock()
+	close(h.release)
+	receive(t, a.done)
+	require.Equal(t, "ack", a.how())
+	require.Equal(t, task.StatusInProgress, b.store.get(id).Status, "the outcome waits for the database")
+	b.cancel()
+	require.Equal(t, "abandoned", b.finished(t, id))
+}

@@ -44,6 +44,10 @@ type fakeStore struct {
 	writeTime time.Duration
 	// spawns counts the Spawn calls.
 	spawns atomic.Int32
+	// outage, when set, fails every write of changes for that long from
+	// the first one it fails, as a database that is down does.
+	outage     time.Duration
+	outageFrom time.Time
 }
 
 func newFakeStore() *fakeStore {
@@ -98,6 +102,15 @@ func (s *fakeStore) ApplyAndClaim(ctx context.Context, changes []task.Change, id
 	lease time.Duration) ([]task.Applied, []error, []task.Task, error) {
 	s.mu.Lock()
 	wait := s.writeTime
+	if s.outage > 0 && len(changes) > 0 {
+		if s.outageFrom.IsZero() {
+			s.outageFrom = time.Now()
+		}
+		if time.Since(s.outageFrom) < s.outage {
+			s.mu.Unlock()
+			return nil, nil, nil, &task.Error{Code: task.ErrCodeUnavailable, Message: "database unavailable, try again"}
+		}
+	}
 	s.mu.Unlock()
 	time.Sleep(wait)
 	out, errs, err := s.Apply(ctx, changes)

@@ -193,8 +193,10 @@ type Worker struct {
 	// yet done with: their messages hold no credit of the single ones.
 	packedHeld atomic.Int32
 	credit     chan struct{}
-	// stopping is closed when the worker stops taking work.
+	// stopping is closed when the worker stops taking work; abandon when
+	// its drain stops waiting for handlers that ignore ErrShutdown.
 	stopping  chan struct{}
+	abandon   chan struct{}
 	consuming atomic.Bool
 	dbOK      atomic.Bool
 }
@@ -224,6 +226,7 @@ func New(cfg Config, deps Deps, handlers []conveyor.Handler) (*Worker, error) {
 		claiming: map[uuid.UUID]int{},
 		early:    map[uuid.UUID]int{},
 		stopping: make(chan struct{}),
+		abandon:  make(chan struct{}),
 		credit:   make(chan struct{}, 1),
 	}
 	// The window has room for the largest read-ahead; pace holds the
@@ -691,10 +694,23 @@ func (w *Worker) drain(ctx context.Context, src Source, stopHandlers context.Can
 		case <-grace.C:
 			w.log.WarnContext(ctx, "shutdown timeout: stopping handlers and handing their tasks back", "running", w.runningCount())
 			stopHandlers(conveyor.ErrShutdown)
+			// A handler told to stop gets a heartbeat to return: the
+			// process's own stop (a container's grace period, set just
+			// above SHUTDOWN_TIMEOUT) must not cut the hand-back short.
+			select {
+			case <-done:
+				return
+			case <-time.After(w.cfg.Heartbeat):
+			}
+			// Left to their leases, their attempts would be spent, and a
+			// task on its last attempt would fail for a restart: they are
+			// handed back without their handlers, as the grace promised.
+			w.log.ErrorContext(ctx, "handlers ignored their context; handing their tasks back without them", "running", w.runningCount())
+			close(w.abandon)
 			select {
 			case <-done:
 			case <-time.After(w.cfg.Lease):
-				w.log.ErrorContext(ctx, "handlers ignored their context; their leases will expire", "running", w.runningCount())
+				w.log.ErrorContext(ctx, "tasks could not be handed back; their leases will expire", "running", w.runningCount())
 			}
 			return
 		}
