@@ -49,6 +49,11 @@ type MaintenanceConfig struct {
 	RepublishAfter time.Duration
 	Retention      time.Duration
 	DeadAfter      time.Duration
+	// BackoffBase and BackoffMax space the attempts of a task whose lease
+	// or heartbeat expired, as a failed attempt's are: a task that brings
+	// its worker down (a crash, an out-of-memory kill) is not run again at
+	// once, on every worker in turn.
+	BackoffBase, BackoffMax time.Duration
 	// BatchSize bounds the rows one statement changes, so a large backlog
 	// is worked off in short transactions.
 	BatchSize int
@@ -153,7 +158,7 @@ func (m *Maintainer) reapLeases(ctx context.Context) (int, error) {
 	if err != nil || len(expired) == 0 {
 		return 0, err
 	}
-	return len(expired), m.apply(ctx, endAttempts(expired, func(i int) (string, map[string]any) {
+	return len(expired), m.apply(ctx, m.endAttempts(expired, func(i int) (string, map[string]any) {
 		return "lease expired: worker " + expired[i].WorkerID + " stopped renewing it",
 			map[string]any{"reason": "lease expired"}
 	}))
@@ -168,7 +173,7 @@ func (m *Maintainer) reapHeartbeats(ctx context.Context) (int, error) {
 	if err != nil || len(expired) == 0 {
 		return 0, err
 	}
-	return len(expired), m.apply(ctx, endAttempts(expired, func(i int) (string, map[string]any) {
+	return len(expired), m.apply(ctx, m.endAttempts(expired, func(i int) (string, map[string]any) {
 		return "heartbeat timed out: no heartbeat from the handler for " + timeouts[i].String(),
 			map[string]any{"reason": "heartbeat timed out", "heartbeat_timeout": timeouts[i].String()}
 	}))
@@ -176,14 +181,18 @@ func (m *Maintainer) reapHeartbeats(ctx context.Context) (int, error) {
 
 // endAttempts ends running attempts as an expired lease does
 // (task.OnLeaseExpired), each with the error and event detail why gives it;
-// the detail also names the worker and the attempt.
-func endAttempts(running []task.Standing, why func(i int) (string, map[string]any)) []task.Change {
+// the detail also names the worker and the attempt. A task queued again is
+// due after the backoff its attempt would have had had it failed.
+func (m *Maintainer) endAttempts(running []task.Standing, why func(i int) (string, map[string]any)) []task.Change {
 	changes := make([]task.Change, len(running))
 	for i, e := range running {
 		reason, detail := why(i)
 		detail["worker_id"], detail["attempt"] = e.WorkerID, e.Attempt
 		changes[i] = task.Change{TaskID: e.ID, Version: e.Version,
 			Transition: task.OnLeaseExpired(e.CancelPending, e.Attempt, e.MaxAttempts), Error: reason, Detail: detail}
+		if changes[i].Transition == task.ExpireRequeue && m.cfg.BackoffBase > 0 {
+			changes[i].Delay = retryDelay(e.Attempt, m.cfg.BackoffBase, m.cfg.BackoffMax)
+		}
 	}
 	return changes
 }

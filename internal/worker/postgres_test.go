@@ -2,10 +2,13 @@ package worker
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/conveyorhq/conveyor"
@@ -65,4 +68,44 @@ func TestWorkerHandsBackOnPostgresATaskWhoseHandlerIgnoresTheShutdown(t *testing
 	require.Equal(t, "PENDING", status, "the task is handed back, not left to its lease")
 	require.Zero(t, attempt, "its attempt is given back")
 	require.Equal(t, "ack", a.how())
+}
+
+// On PostgreSQL: a task whose lease expired is queued again after the
+// backoff its attempt would have had had it failed, its message held back
+// as long: a task that brings its worker down is not run again at once on
+// the next worker, and the next.
+func TestReapedTaskIsDueAfterItsAttemptsBackoff(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL")
+	}
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	first, third := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
+	for id, attempt := range map[uuid.UUID]int{first: 1, third: 3} {
+		_, err := db.Pool.Exec(ctx, `INSERT INTO tasks (id, org_id, type, max_attempts, status, state, attempt,
+			worker_id, started_at, lease_expires_at) VALUES ($1, `+testdb.OrgSQL+`, 't.crash', 5, 'IN_PROGRESS',
+			'RUNNING', $2, 'gone', now(), now() - interval '1 second')`, id, attempt)
+		require.NoError(t, err)
+	}
+
+	m := NewMaintainer(MaintenanceConfig{WorkerID: "w", Interval: time.Second, LeaderTTL: 3 * time.Second,
+		RepublishAfter: time.Hour, Retention: time.Hour, DeadAfter: time.Hour, BatchSize: 100,
+		BackoffBase: 10 * time.Second, BackoffMax: time.Hour},
+		postgres.NewMaintenanceStore(db.Pool, nil), QueuesFunc(func(context.Context, string) (int, bool, error) { return 0, true, nil }),
+		slog.New(slog.NewTextHandler(io.Discard, nil)), NewMetrics(prometheus.NewRegistry()))
+	m.RunOnce(ctx)
+
+	// Attempt 1 waits 5–10 s, attempt 3 (10 s doubled twice) 20–40 s.
+	for id, want := range map[uuid.UUID][2]float64{first: {4, 10.5}, third: {19, 40.5}} {
+		var status string
+		var due, available float64
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT t.status, extract(epoch FROM t.next_run_at - now()),
+			extract(epoch FROM o.available_at - now())
+			FROM tasks t JOIN outbox o ON o.task_id = t.id AND o.kind = 'task.run' WHERE t.id = $1`, id).
+			Scan(&status, &due, &available))
+		require.Equal(t, "PENDING", status)
+		require.True(t, due > want[0] && due < want[1], "due in %.1f s, want %v", due, want)
+		require.True(t, available > want[0] && available < want[1], "message available in %.1f s, want %v", available, want)
+	}
 }
