@@ -357,6 +357,39 @@ func TestRelaySurvivesBrokerRestartAndAlarm(t *testing.T) {
 	require.False(t, relay.Exited(), relay.Output())
 }
 
+// A broker under a resource alarm reads nothing from the connections it
+// blocked, so it never answers their close. SIGTERM must still stop a relay
+// whose lanes it blocked, instead of leaving it to wait for the alarm to
+// clear.
+func TestRelaySIGTERMDuringAnAlarm(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	node := testenv.StartRabbit(t)
+	db := testdb.New(t)
+	b := &faultBundle{dbURL: db.URL, pool: db.Pool, amqpURL: node.URL(), admin: testenv.FreeAddr(t)}
+	b.fill(t, 10)
+	relay := b.startRelay(t, "relay", "SHUTDOWN_TIMEOUT=1s", "RELAY_CONFIRM_TIMEOUT=1s", "RELAY_LANES=1")
+	b.waitOutboxEmpty(t, 30*time.Second)
+
+	node.Ctl(t, "set_vm_memory_high_watermark", "0.000001")
+	testenv.Eventually(t, 20*time.Second, func() error {
+		b.fill(t, 1)
+		return wantBody(b.admin, "/readyz", `"broker_blocked":true`)
+	})
+	// The lane's next batch finds no confirm in time: its channel is given
+	// up on a connection the broker blocks.
+	b.fill(t, 5)
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if !strings.Contains(relay.Output(), "broker channel given up") {
+			return fmt.Errorf("no channel given up yet")
+		}
+		return nil
+	})
+
+	relay.Signal(syscall.SIGTERM)
+	require.Equal(t, 0, relay.Wait(t, 60*time.Second), relay.Output())
+}
+
 func wantBody(addr, path, want string) error {
 	resp, err := http.Get("http://" + addr + path)
 	if err != nil {

@@ -63,25 +63,37 @@ func rotation(urls []string, n uint64) []string {
 // turn, with heartbeats, a connection name shown in the management UI, and
 // bounded socket writes. When no node answers it returns the last error.
 func dial(list, name string) (*amqp.Connection, error) {
+	conn, _, err := dialSocket(list, name)
+	return conn, err
+}
+
+// dialSocket is dial that also returns the connection's socket, for an
+// owner that must be able to drop the connection without the broker's
+// answer (see Publisher.Close).
+func dialSocket(list, name string) (*amqp.Connection, net.Conn, error) {
 	urls, err := ParseURLs(list)
 	if err != nil {
-		return nil, fmt.Errorf("connect to RabbitMQ: AMQP_URL: %w", err)
+		return nil, nil, fmt.Errorf("connect to RabbitMQ: AMQP_URL: %w", err)
 	}
 	for _, url := range rotation(urls, dials.Add(1)-1) {
-		var conn *amqp.Connection
-		if conn, err = dialOne(url, name); err == nil {
-			return conn, nil
+		var (
+			conn *amqp.Connection
+			sock net.Conn
+		)
+		if conn, sock, err = dialOne(url, name); err == nil {
+			return conn, sock, nil
 		}
 	}
 	if len(urls) > 1 {
-		return nil, fmt.Errorf("connect to RabbitMQ (none of %d nodes answered): %w", len(urls), err)
+		return nil, nil, fmt.Errorf("connect to RabbitMQ (none of %d nodes answered): %w", len(urls), err)
 	}
-	return nil, fmt.Errorf("connect to RabbitMQ: %w", err)
+	return nil, nil, fmt.Errorf("connect to RabbitMQ: %w", err)
 }
 
-func dialOne(url, name string) (*amqp.Connection, error) {
+func dialOne(url, name string) (*amqp.Connection, net.Conn, error) {
 	base := amqp.DefaultDial(30 * time.Second)
-	return amqp.DialConfig(url, amqp.Config{
+	var sock net.Conn
+	conn, err := amqp.DialConfig(url, amqp.Config{
 		Heartbeat:  heartbeat,
 		Properties: amqp.Table{"connection_name": name},
 		Dial: func(network, addr string) (net.Conn, error) {
@@ -89,9 +101,14 @@ func dialOne(url, name string) (*amqp.Connection, error) {
 			if err != nil {
 				return nil, err
 			}
-			return &deadlineConn{Conn: c}, nil
+			sock = &deadlineConn{Conn: c}
+			return sock, nil
 		},
 	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return conn, sock, nil
 }
 
 // deadlineConn sets a write deadline before every write.

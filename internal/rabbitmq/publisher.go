@@ -3,6 +3,7 @@ package rabbitmq
 import (
 	"context"
 	"fmt"
+	"net"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -16,8 +17,11 @@ import (
 // the exchanges but never a task queue: the queues are the workers'.
 type Publisher struct {
 	// pack is the most tasks a packed message carries; 1 packs none.
-	pack    int
-	conn    *amqp.Connection
+	pack int
+	conn *amqp.Connection
+	// sock is conn's socket, closed by Close when the broker does not
+	// answer its close.
+	sock    net.Conn
 	ch      *amqp.Channel
 	returns chan amqp.Return
 	closed  chan struct{}
@@ -32,11 +36,11 @@ type Publisher struct {
 // name is the connection name the broker shows. pack is the most tasks
 // one message may carry (see Publish); 1 or less packs none.
 func DialPublisher(url string, returnBuffer int, name string, pack int) (*Publisher, error) {
-	conn, err := dial(url, name)
+	conn, sock, err := dialSocket(url, name)
 	if err != nil {
 		return nil, err
 	}
-	p := &Publisher{pack: max(pack, 1), conn: conn, closed: make(chan struct{})}
+	p := &Publisher{pack: max(pack, 1), conn: conn, sock: sock, closed: make(chan struct{})}
 	if err := p.open(max(returnBuffer, 1)); err != nil {
 		_ = conn.Close()
 		return nil, err
@@ -117,8 +121,26 @@ func (p *Publisher) Blocked() bool { return p.blocked.Load() }
 // would hold a relay that is stopping until the alarm clears.
 const closeWait = 5 * time.Second
 
-// Close closes the connection.
-func (p *Publisher) Close() error { return p.conn.CloseDeadline(time.Now().Add(closeWait)) }
+// Close closes the connection, waiting at most closeWait for the broker's
+// answer: then it drops the socket. The deadline CloseDeadline sets on the
+// socket alone does not bound the wait, as amqp091 moves the read deadline
+// on at every heartbeat it receives, and a broker that blocked the
+// connection still sends them.
+func (p *Publisher) Close() error {
+	done := make(chan error, 1)
+	go func() { done <- p.conn.CloseDeadline(time.Now().Add(closeWait)) }()
+	t := time.NewTimer(closeWait)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		// The reader fails on the closed socket, which ends the close.
+		_ = p.sock.Close()
+		<-done
+		return fmt.Errorf("close connection: the broker did not answer within %s", closeWait)
+	}
+}
 
 // Publish sends every message persistent, waits for the broker's confirms
 // (at most until ctx ends) and says what became of each message, which is

@@ -3,14 +3,17 @@ package rabbitmq_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strconv"
 	"testing"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/conveyorhq/conveyor/internal/outbox"
 	"github.com/conveyorhq/conveyor/internal/rabbitmq"
+	"github.com/conveyorhq/conveyor/internal/testenv"
 )
 
 // declareQueue declares taskType's queue, as a worker of the type does.
@@ -109,4 +112,33 @@ func TestPublishFailsBatchOnChannelException(t *testing.T) {
 	var ae *amqp.Error
 	require.ErrorAs(t, p.Err(), &ae)
 	require.Equal(t, amqp.NotFound, ae.Code)
+}
+
+// A broker under a resource alarm reads nothing from a connection it
+// blocked, so it never answers the close: Close must give up waiting and
+// drop the connection, or a relay that is stopping would wait for the
+// alarm to clear. The node is private: the test raises an alarm on it.
+func TestPublisherCloseDoesNotWaitForABlockedBroker(t *testing.T) {
+	t.Parallel()
+	node := testenv.StartRabbit(t)
+	testenv.DeclareTaskQueue(t, node.URL(), "demo.noop")
+	node.Ctl(t, "set_vm_memory_high_watermark", "0.000001")
+	p, err := rabbitmq.DialPublisher(node.URL(), 10, t.Name(), 1)
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	out := p.Publish(ctx, []outbox.Message{runMessage(1, "demo.noop"), runMessage(2, "demo.noop")})
+	require.Empty(t, out.Published, "the broker blocks publishers")
+	eventually(t, wait, func() error {
+		if !p.Blocked() {
+			return errors.New("the broker has not blocked the connection")
+		}
+		return nil
+	})
+
+	closed := make(chan error, 1)
+	go func() { closed <- p.Close() }()
+	within(t, closed, 2*wait, "Close on a blocked connection")
+	within(t, p.Done(), wait, "Done")
 }

@@ -261,6 +261,7 @@ func (r *Relay) serve(ctx context.Context, i int, pub Publisher) {
 			// broker may be slow to answer the close, and a batch on the
 			// channel meanwhile would fail or go out twice.
 			r.log.WarnContext(ctx, "broker channel given up; reconnecting", "lane", i, "error", err)
+			r.awaitUnblocked(ctx, i, pub)
 			return
 		}
 		r.lanes[i].busy.Store(true)
@@ -283,6 +284,33 @@ func (r *Relay) serve(ctx context.Context, i int, pub Publisher) {
 			}
 		}
 		r.lanes[i].busy.Store(false)
+	}
+}
+
+// awaitUnblocked holds on to lane i's given-up connection while the broker
+// blocks it (a resource alarm), until the alarm clears, the connection
+// closes or ctx ends. The broker reads nothing from a blocked connection:
+// the batch it held up stays in its socket buffer, and goes out when the
+// alarm clears, though its rows failed and will be published again. A new
+// connection is blocked at its first publish too, so dialling again during
+// the alarm would leave one more such batch behind, and one more set of
+// duplicates, every confirm timeout.
+func (r *Relay) awaitUnblocked(ctx context.Context, i int, pub Publisher) {
+	if !pub.Blocked() {
+		return
+	}
+	r.metrics.blocked.Set(1)
+	r.log.WarnContext(ctx, "broker blocks publishers (resource alarm): reconnecting once it clears", "lane", i)
+	t := time.NewTicker(r.cfg.PollInterval)
+	defer t.Stop()
+	for pub.Blocked() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-pub.Done():
+			return
+		case <-t.C:
+		}
 	}
 }
 

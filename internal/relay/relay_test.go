@@ -707,3 +707,66 @@ func TestADeletedExchangeDoesNotParkTheMessagesOfExistingQueues(t *testing.T) {
 	testenv.WaitForDepth(t, b.amqpURL, packed, 1, 10*time.Second)
 	b.waitOutboxEmpty(t)
 }
+
+// A lane whose publisher gave up its channel while the broker blocked the
+// connection (a resource alarm held up its confirms) keeps that connection
+// until the alarm clears: a new one would be blocked at its first publish
+// as well, and each batch left unconfirmed in a blocked connection goes out
+// when the alarm clears, though its rows are published again.
+func TestALaneWaitsOutAnAlarmOnItsGivenUpConnection(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.declare(t, "demo.noop")
+	var blocked atomic.Bool
+	blocked.Store(true)
+	var dials, dialsBlocked atomic.Int32
+	first := make(chan *blockedPublisher, 1)
+	b.startRelay(t, relayOpts{wrap: func(p relay.Publisher) relay.Publisher {
+		if dials.Add(1) == 1 {
+			bp := &blockedPublisher{givingUpPublisher: givingUpPublisher{Publisher: p, open: make(chan struct{})}, blocked: &blocked}
+			first <- bp
+			return bp
+		}
+		if blocked.Load() {
+			dialsBlocked.Add(1)
+		}
+		return p
+	}})
+	bp := <-first
+	b.submit(t, "demo.noop", `{"n":1}`, 5)
+	// The lane has seen its channel given up and asks, over and over,
+	// whether the alarm is over; or it dialled again.
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if bp.batches.Load() > 0 && (bp.askedAfter.Load() >= 5 || dials.Load() > 1) {
+			return nil
+		}
+		return fmtErr("the lane neither waits nor dialled again")
+	})
+	require.Zero(t, dialsBlocked.Load(), "the lane dialled again while the broker blocked its connection")
+	blocked.Store(false)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if dials.Load() < 2 {
+			return fmtErr("the lane did not dial again once the alarm cleared")
+		}
+		return nil
+	})
+	b.waitOutboxEmpty(t)
+}
+
+// blockedPublisher is a givingUpPublisher on a connection the broker
+// blocks while blocked is set.
+type blockedPublisher struct {
+	givingUpPublisher
+	blocked *atomic.Bool
+	// askedAfter counts the questions about the alarm after the first
+	// batch.
+	askedAfter atomic.Int32
+}
+
+func (p *blockedPublisher) Blocked() bool {
+	if p.batches.Load() == 0 {
+		return false // the first batch goes out, and is given up
+	}
+	p.askedAfter.Add(1)
+	return p.blocked.Load()
+}
