@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"strings"
 
 	"github.com/conveyorhq/conveyor/internal/task"
 )
@@ -53,7 +54,14 @@ func commandArgs(cmd string, args []string, stdout, stderr io.Writer) (b bootstr
 			fmt.Fprintf(stderr, "api bootstrap: --org: give the org's slug, matching %s\n", task.SlugPattern)
 			return b, 2, true
 		}
-		return bootstrapFlags{org: *org, name: *name}, 0, false
+		// As the API checks a key's name: else a name the database refuses
+		// fails only after the database was created and migrated.
+		keyName := strings.TrimSpace(*name)
+		if keyName == "" || len(keyName) > 200 || task.CleanText(keyName, 200) != keyName {
+			fmt.Fprintf(stderr, "api bootstrap: --name: give the key's name, 1 to 200 characters of UTF-8 text without NUL\n")
+			return b, 2, true
+		}
+		return bootstrapFlags{org: *org, name: keyName}, 0, false
 	}
 	return b, 0, false
 }

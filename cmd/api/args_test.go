@@ -38,6 +38,8 @@ func TestMigrateAndBootstrapRefuseArgumentsTheyDoNotTake(t *testing.T) {
 		{args: []string{"bootstrap", "--org", "acme", "extra"}, code: 2, stderr: `api bootstrap: unknown argument "extra"`},
 		{args: []string{"bootstrap", "--org", "acme", "--label", "x"}, code: 2, stderr: "flag provided but not defined: -label"},
 		{args: []string{"bootstrap", "--org", "Not A Slug"}, code: 2, stderr: "--org: give the org's slug"},
+		{args: []string{"bootstrap", "--org", "acme", "--name", ""}, code: 2, stderr: "--name: give the key's name"},
+		{args: []string{"bootstrap", "--org", "acme", "--name", strings.Repeat("k", 201)}, code: 2, stderr: "--name: give the key's name"},
 		{args: []string{"bootstrap", "-h"}, code: 0, stderr: "-org string"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

@@ -161,6 +161,12 @@ func (s *server) handleCreateKey() http.HandlerFunc {
 	}
 }
 
+// latestExpiry bounds a key's expiry a year short of what JSON's RFC 3339
+// times can hold (9999), so that the time, read back in any zone, can
+// still be written in the answers: else the key is made but its creation's
+// answer, the secret in it, and every later listing of the org's keys fail.
+var latestExpiry = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
+
 func keyInput(keyName, role string, roles []string, expires *time.Time) (auth.KeyInput, error) {
 	var in auth.KeyInput
 	var err error
@@ -175,6 +181,9 @@ func keyInput(keyName, role string, roles []string, expires *time.Time) (auth.Ke
 	}
 	if expires != nil && !expires.After(time.Now()) {
 		return in, task.Invalid("expires_at", "must be in the future")
+	}
+	if expires != nil && !expires.Before(latestExpiry) {
+		return in, task.Invalid("expires_at", "must be before %s (or absent: a key that never expires)", latestExpiry.Format(time.RFC3339))
 	}
 	in.ExpiresAt = expires
 	return in, nil

@@ -61,6 +61,8 @@ WITH u AS (
 )
 SELECT u.id, u.external_id, coalesce(u.email, ''), u.role, '{}'::text[], u.created_at FROM u`)
 
+var sqlUserOfSubject = statement("users.of_subject", `SELECT EXISTS (SELECT 1 FROM users WHERE org_id = $1 AND external_id = $2)`)
+
 var sqlUsersList = statement("users.list", `SELECT `+userColumns+` FROM users u WHERE u.org_id = $1
 	ORDER BY u.created_at, u.id`)
 
@@ -92,6 +94,18 @@ var sqlMembersList = statement("org_role_memberships.list", `SELECT `+userColumn
 FROM users u JOIN org_role_memberships m ON m.user_id = u.id JOIN org_roles r ON r.id = m.role_id
 WHERE u.org_id = $1 AND r.org_id = $1 AND r.slug = $2
 ORDER BY u.created_at, u.id`)
+
+// sqlAdminsLock serialises, per org, the changes that may take away an
+// admin, so that two of them (each key revoking the other) cannot both see
+// the other's admin left and leave none. The two-key form keeps it apart
+// from the adapter's other advisory locks.
+var sqlAdminsLock = statement("orgs.admins_lock", `SELECT pg_advisory_xact_lock(1668247155, hashtext($1::uuid::text))`)
+
+// sqlHasAdmin: an admin user, or an admin key that still works.
+var sqlHasAdmin = statement("orgs.has_admin", `SELECT
+	EXISTS (SELECT 1 FROM api_keys WHERE org_id = $1 AND role = 'admin' AND revoked_at IS NULL
+		AND (expires_at IS NULL OR expires_at > now()))
+	OR EXISTS (SELECT 1 FROM users WHERE org_id = $1 AND role = 'admin')`)
 
 var sqlRoleExists = statement("org_roles.exists", `SELECT EXISTS (SELECT 1 FROM org_roles WHERE org_id = $1 AND slug = $2)`)
 
@@ -167,8 +181,41 @@ func (s *APIStore) ListKeys(ctx context.Context, p auth.Principal) ([]auth.Key, 
 // RevokeKey revokes a key of the org; revoking a revoked key changes
 // nothing.
 func (s *APIStore) RevokeKey(ctx context.Context, p auth.Principal, id uuid.UUID) (auth.Key, error) {
-	k, err := scanKey(scopedRow(ctx, s.pool, p.Scope(), sqlKeyRevoke, p.OrgID, id))
-	return k, notFound(translate(err), "key")
+	var k auth.Key
+	err := inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
+		return keepAnAdmin(ctx, tx, p.OrgID, func() error {
+			var err error
+			k, err = scanKey(tx.QueryRow(ctx, sqlKeyRevoke, p.OrgID, id))
+			return notFound(translate(err), "key")
+		})
+	})
+	return k, translate(err)
+}
+
+// keepAnAdmin runs change, which may take an admin away from the org, and
+// refuses it if it took the last one: an org without an admin can no
+// longer make keys, users or roles, and only `api bootstrap`, with the
+// database's credentials, gives it one again. An org that had no admin
+// before (AUTH_DISABLED's) is let be.
+func keepAnAdmin(ctx context.Context, tx pgx.Tx, org uuid.UUID, change func() error) error {
+	if _, err := tx.Exec(ctx, sqlAdminsLock, org); err != nil {
+		return err
+	}
+	var before, after bool
+	if err := tx.QueryRow(ctx, sqlHasAdmin, org).Scan(&before); err != nil {
+		return err
+	}
+	if err := change(); err != nil {
+		return err
+	}
+	if err := tx.QueryRow(ctx, sqlHasAdmin, org).Scan(&after); err != nil {
+		return err
+	}
+	if before && !after {
+		return task.Errorf(task.ErrCodeConflict,
+			"this would leave the org without an admin: make another admin key or user first")
+	}
+	return nil
 }
 
 func scanKey(row pgx.Row) (auth.Key, error) {
@@ -183,10 +230,21 @@ func scanKey(row pgx.Row) (auth.Key, error) {
 // CreateUser adds a user to the org.
 func (s *APIStore) CreateUser(ctx context.Context, p auth.Principal, in auth.UserInput) (auth.User, error) {
 	u, err := scanUser(scopedRow(ctx, s.pool, p.Scope(), sqlUserInsert, p.OrgID, in.ExternalID, in.Email, string(in.Role)))
-	if task.ErrorCode(translate(err)) == task.ErrCodeConflict {
-		return auth.User{}, task.Errorf(task.ErrCodeConflict, "a user with external_id %q already exists", in.ExternalID)
+	if task.ErrorCode(translate(err)) != task.ErrCodeConflict {
+		return u, translate(err)
 	}
-	return u, translate(err)
+	// The subject is unique across orgs, so the user that holds it may be
+	// one the caller cannot list: say which, or the admin looks for it in
+	// vain among the org's users.
+	var ours bool
+	if err := scopedRow(ctx, s.pool, p.Scope(), sqlUserOfSubject, p.OrgID, in.ExternalID).Scan(&ours); err != nil {
+		return auth.User{}, translate(err)
+	}
+	if ours {
+		return auth.User{}, task.Errorf(task.ErrCodeConflict, "the org already has a user with external_id %q", in.ExternalID)
+	}
+	return auth.User{}, task.Errorf(task.ErrCodeConflict,
+		"external_id %q is a user of another org: a subject of the identity provider can be a user of one org only", in.ExternalID)
 }
 
 // ListUsers lists the org's users, oldest first.
@@ -200,19 +258,29 @@ func (s *APIStore) ListUsers(ctx context.Context, p auth.Principal) ([]auth.User
 func (s *APIStore) SetUserRole(ctx context.Context, p auth.Principal, id uuid.UUID, role auth.Role) (auth.User, error) {
 	var u auth.User
 	err := inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, sqlUserSetRole, p.OrgID, id, string(role)); err != nil {
+		return keepAnAdmin(ctx, tx, p.OrgID, func() error {
+			if _, err := tx.Exec(ctx, sqlUserSetRole, p.OrgID, id, string(role)); err != nil {
+				return err
+			}
+			var err error
+			u, err = scanUser(tx.QueryRow(ctx, sqlUserGet, p.OrgID, id))
 			return err
-		}
-		var err error
-		u, err = scanUser(tx.QueryRow(ctx, sqlUserGet, p.OrgID, id))
-		return err
+		})
 	})
 	return u, notFound(translate(err), "user")
 }
 
 // DeleteUser removes a user and their memberships.
 func (s *APIStore) DeleteUser(ctx context.Context, p auth.Principal, id uuid.UUID) error {
-	return s.deleteOne(ctx, p, "user", sqlUserDelete, p.OrgID, id)
+	return translate(inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
+		return keepAnAdmin(ctx, tx, p.OrgID, func() error {
+			tag, err := tx.Exec(ctx, sqlUserDelete, p.OrgID, id)
+			if err == nil && tag.RowsAffected() == 0 {
+				err = task.Errorf(task.ErrCodeNotFound, "user not found")
+			}
+			return err
+		})
+	}))
 }
 
 func scanUser(row pgx.Row) (auth.User, error) {
