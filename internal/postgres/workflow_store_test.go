@@ -1049,3 +1049,152 @@ workflows:
 	require.NoError(t, err)
 	require.Equal(t, map[string]string{"a": "MEMOIZED", "b": "MEMOIZED", "c": "MEMOIZED"}, nodeStatus(again))
 }
+
+// denseFile declares a workflow whose nodes each depend on all the nodes
+// before them: n0 to n5, then a, b and c (job x, whose payload is
+// payload), then z below everything.
+func denseFile(payload string) string {
+	var b strings.Builder
+	b.WriteString("jobs:\n  - {name: j, type: wf.j}\n  - {name: x, type: wf.x, payload: " + payload + "}\n")
+	b.WriteString("workflows:\n  - name: dense\n    on_failure: continue\n    memoize: true\n    nodes:\n")
+	var above []string
+	node := func(name, job string) {
+		fmt.Fprintf(&b, "      - {name: %s, job: %s, depends_on: [%s]}\n", name, job, strings.Join(above, ", "))
+	}
+	for i := range 6 {
+		name := fmt.Sprintf("n%d", i)
+		node(name, "j")
+		above = append(above, name)
+	}
+	for _, name := range []string{"a", "b", "c"} {
+		node(name, "x")
+	}
+	above = append(above, "a", "b", "c")
+	node("z", "j")
+	return b.String()
+}
+
+// A run of a dense workflow moves as its nodes' parents settle: one node
+// at a time down the chain, then a, b and c together in the order of their
+// positions; memoization cascades through every node whose inputs are
+// unchanged and stops at the first that changed, and the nodes below a
+// failed or skipped one are skipped.
+func TestWorkflowDenseGraphRunsAndMemoizesInOrder(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	applyFile(t, db, admin, denseFile("{v: 1}"))
+	h := &wfHarness{t: t, db: db, p: admin, store: postgres.NewJobStore(db.Pool)}
+	ctx := context.Background()
+	params := job.RunRequest{Params: json.RawMessage(`{"day": 1}`)}
+	chain := []string{"n0", "n1", "n2", "n3", "n4", "n5"}
+	all := append(append([]string{}, chain...), "a", "b", "c", "z")
+	outbox := func(run uuid.UUID) []string {
+		rows, err := h.db.Pool.Query(ctx, `SELECT t.node FROM outbox o JOIN tasks t ON t.id = o.task_id
+			WHERE t.run_id = $1 ORDER BY o.id`, run)
+		require.NoError(t, err)
+		nodes, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return nodes
+	}
+	each := func(state string, nodes ...string) map[string]string {
+		out := map[string]string{}
+		for _, n := range nodes {
+			out[n] = state
+		}
+		return out
+	}
+	merge := func(ms ...map[string]string) map[string]string {
+		out := map[string]string{}
+		for _, m := range ms {
+			for k, v := range m {
+				out[k] = v
+			}
+		}
+		return out
+	}
+
+	first, err := h.store.StartRun(ctx, h.p, "dense", params)
+	require.NoError(t, err)
+	for i, n := range chain {
+		r := h.run(first.ID)
+		require.Equal(t, merge(each("COMPLETED", chain[:i]...), each("PENDING", n), each("WAITING", all[i+1:]...)),
+			nodeStatus(r), "only %s is ready", n)
+		h.settle(h.nodeTasks(first.ID)[n].ID, task.Complete, fmt.Sprintf(`{"n": %d}`, i))
+	}
+	require.Equal(t, merge(each("COMPLETED", chain...), each("PENDING", "a", "b", "c"), each("WAITING", "z")),
+		nodeStatus(h.run(first.ID)))
+	require.Equal(t, append(append([]string{}, chain...), "a", "b", "c"), outbox(first.ID))
+	tasks := h.nodeTasks(first.ID)
+	for _, n := range []string{"c", "a", "b"} {
+		h.settle(tasks[n].ID, task.Complete, `{"x": "`+n+`"}`)
+	}
+	h.settle(h.nodeTasks(first.ID)["z"].ID, task.Complete, `{}`)
+	require.Equal(t, job.RunCompleted, h.run(first.ID).Status)
+
+	// Nothing changed: every node is memoized, each wave from the one
+	// above it, and the run completes as it starts.
+	again, err := h.store.StartRun(ctx, h.p, "dense", params)
+	require.NoError(t, err)
+	require.Equal(t, job.RunCompleted, again.Status)
+	require.Equal(t, each("MEMOIZED", all...), nodeStatus(again))
+	for _, n := range again.Nodes {
+		require.Equal(t, first.ID, *n.MemoizedFrom, n.Name)
+	}
+	require.Empty(t, h.nodeTasks(again.ID))
+
+	// x changed: the chain is memoized, a, b and c run, in their order,
+	// and z waits for all three; their results are as in the first run's,
+	// so z is then memoized. Another change that alters their results
+	// runs z.
+	applyFile(t, db, admin, denseFile("{v: 2}"))
+	changed, err := h.store.StartRun(ctx, h.p, "dense", params)
+	require.NoError(t, err)
+	require.Equal(t, merge(each("MEMOIZED", chain...), each("PENDING", "a", "b", "c"), each("WAITING", "z")),
+		nodeStatus(changed))
+	require.Equal(t, []string{"a", "b", "c"}, outbox(changed.ID))
+	tasks = h.nodeTasks(changed.ID)
+	h.settle(tasks["a"].ID, task.Complete, `{"x": "a"}`)
+	h.settle(tasks["b"].ID, task.Complete, `{"x": "b"}`)
+	require.Equal(t, "WAITING", nodeStatus(h.run(changed.ID))["z"])
+	h.settle(tasks["c"].ID, task.Complete, `{"x": "c"}`)
+	r := h.run(changed.ID)
+	require.Equal(t, job.RunCompleted, r.Status)
+	require.Equal(t, "MEMOIZED", nodeStatus(r)["z"], "z's inputs are as in the first run")
+	require.Equal(t, first.ID, *r.Nodes[len(r.Nodes)-1].MemoizedFrom)
+
+	applyFile(t, db, admin, denseFile("{v: 3}"))
+	other, err := h.store.StartRun(ctx, h.p, "dense", params)
+	require.NoError(t, err)
+	tasks = h.nodeTasks(other.ID)
+	for _, n := range []string{"a", "b", "c"} {
+		h.settle(tasks[n].ID, task.Complete, `{"x": "other"}`)
+	}
+	require.Equal(t, merge(each("MEMOIZED", chain...), each("COMPLETED", "a", "b", "c"), each("PENDING", "z")),
+		nodeStatus(h.run(other.ID)), "a result changed: z runs")
+	h.settle(h.nodeTasks(other.ID)["z"].ID, task.Complete, `{}`)
+
+	// x is gone: a, b and c are skipped as the cascade reaches them, and z
+	// below them.
+	_, err = h.db.Pool.Exec(ctx, `DELETE FROM jobs WHERE org_id = $1 AND name = 'x'`, h.p.OrgID)
+	require.NoError(t, err)
+	gone, err := h.store.StartRun(ctx, h.p, "dense", params)
+	require.NoError(t, err)
+	require.Equal(t, job.RunFailed, gone.Status)
+	require.Equal(t, "node a: job x no longer exists", gone.Error)
+	require.Equal(t, merge(each("MEMOIZED", chain...), each("SKIPPED", "a", "b", "c", "z")), nodeStatus(gone))
+	require.Empty(t, h.nodeTasks(gone.ID))
+
+	// A node that fails skips every node below it.
+	applyFile(t, db, admin, denseFile("{v: 1}"))
+	forced, err := h.store.StartRun(ctx, h.p, "dense", job.RunRequest{Params: params.Params, Force: true})
+	require.NoError(t, err)
+	h.settle(h.nodeTasks(forced.ID)["n0"].ID, task.Complete, `{"n": 0}`)
+	h.settle(h.nodeTasks(forced.ID)["n1"].ID, task.Complete, `{"n": 1}`)
+	h.settle(h.nodeTasks(forced.ID)["n2"].ID, task.Fail, ``)
+	failed := h.run(forced.ID)
+	require.Equal(t, job.RunFailed, failed.Status)
+	require.Equal(t, "node failed: n2", failed.Error)
+	require.Equal(t, merge(each("COMPLETED", "n0", "n1"), each("FAILED", "n2"),
+		each("SKIPPED", "n3", "n4", "n5", "a", "b", "c", "z")), nodeStatus(failed))
+}
