@@ -4,7 +4,8 @@
 //
 // A handler gets a context, the task and a Reporter. It returns a result
 // (any value that encodes to a JSON object or value, kept small: a pointer to
-// large artefacts, never the artefact) or an error. An error is retried with
+// large artefacts, never the artefact; a result over 1 MiB as PostgreSQL
+// stores it fails the task) or an error. An error is retried with
 // backoff until the task's max_attempts are spent, unless it is marked
 // Permanent. A panic is recovered and treated as an error.
 //

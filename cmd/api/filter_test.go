@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/url"
@@ -120,5 +121,81 @@ func TestAMalformedQueryIsRefused(t *testing.T) {
 		resp := b.get(t, path)
 		require.Equal(t, http.StatusBadRequest, resp.status, "%s: %s", path, resp.body)
 		require.Equal(t, "urn:conveyor:problem:malformed", resp.json(t)["type"], path)
+	}
+}
+
+// A task's history is read whole by following next_cursor, a page at a
+// time, newest first: no event is skipped or repeated, and one added while
+// paging does not shift the pages after it.
+func TestTaskEventsPageThroughTheWholeHistory(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id := b.submitTask(t, `{"type":"ev.page","payload":{}}`)
+	// A long history: the submit's event and 120 progress reports.
+	b.exec(t, `INSERT INTO task_events (task_id, org_id, status, state, progress, actor)
+		SELECT id, org_id, 'PENDING', 'step ' || g, 0, 'WORKER' FROM tasks, generate_series(1, 120) g WHERE id = $1`, id)
+	var want []int64
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(),
+		`SELECT array_agg(id ORDER BY id DESC) FROM task_events WHERE task_id = $1`, id).Scan(&want))
+	require.Len(t, want, 121)
+
+	type page struct {
+		Events     []struct{ ID int64 }
+		NextCursor string `json:"next_cursor"`
+	}
+	read := func(query string) page {
+		t.Helper()
+		resp := b.get(t, "/v1/tasks/"+id+"/events?"+query)
+		require.Equal(t, http.StatusOK, resp.status, string(resp.body))
+		var p page
+		require.NoError(t, json.Unmarshal(resp.body, &p))
+		return p
+	}
+	var got []int64
+	var sizes []int
+	cursor := ""
+	for range 10 {
+		q := url.Values{"limit": {"50"}}
+		if cursor != "" {
+			q.Set("cursor", cursor)
+		}
+		p := read(q.Encode())
+		sizes = append(sizes, len(p.Events))
+		for _, e := range p.Events {
+			got = append(got, e.ID)
+		}
+		if cursor == "" {
+			// Written after the first page was read: newer than it, so
+			// on none of the pages that follow.
+			b.exec(t, `INSERT INTO task_events (task_id, org_id, status, state, progress, actor)
+				SELECT id, org_id, 'PENDING', 'late', 0, 'WORKER' FROM tasks WHERE id = $1`, id)
+		}
+		if cursor = p.NextCursor; cursor == "" {
+			break
+		}
+	}
+	require.Equal(t, []int{50, 50, 21}, sizes)
+	require.Equal(t, want, got, "every event once, newest first")
+
+	// A full last page has a cursor, whose page is empty.
+	last := read("limit=61&cursor=" + url.QueryEscape(read("limit=61").NextCursor))
+	require.Len(t, last.Events, 61)
+	require.NotEmpty(t, last.NextCursor)
+	empty := read("limit=61&cursor=" + url.QueryEscape(last.NextCursor))
+	require.Empty(t, empty.Events)
+	require.Empty(t, empty.NextCursor)
+
+	// Without a limit, the default page (50) also says where to go on.
+	require.NotEmpty(t, read("").NextCursor)
+	require.Empty(t, read("limit=100&cursor="+url.QueryEscape(read("limit=100").NextCursor)).NextCursor,
+		"the last page says there is no other")
+
+	// A cursor that is not one of this endpoint's is a 422 naming it; a
+	// listing's cursor is no events cursor.
+	listCursor := b.get(t, "/v1/tasks?limit=1").json(t)["next_cursor"].(string)
+	for _, c := range []string{"zzz", listCursor, "AAAAAAAAAAA"} {
+		resp := b.get(t, "/v1/tasks/"+id+"/events?cursor="+url.QueryEscape(c))
+		require.Equal(t, http.StatusUnprocessableEntity, resp.status, c+": "+string(resp.body))
+		require.Equal(t, "cursor", resp.json(t)["field"])
 	}
 }

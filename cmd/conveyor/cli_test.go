@@ -555,6 +555,8 @@ func TestErrors(t *testing.T) {
 		"bad output": {args: []string{"ls", "-o", "yaml"}, code: 2, stderr: "conveyor: --output must be text or json, not \"yaml\"\nRun 'conveyor ls --help' for usage.\n"},
 		"events without id": {args: []string{"events"}, code: 2,
 			stderr: "conveyor: events wants a task ID, or --follow for the org's live events\nRun 'conveyor events --help' for usage.\n"},
+		"events --all with --follow": {args: []string{"events", "x", "--follow", "--all"}, code: 2,
+			stderr: "conveyor: --limit, --cursor and --all are for a task's history, not with --follow\nRun 'conveyor events --help' for usage.\n"},
 		"bad time": {args: []string{"ls", "--created-after", "yesterday"}, code: 2,
 			stderr: "conveyor: --created-after \"yesterday\" is neither an RFC 3339 time such as 2026-01-02T15:04:05Z nor a duration back from now such as 1h or 30m\nRun 'conveyor ls --help' for usage.\n"},
 		"negative duration": {args: []string{"cancel", "--all", "--created-before", "-1h", "--yes"}, code: 2,

@@ -218,6 +218,33 @@ func TestCommandsAgainstThePipeline(t *testing.T) {
 	require.Regexp(t, `COMPLETED\s+100%\s+WORKER\s+`, lines[len(lines)-1])
 	require.Len(t, lines, 1+1+1+5+1, "queued, running, 5 steps, completed: %s", out)
 
+	// Page by page, the way the command says: the page before, then the
+	// rest; --all reads the whole history at once.
+	r = p.run(t, "events", id, "--limit", "3")
+	require.Equal(t, 0, r.code, r.stderr)
+	ids := func(table string) []string {
+		var out []string
+		for _, l := range strings.Split(strings.TrimSpace(table), "\n")[1:] {
+			out = append(out, strings.Fields(l)[0])
+		}
+		return out
+	}
+	require.Equal(t, ids(out)[len(lines)-4:], ids(r.stdout), "the newest three")
+	more := regexp.MustCompile(`(?m)^more: \S+ events (\S+) --limit 3 --cursor (\S+)$`).FindStringSubmatch(r.stderr)
+	require.NotNil(t, more, r.stderr)
+	require.Equal(t, id, more[1])
+	older := p.ok(t, "events", id, "--limit", "3", "--cursor", more[2])
+	require.Equal(t, ids(out)[len(lines)-7:len(lines)-4], ids(older), "the three before")
+	r = p.run(t, "events", id, "--limit", "3", "--all")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, out, r.stdout, "--all: the whole history, oldest first")
+	require.NotContains(t, r.stderr, "more:")
+	var all struct{ Events []struct{ ID int64 } }
+	require.NoError(t, json.Unmarshal([]byte(p.ok(t, "events", id, "-n", "2", "--all", "-o", "json")), &all))
+	require.Len(t, all.Events, len(lines)-1)
+	require.True(t, slices.IsSortedFunc(all.Events, func(a, b struct{ ID int64 }) int { return int(b.ID - a.ID) }),
+		"as the API answers: newest first")
+
 	// A long task, cancelled while it runs, then retried.
 	long := p.submit(t, "demo.sleep", "-p", `{"steps":100,"step_ms":100}`, "--priority", "9", "--max-attempts", "2")
 	testenv.Eventually(t, 30*time.Second, func() error {

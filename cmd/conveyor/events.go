@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +17,8 @@ import (
 func (a *app) eventsCommand() *cobra.Command {
 	var (
 		limit  int
+		cursor string
+		all    bool
 		follow bool
 		filter apiclient.EventFilter
 	)
@@ -23,6 +27,8 @@ func (a *app) eventsCommand() *cobra.Command {
 		Short: "Show a task's events, or follow events live",
 		Long: `Show a task's most recent events (--limit, up to 100; the API's default
 is 50), oldest first; with -o json, as the API answers them, newest first.
+When it has older events, the command for the page before is printed on
+standard error; --all fetches every page: the task's whole history.
 
 With --follow and an ID, print the task's events from its first, one line
 each, and go on live until the task ends (exit 1 if it did not COMPLETE,
@@ -30,6 +36,7 @@ as watch). With --follow and no ID, print
 the org's events from now on, one line each, until Ctrl-C; --type and
 --status narrow them. With -o json, each event is a JSON line.`,
 		Example: `  conveyor events 0193a2b4-5c6d-7e8f-9a0b-1c2d3e4f5a6b
+  conveyor events 0193a2b4-5c6d-7e8f-9a0b-1c2d3e4f5a6b --all
   conveyor events --follow --type demo.sleep --status FAILED`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			switch {
@@ -39,8 +46,8 @@ the org's events from now on, one line each, until Ctrl-C; --type and
 				return usagef("events wants a task ID, or --follow for the org's live events")
 			case len(args) == 1 && (filter.Type != "" || filter.Status != ""):
 				return usagef("--type and --status narrow the org's live events (events --follow without an ID)")
-			case follow && cmd.Flags().Changed("limit"):
-				return usagef("--limit is for a task's history, not with --follow")
+			case follow && (cmd.Flags().Changed("limit") || cursor != "" || all):
+				return usagef("--limit, --cursor and --all are for a task's history, not with --follow")
 			}
 			return limitFlag(cmd, limit, 100)
 		},
@@ -70,18 +77,55 @@ the org's events from now on, one line each, until Ctrl-C; --type and
 				}
 				return err
 			}
-			list, err := c.Events(ctx, args[0], limit)
-			if err != nil {
-				return err
+			var events []apiclient.Event
+			// Not nil: a task without events is written as [], as the API
+			// answers.
+			docs := []json.RawMessage{}
+			for {
+				page, err := c.Events(ctx, args[0], limit, cursor)
+				if err != nil {
+					return err
+				}
+				if a.output == outputJSON && !all {
+					return writeJSON(a.stdout, page.JSON())
+				}
+				events = append(events, page.Events...)
+				var raw struct {
+					Events []json.RawMessage `json:"events"`
+				}
+				if err := json.Unmarshal(page.JSON(), &raw); err != nil {
+					return fmt.Errorf("the API's events: %w", err)
+				}
+				docs = append(docs, raw.Events...)
+				cursor = page.NextCursor
+				if cursor == "" || !all {
+					break
+				}
 			}
 			if a.output == outputJSON {
-				return writeJSON(a.stdout, list.JSON())
+				b, err := json.Marshal(map[string]any{"events": docs})
+				if err != nil {
+					return err
+				}
+				return writeJSON(a.stdout, b)
 			}
-			return a.writeEventTable(list.Events)
+			if err := a.writeEventTable(events); err != nil {
+				return err
+			}
+			if cursor != "" {
+				words := []string{cmd.CommandPath(), shellWord(args[0])}
+				if limit > 0 {
+					words = append(words, "--limit", strconv.Itoa(limit))
+				}
+				fmt.Fprintf(a.stderr, "more: %s\n", strings.Join(append(words, "--cursor", shellWord(cursor)), " "))
+			}
+			return nil
 		},
 	}
 	f := cmd.Flags()
-	f.IntVarP(&limit, "limit", "n", 0, "most recent events to show, 1 to 100 (default: the API's, 50)")
+	f.IntVarP(&limit, "limit", "n", 0, "events per page, 1 to 100 (default: the API's, 50)")
+	f.StringVar(&cursor, "cursor", "", "show the events before this cursor, printed with the previous page")
+	f.BoolVarP(&all, "all", "A", false, "fetch every page: the task's whole history")
 	f.BoolVarP(&follow, "follow", "f", false, "follow live: the task's events to its end, or without ID the org's")
 	f.StringVarP(&filter.Type, "type", "t", "", "with --follow and no ID: only events of tasks of this type")
 	f.StringVarP(&filter.Status, "status", "s", "", "with --follow and no ID: only events of this status")

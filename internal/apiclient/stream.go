@@ -24,7 +24,9 @@ import (
 // that a caller never sees an event twice.
 
 // maxFrameSize bounds one frame: a COMPLETED event carries the task's
-// result.
+// result, which the worker bounds (task.MaxResultBytes, 1 MiB as stored);
+// the API's JSON of it is at most 6 times that (an escaped "<" is 6
+// bytes), so a result that was stored always fits.
 const maxFrameSize = 8 << 20
 
 // EventFilter narrows the org's stream; zero fields match everything.

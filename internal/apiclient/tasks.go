@@ -196,19 +196,24 @@ func (c *Client) Tasks(ctx context.Context, f ListFilter) (TaskPage, error) {
 	return p, err
 }
 
-// EventList is a task's most recent events, newest first.
+// EventList is a page of a task's events, newest first.
 type EventList struct {
 	Document
 	Events []Event `json:"events"`
+	// NextCursor fetches the page of the events before these; empty on
+	// the last.
+	NextCursor string `json:"next_cursor,omitempty"`
 }
 
-// Events returns a task's most recent events (at most limit, 0 for the
-// API's default), newest first.
-func (c *Client) Events(ctx context.Context, id string, limit int) (EventList, error) {
+// Events returns a page of a task's events (at most limit, 0 for the
+// API's default), newest first: its most recent, or with cursor (the
+// NextCursor of the previous page) those before that page.
+func (c *Client) Events(ctx context.Context, id string, limit int, cursor string) (EventList, error) {
 	q := url.Values{}
 	if limit > 0 {
 		q.Set("limit", strconv.Itoa(limit))
 	}
+	set(q, "cursor", cursor)
 	var l EventList
 	_, err := c.do(ctx, request{method: http.MethodGet, path: "/v1/tasks/" + url.PathEscape(id) + "/events", query: q}, &l)
 	return l, err

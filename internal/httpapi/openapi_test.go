@@ -244,7 +244,7 @@ func (nopStore) Get(context.Context, auth.Principal, uuid.UUID) (task.Task, erro
 func (nopStore) List(context.Context, auth.Principal, task.ListFilter) ([]task.Task, error) {
 	return nil, nil
 }
-func (nopStore) Events(context.Context, auth.Principal, uuid.UUID, int) ([]task.Event, error) {
+func (nopStore) Events(context.Context, auth.Principal, uuid.UUID, int, int64) ([]task.Event, error) {
 	return nil, nil
 }
 func (nopStore) EventsBetween(context.Context, auth.Principal, task.EventFilter, int64, int64, int) ([]task.Event, error) {

@@ -34,7 +34,9 @@ type Store interface {
 	Get(ctx context.Context, p auth.Principal, id uuid.UUID) (task.Task, error)
 	// List returns summaries: no payload, metadata or result.
 	List(ctx context.Context, p auth.Principal, f task.ListFilter) ([]task.Task, error)
-	Events(ctx context.Context, p auth.Principal, id uuid.UUID, limit int) ([]task.Event, error)
+	// Events returns a task's events before the event id before (0: from
+	// its newest), newest first, at most limit.
+	Events(ctx context.Context, p auth.Principal, id uuid.UUID, limit int, before int64) ([]task.Event, error)
 	// EventsBetween returns the events in (after, upto] that pass f,
 	// oldest first, at most limit: a stream's catch-up.
 	EventsBetween(ctx context.Context, p auth.Principal, f task.EventFilter, after, upto int64, limit int) ([]task.Event, error)

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -222,7 +223,8 @@ func (s *server) handleList() http.HandlerFunc {
 
 func (s *server) handleEvents() http.HandlerFunc {
 	type response struct {
-		Events []eventView `json:"events"`
+		Events     []eventView `json:"events"`
+		NextCursor string      `json:"next_cursor,omitempty"`
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
 		id, err := taskID(r)
@@ -236,12 +238,23 @@ func (s *server) handleEvents() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
-		events, err := s.Store.Events(r.Context(), principal(r), id, limit)
+		var before int64
+		if c := q.Get("cursor"); c != "" {
+			if before, err = decodeEventCursor(c); err != nil {
+				s.writeError(w, r, err)
+				return
+			}
+		}
+		events, err := s.Store.Events(r.Context(), principal(r), id, limit, before)
 		if err != nil {
 			s.writeError(w, r, err)
 			return
 		}
-		s.respond(w, r, http.StatusOK, response{Events: toEventViews(events)})
+		resp := response{Events: toEventViews(events)}
+		if len(events) == limit {
+			resp.NextCursor = encodeEventCursor(events[len(events)-1].ID)
+		}
+		s.respond(w, r, http.StatusOK, resp)
 	}
 }
 
@@ -436,4 +449,18 @@ func decodeCursor(c string) (uuid.UUID, error) {
 		return uuid.Nil, task.Invalid("cursor", "is not a cursor this API returned")
 	}
 	return uuid.UUID(b), nil
+}
+
+// An events cursor is the id of the last event of a page, as 8 bytes, so
+// that a listing's cursor (16) is never taken for one.
+func encodeEventCursor(id int64) string {
+	return base64.RawURLEncoding.EncodeToString(binary.BigEndian.AppendUint64(nil, uint64(id)))
+}
+
+func decodeEventCursor(c string) (int64, error) {
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil || len(b) != 8 || int64(binary.BigEndian.Uint64(b)) <= 0 {
+		return 0, task.Invalid("cursor", "is not a cursor this API returned")
+	}
+	return int64(binary.BigEndian.Uint64(b)), nil
 }

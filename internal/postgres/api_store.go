@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -63,11 +65,13 @@ var summaryColumns = strings.Replace(taskColumns, "payload, metadata",
 	"NULL::jsonb AS payload, NULL::jsonb AS metadata", 1)
 
 // sqlTaskEvents answers no row at all when the task is not there (or not
-// the caller's to see), and a row with a NULL event id when it has no events.
+// the caller's to see), and a row with a NULL event id when it has no
+// events before $4.
 var sqlTaskEvents = statement("task_events.list", `SELECT e.id, t.id, e.status, e.state, e.progress,
 		coalesce(e.error, ''), e.detail, e.actor, e.principal, e.created_at
 	FROM tasks t LEFT JOIN LATERAL (
-		SELECT * FROM task_events WHERE task_id = t.id AND org_id = $3 ORDER BY id DESC LIMIT $2) e ON true
+		SELECT * FROM task_events WHERE task_id = t.id AND org_id = $3 AND id < $4
+		ORDER BY id DESC LIMIT $2) e ON true
 	WHERE t.id = $1 AND t.org_id = $3`)
 
 var sqlTaskStanding = statement("tasks.standing", `SELECT status, version, cancel_requested_at IS NOT NULL,
@@ -442,8 +446,12 @@ func (s *APIStore) List(ctx context.Context, p auth.Principal, f task.ListFilter
 	return tasks, translate(err)
 }
 
-// Events returns a task's most recent events, newest first.
-func (s *APIStore) Events(ctx context.Context, p auth.Principal, id uuid.UUID, limit int) ([]task.Event, error) {
+// Events returns a task's most recent events before the event id before
+// (0: from its newest), newest first, at most limit.
+func (s *APIStore) Events(ctx context.Context, p auth.Principal, id uuid.UUID, limit int, before int64) ([]task.Event, error) {
+	if before <= 0 {
+		before = math.MaxInt64
+	}
 	events, err := scopedRows(ctx, s.pool, p.Scope(), func(row pgx.CollectableRow) (task.Event, error) {
 		var e task.Event
 		var eventID *int64
@@ -451,13 +459,14 @@ func (s *APIStore) Events(ctx context.Context, p auth.Principal, id uuid.UUID, l
 		var state *string
 		var progress *int
 		var errText *string
-		err := row.Scan(&eventID, &e.TaskID, &status, &state, &progress, &errText, &e.Detail, &actor, &e.By, &e.CreatedAt)
+		var createdAt *time.Time
+		err := row.Scan(&eventID, &e.TaskID, &status, &state, &progress, &errText, &e.Detail, &actor, &e.By, &createdAt)
 		if eventID != nil {
 			e.ID, e.Status, e.State, e.Progress, e.Actor = *eventID, task.Status(*status), *state, *progress, task.Actor(*actor)
-			e.Error = *errText
+			e.Error, e.CreatedAt = *errText, *createdAt
 		}
 		return e, err
-	}, sqlTaskEvents, id, limit, p.OrgID)
+	}, sqlTaskEvents, id, limit, p.OrgID, before)
 	if err != nil {
 		return nil, translate(err)
 	}

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -27,13 +28,17 @@ const (
 	codeDeadlock      = "40P01"
 	codeSerialization = "40001"
 	codeNoDatabase    = "3D000"
+	// codeCheckViolation: a row breaks a CHECK constraint.
+	codeCheckViolation = "23514"
 )
 
 // isDataError reports whether PostgreSQL refused a value (class 22: bad
-// encoding, an unsupported escape such as \u0000, text it cannot parse): the
-// input is at fault, not the statement.
+// encoding, an unsupported escape such as \u0000, text it cannot parse; or
+// a value a check constraint refuses, such as a result over its bound):
+// the input is at fault, not the statement.
 func isDataError(err error) bool {
-	return len(pgCode(err)) == 5 && pgCode(err)[:2] == "22"
+	code := pgCode(err)
+	return len(code) == 5 && code[:2] == "22" || code == codeCheckViolation
 }
 
 // translate turns driver errors into domain errors at the boundary.
@@ -47,10 +52,14 @@ func translate(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch {
+		case pgErr.Code == codeCheckViolation && pgErr.ConstraintName == "task_results_payload_size":
+			return &task.Error{Code: task.ErrCodeInvalid, Message: fmt.Sprintf("the result is larger than %d bytes "+
+				"as stored (the limit of a task's result): store large artefacts elsewhere and return a pointer to them",
+				task.MaxResultBytes)}
+		case pgErr.Code == codeCheckViolation:
+			return &task.Error{Code: task.ErrCodeInvalid, Message: "input breaks a rule: " + pgErr.ConstraintName}
 		case isDataError(err):
 			return &task.Error{Code: task.ErrCodeInvalid, Message: "input rejected by the database: " + pgErr.Message}
-		case pgErr.Code == "23514": // check_violation
-			return &task.Error{Code: task.ErrCodeInvalid, Message: "input breaks a rule: " + pgErr.ConstraintName}
 		case pgErr.Code == "23503": // foreign_key_violation: a concurrent request removed a row this one names
 			return &task.Error{Code: task.ErrCodeNotFound, Message: "not found: what it names was removed meanwhile"}
 		case pgErr.Code == "23505": // unique_violation

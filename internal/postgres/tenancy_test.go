@@ -122,7 +122,7 @@ func TestScopeKeepsEveryTableInsideTheOrg(t *testing.T) {
 	require.ErrorIs(t, err, task.ErrNotFound)
 	_, err = store.Get(context.Background(), adminB, open.ID)
 	require.ErrorIs(t, err, task.ErrNotFound)
-	_, err = store.Events(context.Background(), adminB, open.ID, 10)
+	_, err = store.Events(context.Background(), adminB, open.ID, 10, 0)
 	require.ErrorIs(t, err, task.ErrNotFound)
 	got, err := store.Get(context.Background(), financeA, restricted.ID)
 	require.NoError(t, err)

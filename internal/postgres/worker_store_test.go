@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -424,6 +426,39 @@ func TestABadOutcomeFailsAloneInItsBatch(t *testing.T) {
 	// Its holder then fails it, with the reason.
 	b.apply(t, task.Change{TaskID: bad, Version: lb.Version, Transition: task.Fail, Error: errs[1].Error()})
 	require.Contains(t, b.text(t, `SELECT error FROM tasks WHERE id = $1`, bad), "Unicode")
+}
+
+// A result is bounded as PostgreSQL stores it (task.MaxResultBytes): one
+// over the bound fails alone in its batch, with a reason that says so,
+// also when the worker's encoding was small and jsonb wrote it out longer;
+// one at the bound is stored.
+func TestAResultOverItsBoundFailsAloneInItsBatch(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	atBound, over, expands := b.pending(t, 3), b.pending(t, 3), b.pending(t, 3)
+	la, lo, le := b.claim(t, atBound, "w1"), b.claim(t, over, "w1"), b.claim(t, expands, "w1")
+	str := func(n int) json.RawMessage { return json.RawMessage(`"` + strings.Repeat("a", n-2) + `"`) }
+	// 4,000 numbers of 5 bytes, which jsonb writes in 301 each: 1.2 MB.
+	big := json.RawMessage("[" + strings.Repeat("1e300,", 3999) + "1e300]")
+	require.Less(t, len(big), task.MaxResultBytes)
+	out, errs, err := b.worker.Apply(ctx, []task.Change{
+		{TaskID: atBound, Version: la.Version, Transition: task.Complete, Result: str(task.MaxResultBytes)},
+		{TaskID: over, Version: lo.Version, Transition: task.Complete, Result: str(task.MaxResultBytes + 1)},
+		{TaskID: expands, Version: le.Version, Transition: task.Complete, Result: big},
+	})
+	require.NoError(t, err)
+	require.NoError(t, errs[0])
+	require.False(t, out[0].Fenced)
+	require.Equal(t, "COMPLETED", b.text(t, `SELECT status FROM tasks WHERE id = $1`, atBound))
+	require.Equal(t, strconv.Itoa(task.MaxResultBytes),
+		b.text(t, `SELECT octet_length(payload::text)::text FROM task_results WHERE task_id = $1`, atBound))
+	for i, id := range []uuid.UUID{over, expands} {
+		require.Error(t, errs[i+1])
+		require.Equal(t, task.ErrCodeInvalid, task.ErrorCode(errs[i+1]))
+		require.Contains(t, errs[i+1].Error(), "the result is larger than 1048576 bytes as stored")
+		require.Equal(t, "IN_PROGRESS", b.text(t, `SELECT status FROM tasks WHERE id = $1`, id))
+	}
+	require.Equal(t, "0", b.text(t, `SELECT count(*)::text FROM task_results WHERE task_id IN ($1, $2)`, over, expands))
 }
 
 func TestWorkerRegistryAndParkedTypes(t *testing.T) {

@@ -13,6 +13,11 @@ const (
 	MaxErrorLen = 4096
 	// MaxStateLen bounds a state label, in bytes.
 	MaxStateLen = 200
+	// MaxResultBytes bounds a task's result: its JSON as PostgreSQL
+	// stores and answers it, which may be longer than the handler's
+	// encoding (jsonb writes 1e300 out in full). A task whose result
+	// is larger fails. The database enforces it (task_results_payload_size).
+	MaxResultBytes = 1 << 20
 )
 
 // CleanText makes s storable as PostgreSQL text: invalid UTF-8 and NUL
