@@ -133,10 +133,10 @@ func name(field, v string) (string, error) {
 
 func (s *server) handleCreateKey() http.HandlerFunc {
 	type request struct {
-		Name      string     `json:"name"`
-		Role      string     `json:"role"`
-		OrgRoles  []string   `json:"org_roles"`
-		ExpiresAt *time.Time `json:"expires_at"`
+		Name      string    `json:"name"`
+		Role      string    `json:"role"`
+		OrgRoles  []string  `json:"org_roles"`
+		ExpiresAt *jsonTime `json:"expires_at"`
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
 		var req request
@@ -144,7 +144,11 @@ func (s *server) handleCreateKey() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
-		in, err := keyInput(req.Name, req.Role, req.OrgRoles, req.ExpiresAt)
+		var expires *time.Time
+		if req.ExpiresAt != nil {
+			expires = &req.ExpiresAt.Time
+		}
+		in, err := keyInput(req.Name, req.Role, req.OrgRoles, expires)
 		if err != nil {
 			s.writeError(w, r, err)
 			return

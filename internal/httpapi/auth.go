@@ -60,6 +60,12 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 		}
 		p, err := s.Auth.Authenticate(actx, header)
 		cancel()
+		if err != nil && errors.Is(r.Context().Err(), context.Canceled) {
+			// The client left while its credentials were looked up: no
+			// failed authentication, nor a failed lookup to count.
+			s.writeError(w, r, err)
+			return
+		}
 		if err != nil {
 			s.refused(r, err)
 			if auth.ReasonOf(err) == auth.ReasonLookup {

@@ -217,6 +217,10 @@ func (s *server) handleTriggerJob() http.HandlerFunc {
 		ConcurrencyKey string          `json:"concurrency_key"`
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
+		if err := noKeyHeader(r, "a trigger takes no idempotency key: each call makes a task"); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
 		var req request
 		if hasBody(r) {
 			if err := s.decode(w, r, &req); err != nil {

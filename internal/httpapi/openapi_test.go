@@ -262,9 +262,11 @@ func (nopStore) Bulk(context.Context, auth.Principal, task.Bulk, task.Carrier) (
 func (nopStore) Overview(context.Context, auth.Principal, []string) (task.Overview, error) {
 	return task.Overview{}, nil
 }
-func (nopStore) KnownTypes(context.Context) ([]string, error)                    { return nil, nil }
-func (nopStore) AdmitTypes(context.Context, auth.Principal, []string, int) error { return nil }
-func (nopStore) Ping(context.Context) error                                      { return nil }
+func (nopStore) KnownTypes(context.Context) ([]string, error) { return nil, nil }
+func (nopStore) AdmitTypes(context.Context, auth.Principal, []task.Submission, int) error {
+	return nil
+}
+func (nopStore) Ping(context.Context) error { return nil }
 
 type nopAdmin struct{}
 
@@ -330,12 +332,12 @@ func TestMethodNotAllowedSaysWhatIs(t *testing.T) {
 	t.Parallel()
 	h := testHandler(DevMode(auth.Principal{Kind: auth.KindKey, ID: uuid.New(), OrgID: uuid.New(), Role: auth.Admin}))
 	for _, c := range []struct{ method, path, allow string }{
-		{http.MethodDelete, "/v1/tasks/" + uuid.NewString(), "GET"},
-		{http.MethodPut, "/v1/tasks", "GET, POST"},
+		{http.MethodDelete, "/v1/tasks/" + uuid.NewString(), "GET, HEAD"},
+		{http.MethodPut, "/v1/tasks", "GET, HEAD, POST"},
 		{http.MethodGet, "/v1/tasks/" + uuid.NewString() + "/cancel", "POST"},
 		{http.MethodPost, "/v1/users/" + uuid.NewString(), "PATCH, DELETE"},
-		{"BREW", "/v1/tasks", "GET, POST"},
-		{http.MethodPost, "/healthz", "GET"},
+		{"BREW", "/v1/tasks", "GET, HEAD, POST"},
+		{http.MethodPost, "/healthz", "GET, HEAD"},
 	} {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(c.method, c.path, nil))

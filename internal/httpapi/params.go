@@ -76,9 +76,13 @@ func (s *server) knownParams(routes chi.Routes) func(http.Handler) http.Handler 
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.URL.RawQuery != "" {
+				method := r.Method
+				if method == http.MethodHead {
+					method = http.MethodGet // GetHead serves it by the GET route
+				}
 				rctx := chi.NewRouteContext()
-				if routes.Match(rctx, r.Method, r.URL.Path) {
-					if known, ok := queryParams[r.Method+" "+rctx.RoutePattern()]; ok {
+				if routes.Match(rctx, method, r.URL.Path) {
+					if known, ok := queryParams[method+" "+rctx.RoutePattern()]; ok {
 						// r.URL.Query drops the pairs it cannot parse (a bad
 						// escape, a semicolon), and the filter one held would
 						// then be ignored without a word.

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -27,6 +28,10 @@ var statusOf = map[task.Code]int{
 	task.ErrCodeInternal:            http.StatusInternalServerError,
 }
 
+// statusClientClosed is nginx's status for a request whose client left
+// before its answer: recorded, never received.
+const statusClientClosed = 499
+
 // problem is an RFC 9457 problem document.
 type problem struct {
 	Type   string `json:"type"`
@@ -52,6 +57,15 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 // writeErrorWith is writeError with extend, when not nil, adding extension
 // members to the document.
 func (s *server) writeErrorWith(w http.ResponseWriter, r *http.Request, err error, extend func(*problem)) {
+	if errors.Is(r.Context().Err(), context.Canceled) {
+		// The client closed the connection (a request's own deadline is
+		// DeadlineExceeded): whatever failed, failed for that, no one
+		// reads the answer, and it is no fault of the server's to count
+		// as a 5xx or log as an error. nginx's 499 records it.
+		s.Log.DebugContext(r.Context(), "client closed the request", "method", r.Method, "path", r.URL.Path, "error", err)
+		w.WriteHeader(statusClientClosed)
+		return
+	}
 	var e *task.Error
 	if !errors.As(err, &e) {
 		s.Log.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "error", err)
@@ -108,6 +122,9 @@ func (s *server) handleMethodNotAllowed(routes chi.Routes) http.HandlerFunc {
 		for _, m := range routeMethods {
 			if routes.Match(chi.NewRouteContext(), m, path) {
 				allowed = append(allowed, m)
+				if m == http.MethodGet {
+					allowed = append(allowed, http.MethodHead)
+				}
 			}
 		}
 		p := problem{

@@ -39,7 +39,9 @@ func (s *server) routes() http.Handler {
 func (s *server) router() chi.Router {
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer)
-	r.Use(s.instrument, s.knownParams(r))
+	// HEAD is answered wherever GET is (RFC 9110): by the GET route, whose
+	// body the server drops.
+	r.Use(middleware.GetHead, s.instrument, s.knownParams(r))
 	r.NotFound(s.handleNotFound())
 	r.MethodNotAllowed(s.handleMethodNotAllowed(r))
 

@@ -47,9 +47,10 @@ type Store interface {
 	// Overview sums up the org's tasks, with the tasks each of workers
 	// runs.
 	Overview(ctx context.Context, p auth.Principal, workers []string) (task.Overview, error)
-	// AdmitTypes refuses types that would leave the org with more than max
-	// task types no worker serves waiting.
-	AdmitTypes(ctx context.Context, p auth.Principal, types []string, max int) error
+	// AdmitTypes refuses submissions that would leave the org with more
+	// than max task types no worker serves waiting; one an existing task
+	// answers (by its key or its input) makes no task and is let through.
+	AdmitTypes(ctx context.Context, p auth.Principal, subs []task.Submission, max int) error
 	// KnownTypes lists the types some worker has declared a queue for.
 	KnownTypes(ctx context.Context) ([]string, error)
 	Ping(ctx context.Context) error

@@ -86,7 +86,10 @@ func (s *server) handleEventStream() http.HandlerFunc {
 // last_event_id parameter for clients that cannot set headers. ok is false
 // when neither is given.
 func lastEventID(r *http.Request) (after int64, ok bool, err error) {
-	raw := r.Header.Get("Last-Event-ID")
+	raw, err := oneHeader(r, "Last-Event-ID")
+	if err != nil {
+		return 0, false, err
+	}
 	if raw == "" {
 		raw = r.URL.Query().Get("last_event_id")
 	}
@@ -108,6 +111,15 @@ func (s *server) serveStream(w http.ResponseWriter, r *http.Request, p auth.Prin
 		s.writeError(w, r, task.Errorf(task.ErrCodeUnavailable, "live streams are not served by this instance"))
 		return
 	}
+	if r.Method == http.MethodHead {
+		// A HEAD is answered with the headers of the stream, and no
+		// stream: one would send nothing, yet hold its slot and its
+		// connection (the next request on it would wait) until the
+		// client closed it.
+		streamHeaders(w.Header())
+		w.WriteHeader(http.StatusOK)
+		return
+	}
 	if s.cfg.MaxStreams > 0 && s.streams.Add(1) > int64(s.cfg.MaxStreams) {
 		s.streams.Add(-1)
 		w.Header().Set("Retry-After", "1")
@@ -121,7 +133,14 @@ func (s *server) serveStream(w http.ResponseWriter, r *http.Request, p auth.Prin
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
-			s.writeError(w, r, task.Errorf(task.ErrCodeUnavailable, "live streams are starting; try again"))
+			// Either way another try (here once started, or at another
+			// instance once this one is gone) is worth it soon.
+			msg := "live streams are starting; try again"
+			if errors.Is(err, stream.ErrClosed) {
+				msg = "this instance is shutting down; reconnect"
+			}
+			w.Header().Set("Retry-After", strconv.Itoa(int(streamRetry.Seconds())))
+			s.writeError(w, r, task.Errorf(task.ErrCodeUnavailable, "%s", msg))
 		}
 		return
 	}
@@ -219,11 +238,15 @@ type sse struct {
 	taskID uuid.UUID
 }
 
-func (o *sse) open() error {
-	h := o.w.Header()
+// streamHeaders are the headers of a live stream's answer.
+func streamHeaders(h http.Header) {
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
+}
+
+func (o *sse) open() error {
+	streamHeaders(o.w.Header())
 	o.extendDeadline()
 	o.w.WriteHeader(http.StatusOK)
 	return o.write(fmt.Appendf(nil, "retry: %d\n\n", streamRetry.Milliseconds()))

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -65,7 +64,11 @@ func (s *server) handleSubmit() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
-		key := r.Header.Get("Idempotency-Key")
+		key, err := oneHeader(r, "Idempotency-Key")
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
 		if _, present := r.Header["Idempotency-Key"]; present && key == "" {
 			s.writeError(w, r, task.Invalid("Idempotency-Key", "must not be empty"))
 			return
@@ -118,9 +121,8 @@ func (s *server) handleSubmitBatch() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
-		if _, present := r.Header["Idempotency-Key"]; present {
-			s.writeError(w, r, task.Invalid("Idempotency-Key",
-				"a batch takes no header key: give each entry its own idempotency_key"))
+		if err := noKeyHeader(r, "a batch takes no header key: give each entry its own idempotency_key"); err != nil {
+			s.writeError(w, r, err)
 			return
 		}
 		if len(req.Tasks) == 0 || len(req.Tasks) > task.MaxBatchSize {
@@ -301,10 +303,10 @@ func (s *server) admitTypes(r *http.Request, subs []task.Submission) error {
 	if s.cfg.MaxUnservedTypes <= 0 {
 		return nil
 	}
-	var unknown []string
+	var unknown []task.Submission
 	for _, sub := range subs {
-		if s.types.label(sub.Type) == otherType && !slices.Contains(unknown, sub.Type) {
-			unknown = append(unknown, sub.Type)
+		if s.types.label(sub.Type) == otherType {
+			unknown = append(unknown, sub)
 		}
 	}
 	if len(unknown) == 0 {
@@ -329,6 +331,26 @@ func (s *server) carrier(r *http.Request) task.Carrier {
 	c := task.Carrier{}
 	propagation.TraceContext{}.Inject(r.Context(), propagation.MapCarrier(c))
 	return c
+}
+
+// noKeyHeader refuses an Idempotency-Key on a route that does not honour
+// one: ignored, it would let a client that retries believe its retries
+// safe while each made another task. why says what to do instead.
+func noKeyHeader(r *http.Request, why string) error {
+	if _, present := r.Header["Idempotency-Key"]; present {
+		return task.Invalid("Idempotency-Key", "%s", why)
+	}
+	return nil
+}
+
+// oneHeader is the value of a header that holds one: given twice, even
+// with one value, the request is ambiguous, and refused as a query
+// parameter given twice is.
+func oneHeader(r *http.Request, name string) (string, error) {
+	if n := len(r.Header.Values(name)); n > 1 {
+		return "", task.Errorf(task.ErrCodeMalformed, "header %s given %d times", name, n)
+	}
+	return r.Header.Get(name), nil
 }
 
 func taskID(r *http.Request) (uuid.UUID, error) {

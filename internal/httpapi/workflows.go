@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -122,6 +121,10 @@ func (s *server) handleStartRun() http.HandlerFunc {
 		Force  bool            `json:"force"`
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
+		if err := noKeyHeader(r, "a run takes no idempotency key: each call starts a run"); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
 		var req request
 		if hasBody(r) {
 			if err := s.decode(w, r, &req); err != nil {
@@ -147,18 +150,26 @@ const maxRunsPage = 200
 // path) or, under /v1/runs, every workflow's (?workflow= narrows it).
 func (s *server) handleListRuns() http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		workflow := chi.URLParam(r, "name")
+		workflow, inPath := chi.URLParam(r, "name"), true
 		if workflow == "" {
-			workflow = r.URL.Query().Get("workflow")
+			workflow, inPath = r.URL.Query().Get("workflow"), false
 		}
-		limit := 50
-		if v := r.URL.Query().Get("limit"); v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 || n > maxRunsPage {
-				s.writeError(w, r, task.Invalid("limit", "must be between 1 and %d", maxRunsPage))
-				return
+		if workflow != "" && task.ValidateType(workflow) != nil {
+			// No workflow has such a name, so none of its runs would be
+			// listed: a misspelt filter, or path, is said so, as the
+			// other names of workflows, jobs and task types are, rather
+			// than answered with no runs.
+			if inPath {
+				s.writeError(w, r, task.Errorf(task.ErrCodeNotFound, "workflow %q not found", workflow))
+			} else {
+				s.writeError(w, r, task.Invalid("workflow", "must match %s, got %q", task.TypePattern, workflow))
 			}
-			limit = n
+			return
+		}
+		limit, err := limitParam(r.URL.Query(), 50, maxRunsPage)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
 		}
 		var after uuid.UUID
 		if v := r.URL.Query().Get("after"); v != "" {
@@ -239,6 +250,12 @@ func (s *server) handleLineage() http.HandlerFunc {
 		dataset := r.URL.Query().Get("dataset")
 		if dataset == "" {
 			s.writeError(w, r, task.Invalid("dataset", "is required: /v1/lineage?dataset=NAME"))
+			return
+		}
+		if err := job.ValidDataset(dataset); err != nil {
+			// No node declares such a name: empty lists would read as a
+			// dataset nothing uses, not as a misspelt one.
+			s.writeError(w, r, task.Invalid("dataset", "%v", err))
 			return
 		}
 		l, err := s.Workflows.Lineage(r.Context(), principal(r), dataset, 20)

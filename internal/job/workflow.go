@@ -87,6 +87,17 @@ type StoredWorkflow struct {
 // "s3://bucket/orders".
 var datasetPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/:-]{0,255}$`)
 
+// datasetRule is what a dataset name must be, as its problems say.
+const datasetRule = "use 1 to 256 letters, digits, '.', '_', '/', ':' or '-', starting with a letter or digit"
+
+// ValidDataset refuses a name no node may declare as a dataset.
+func ValidDataset(name string) error {
+	if !datasetPattern.MatchString(name) {
+		return fmt.Errorf("invalid dataset %q: %s", name, datasetRule)
+	}
+	return nil
+}
+
 // Normalized returns wf with the defaults that an empty value stands for
 // filled in: on_failure "stop", each node's name its job's, and the
 // source's as for a job. Empty lists become nil, so that a list left out
@@ -247,8 +258,8 @@ func checkDatasets(field string, datasets []string) Problems {
 	seen := make(map[string]int, len(datasets))
 	for i, d := range datasets {
 		path := fmt.Sprintf("%s[%d]", field, i)
-		if !datasetPattern.MatchString(d) {
-			ps = append(ps, Problem{Path: path, Message: fmt.Sprintf("invalid dataset %q: use 1 to 256 letters, digits, '.', '_', '/', ':' or '-', starting with a letter or digit", d)})
+		if err := ValidDataset(d); err != nil {
+			ps = append(ps, Problem{Path: path, Message: err.Error()})
 		} else if first, dup := seen[d]; dup {
 			ps = append(ps, Problem{Path: path, Message: fmt.Sprintf("duplicate dataset %q: %s[%d] already has it", d, field, first)})
 		} else {

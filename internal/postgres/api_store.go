@@ -574,7 +574,13 @@ func txRow(ctx context.Context, tx pgx.Tx, _ auth.Scope, sql string, args ...any
 // sqlAdmitTypes counts the task types the org has waiting that no worker
 // serves — those it submitted before (with a PENDING task still) and the
 // unserved ones of this request — and records the request's unserved types
-// when the count is within $3. It returns the count.
+// when the count is within $3. It returns the count, and whether the
+// request adds a type to those waiting.
+//
+// A submission that an existing task answers (its idempotency key is
+// bound, or deduplication finds its input, $4 and $5) makes no task and
+// takes no place: a client's retry of one that made its task gets that
+// task back whatever the org's count.
 //
 // A type's PENDING tasks are looked up by type and org, the admitted ones
 // in tasks_admitted and the others in tasks_waiting, each in an arm of its
@@ -582,8 +588,10 @@ func txRow(ctx context.Context, tx pgx.Tx, _ auth.Scope, sql string, args ...any
 // read the org's whole backlog for each type the org ever left unserved.
 var sqlAdmitTypes = statement("org_task_types.admit", `
 WITH req AS (
-	SELECT DISTINCT u.type FROM unnest($2::text[]) AS u(type)
+	SELECT DISTINCT u.type FROM unnest($2::text[], $4::text[], $5::text[]) AS u(type, key, input_hash)
 	WHERE NOT EXISTS (SELECT 1 FROM task_types k WHERE k.name = u.type)
+		AND NOT EXISTS (SELECT 1 FROM task_idempotency_keys i WHERE i.org_id = $1 AND i.type = u.type AND i.key = u.key)
+		AND NOT EXISTS (SELECT 1 FROM task_input_hashes h WHERE h.org_id = $1 AND h.type = u.type AND h.input_hash = u.input_hash)
 ), waiting AS (
 	SELECT o.type FROM org_task_types o
 	WHERE o.org_id = $1 AND NOT EXISTS (SELECT 1 FROM task_types k WHERE k.name = o.type)
@@ -591,26 +599,43 @@ WITH req AS (
 			UNION ALL
 			SELECT 1 FROM tasks t WHERE t.type = o.type AND t.org_id = $1 AND t.`+isPending+` AND NOT t.admitted)
 ), total AS (
-	SELECT count(*) AS n FROM (SELECT type FROM waiting UNION SELECT type FROM req) x
+	SELECT count(*) AS n, count(*) FILTER (WHERE type NOT IN (SELECT type FROM waiting)) AS added
+	FROM (SELECT type FROM waiting UNION SELECT type FROM req) x
 ), ins AS (
 	INSERT INTO org_task_types (org_id, type)
 	SELECT $1, type FROM req WHERE (SELECT n FROM total) <= $3
 	ON CONFLICT DO NOTHING
 )
-SELECT n FROM total`)
+SELECT n, added > 0 FROM total`)
 
-// AdmitTypes refuses a submission that would leave the principal's org
+// AdmitTypes refuses submissions that would leave the principal's org
 // with more than max task types that no worker serves waiting at once
 // (typos, or a client that makes types up): their tasks wait in
 // PostgreSQL, parked, until a worker for the type starts, and that wait
-// must stay bounded. Concurrent submissions may overshoot max by a few.
-func (s *APIStore) AdmitTypes(ctx context.Context, p auth.Principal, types []string, max int) error {
+// must stay bounded. Only a submission that would make a task of a type
+// not already waiting is refused: one an existing task answers, or of a
+// type waiting already, is not, even when the org is over the bound (it
+// was lowered). Concurrent submissions may overshoot max by a few.
+func (s *APIStore) AdmitTypes(ctx context.Context, p auth.Principal, subs []task.Submission, max int) error {
+	types := make([]string, len(subs))
+	keys := make([]*string, len(subs))
+	hashes := make([]*string, len(subs))
+	for i, sub := range subs {
+		types[i] = sub.Type
+		if sub.IdempotencyKey != "" {
+			keys[i] = &sub.IdempotencyKey
+		}
+		if sub.Dedupe {
+			hashes[i] = &sub.InputHash
+		}
+	}
 	var n int
+	var added bool
 	// The count covers the org's tasks whatever their visibility.
-	if err := scopedRow(ctx, s.pool, orgWide(p), sqlAdmitTypes, p.OrgID, types, max).Scan(&n); err != nil {
+	if err := scopedRow(ctx, s.pool, orgWide(p), sqlAdmitTypes, p.OrgID, types, max, keys, hashes).Scan(&n, &added); err != nil {
 		return translate(err)
 	}
-	if n > max {
+	if added && n > max {
 		return task.Invalid("type", "the org would have %d task types that no worker serves waiting, over the limit of %d: "+
 			"start workers for them, or cancel their tasks", n, max)
 	}

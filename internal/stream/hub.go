@@ -507,6 +507,9 @@ func (h *Hub) waitReady(ctx context.Context) error {
 	select {
 	case <-h.ready:
 		return nil
+	case <-h.stopped:
+		// Stopped before it was ready: it never will be.
+		return ErrClosed
 	case <-ctx.Done():
 		return ctx.Err()
 	}
