@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/conveyorhq/conveyor/internal/config"
+	"github.com/conveyorhq/conveyor/internal/testenv"
 )
 
 // Two payloads that differ as JSON values are never merged into one task,
@@ -231,6 +232,57 @@ func TestClientTraceHeaders(t *testing.T) {
 		require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT headers::text FROM outbox`).Scan(&stored))
 		require.NotContains(t, stored, "baggage")
 		require.NotContains(t, stored, "secret")
+	}
+}
+
+// A task's trace_url leads to a trace Jaeger has: with nothing exported
+// (no OTEL endpoint) the task keeps its trace_id, for logs, but gets no
+// link to a trace never sent; with an exporter it does, and so does a
+// caller's trace continued with its sampled flag. A trusted caller's trace
+// that its own sampler dropped is recorded by no one: no link either.
+func TestTraceURLOnlyForRecordedTraces(t *testing.T) {
+	t.Parallel()
+	const caller = "4bf92f3577b34da6a3ce929d0e0e4736"
+	for _, c := range []struct {
+		name        string
+		export      bool
+		traceparent string
+		link        bool
+	}{
+		{name: "not exported", export: false},
+		{name: "exported", export: true, link: true},
+		{name: "caller sampled", export: true, traceparent: "00-" + caller + "-00f067aa0ba902b7-01", link: true},
+		{name: "caller not sampled", export: true, traceparent: "00-" + caller + "-00f067aa0ba902b7-00"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, func(cfg *config.API) {
+				cfg.TrustTraceContext = true
+				if c.export {
+					// Turns export on, as the variable does: spans are
+					// sampled; whether their export succeeds does not
+					// matter here.
+					cfg.OTLPEndpoint = "http://" + testenv.FreeAddr(t)
+				}
+			})
+			var headers []string
+			if c.traceparent != "" {
+				headers = []string{"traceparent", c.traceparent}
+			}
+			resp := b.post(t, "/v1/tasks", `{"type":"t.trace"}`, headers...)
+			require.Equal(t, http.StatusCreated, resp.status, string(resp.body))
+			created := resp.json(t)
+			id := created["trace_id"].(string)
+			require.Len(t, id, 32)
+			got := b.get(t, "/v1/tasks/"+created["id"].(string)).json(t)
+			for _, v := range []map[string]any{created, got} {
+				if c.link {
+					require.Equal(t, "http://jaeger.example:16686/trace/"+id, v["trace_url"])
+				} else {
+					require.NotContains(t, v, "trace_url")
+				}
+			}
+		})
 	}
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -282,4 +283,62 @@ func TestTaskStreamGetsAnEndCommittedAfterTheGapTimeout(t *testing.T) {
 	require.NoError(t, tx.Commit(ctx))
 
 	require.Contains(t, nextData(t, lines), `"CANCELLED"`)
+}
+
+// A live stream checks its caller's credentials at every heartbeat, for as
+// long as it is open (hours, for the dashboard): the checks are not traced,
+// or the stream's trace would gain database spans every heartbeat. Not
+// parallel: the exporter reads its endpoint from the environment.
+func TestStreamHeartbeatsAddNoSpansToItsTrace(t *testing.T) {
+	otlp := testenv.NewOTLPReceiver(t)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.Endpoint)
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+	const heartbeats = 10
+	b := setup(t, func(c *config.API) {
+		c.StreamHeartbeat = 20 * time.Millisecond
+		c.AuthCacheTTL = time.Millisecond // each check reads the key
+		c.OTLPEndpoint = otlp.Endpoint
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.base+"/v1/events/stream", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+b.token)
+	resp, err := (&http.Client{}).Do(req)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	lines := bufio.NewScanner(resp.Body)
+	seen := 0
+	for seen < heartbeats && lines.Scan() {
+		if lines.Text() == ": heartbeat" {
+			seen++
+		}
+	}
+	require.Equal(t, heartbeats, seen, "the stream ended early")
+	cancel()
+	resp.Body.Close()
+
+	var server testenv.Span
+	testenv.Eventually(t, 10*time.Second, func() error {
+		for _, s := range otlp.Spans() {
+			if s.Name == "GET /v1/events/stream" {
+				server = s
+				return nil
+			}
+		}
+		return fmt.Errorf("no span of the stream's request yet")
+	})
+	var queries []string
+	lookups := 0
+	for _, s := range otlp.Trace(server.TraceID) {
+		if s.SpanID != server.SpanID {
+			queries = append(queries, s.Name)
+		}
+		if s.Name == "api_keys.by_prefix" {
+			lookups++
+		}
+	}
+	require.NotZero(t, lookups, "the request's own authentication is traced: %v", queries)
+	require.Less(t, lookups, heartbeats/2, "the stream's trace grows with its heartbeats: %v", queries)
 }

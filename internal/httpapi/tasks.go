@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
@@ -15,7 +16,9 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/conveyorhq/conveyor/internal/auth"
 	"github.com/conveyorhq/conveyor/internal/task"
@@ -95,6 +98,10 @@ func (s *server) handleSubmit() http.HandlerFunc {
 			return
 		}
 		s.metrics.submitted(s.types.label(sub.Type), res.Created)
+		span := trace.SpanFromContext(r.Context())
+		span.SetAttributes(attribute.String("conveyor.task_id", res.Task.ID.String()),
+			attribute.Bool("conveyor.duplicate", !res.Created))
+		linkOriginal(span, res)
 		w.Header().Set("Location", "/v1/tasks/"+res.Task.ID.String())
 		status := http.StatusOK
 		if res.Created {
@@ -158,6 +165,7 @@ func (s *server) handleSubmitBatch() http.HandlerFunc {
 				resp.Results[i].Result = "created"
 			}
 			s.metrics.submitted(s.types.label(subs[i].Type), res.Created)
+			linkOriginal(trace.SpanFromContext(r.Context()), res)
 		}
 		s.respond(w, r, http.StatusOK, resp)
 	}
@@ -323,6 +331,25 @@ func mayRestrict(p auth.Principal, sub task.Submission, field string) error {
 	}
 	return &task.Error{Code: task.ErrCodeForbidden, Field: field + "visibility",
 		Message: "a task may be restricted only to org roles its submitter holds"}
+}
+
+// linkOriginal links a request's span to the trace of a duplicate's task:
+// that task runs in the trace of the request that made it, which the
+// duplicate request's own trace would otherwise never lead to.
+func linkOriginal(span trace.Span, res task.Submitted) {
+	if res.Created || !span.IsRecording() {
+		return
+	}
+	ctx := propagation.TraceContext{}.Extract(context.Background(),
+		propagation.MapCarrier{"traceparent": res.Task.Traceparent})
+	sc := trace.SpanContextFromContext(ctx)
+	if !sc.IsValid() || sc.TraceID() == span.SpanContext().TraceID() {
+		return
+	}
+	span.AddLink(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{
+		attribute.String("conveyor.link", "original submission"),
+		attribute.String("conveyor.task_id", res.Task.ID.String()),
+	}})
 }
 
 // carrier captures the trace context of the request's own span (never the

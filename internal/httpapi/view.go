@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"encoding/json"
+	"strconv"
 	"strings"
 	"time"
 
@@ -75,7 +76,12 @@ func (s *server) toTaskView(t task.Task) taskView {
 	}
 	if id := traceID(t.Traceparent); id != "" {
 		v.TraceID = id
-		v.TraceURL = strings.TrimRight(s.cfg.JaegerUIURL, "/") + "/trace/" + id
+		// A trace its sampler dropped (every trace when nothing is
+		// exported) was never sent to Jaeger: a link would lead to
+		// "trace not found".
+		if sampled(t.Traceparent) {
+			v.TraceURL = strings.TrimRight(s.cfg.JaegerUIURL, "/") + "/trace/" + id
+		}
 	}
 	return v
 }
@@ -138,6 +144,17 @@ func traceID(traceparent string) string {
 		return ""
 	}
 	return parts[1]
+}
+
+// sampled says whether a W3C traceparent has its sampled flag set: whether
+// its spans were recorded and exported.
+func sampled(traceparent string) bool {
+	parts := strings.Split(traceparent, "-")
+	if len(parts) != 4 || len(parts[3]) != 2 {
+		return false
+	}
+	flags, err := strconv.ParseUint(parts[3], 16, 8)
+	return err == nil && flags&1 == 1
 }
 
 // eventView is the JSON shape of a task event. Type is the task's, in

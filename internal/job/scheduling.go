@@ -1,6 +1,7 @@
 package job
 
 import (
+	"context"
 	"time"
 
 	"github.com/google/uuid"
@@ -52,6 +53,11 @@ type CronConfig struct {
 	// MaxJobs and MaxTicks bound one pass.
 	MaxJobs  int
 	MaxTicks int
+	// Trace, when set, starts the trace of a pass that found something due,
+	// before its first write, and returns the context of the pass's span:
+	// the tasks the pass makes carry it. A pass that finds nothing due (most
+	// passes, several a second) starts none.
+	Trace func(context.Context) context.Context
 }
 
 // CronStats tells what a cron pass did.

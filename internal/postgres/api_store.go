@@ -14,6 +14,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	oteltrace "go.opentelemetry.io/otel/trace"
 
 	"github.com/conveyorhq/conveyor/internal/auth"
 	"github.com/conveyorhq/conveyor/internal/task"
@@ -75,7 +78,7 @@ var sqlTaskEvents = statement("task_events.list", `SELECT e.id, t.id, e.status, 
 	WHERE t.id = $1 AND t.org_id = $3`)
 
 var sqlTaskStanding = statement("tasks.standing", `SELECT status, version, cancel_requested_at IS NOT NULL,
-	run_id, coalesce(node, '')
+	run_id, coalesce(node, ''), coalesce(traceparent, '')
 	FROM tasks WHERE id = $1 AND org_id = $2`)
 
 // standing is where a task stands, as a single-task action reads it.
@@ -85,6 +88,8 @@ type standing struct {
 	// run and node name the workflow run and node the task is of.
 	run  *uuid.UUID
 	node string
+	// traceparent is the task's trace before the action.
+	traceparent string
 }
 
 var sqlKnownTypes = statement("task_types.list", `SELECT name FROM task_types ORDER BY name`)
@@ -496,15 +501,39 @@ func (s *APIStore) Cancel(ctx context.Context, p auth.Principal, id uuid.UUID, t
 // queues it again, under the retrying request's trace. A task of a
 // workflow run is retried with its run: its run has already skipped the
 // nodes below it, and would not release them when it completed.
+//
+// The task's trace becomes the request's, as a retry after a failure starts
+// a new trace: the request's span links to the trace it replaces, where the
+// failed attempts are, which the task no longer names.
 func (s *APIStore) Retry(ctx context.Context, p auth.Principal, id uuid.UUID, trace task.Carrier) (task.Task, error) {
-	return s.transition(ctx, p, id, trace, func(st standing) (task.Transition, error) {
+	var previous string
+	t, err := s.transition(ctx, p, id, trace, func(st standing) (task.Transition, error) {
 		tr, err := task.OnRetry(st.status)
 		if err == nil && st.run != nil {
 			return "", task.Errorf(task.ErrCodeConflict, "the task is node %s of workflow run %s: retry the run "+
 				"(POST /v1/runs/%s/retry), which runs its failed, cancelled and skipped nodes again", st.node, st.run, st.run)
 		}
+		previous = st.traceparent
 		return tr, err
 	})
+	if err == nil {
+		linkTrace(ctx, previous, "previous attempt")
+	}
+	return t, err
+}
+
+// linkTrace links ctx's span, when it records, to the trace of traceparent.
+func linkTrace(ctx context.Context, traceparent, why string) {
+	span := oteltrace.SpanFromContext(ctx)
+	if !span.IsRecording() {
+		return
+	}
+	sc := oteltrace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(),
+		propagation.MapCarrier{"traceparent": traceparent}))
+	if !sc.IsValid() || sc.TraceID() == span.SpanContext().TraceID() {
+		return
+	}
+	span.AddLink(oteltrace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("conveyor.link", why)}})
 }
 
 // transition reads where a task stands, lets decide pick the transition,
@@ -522,7 +551,7 @@ func (s *APIStore) transition(ctx context.Context, p auth.Principal, id uuid.UUI
 			var status string
 			var version int
 			if err := tx.QueryRow(ctx, sqlTaskStanding, id, p.OrgID).Scan(&status, &version, &st.cancelPending,
-				&st.run, &st.node); err != nil {
+				&st.run, &st.node, &st.traceparent); err != nil {
 				return translate(err)
 			}
 			st.status = task.Status(status)

@@ -688,6 +688,13 @@ func (s *SchedulerStore) Cron(ctx context.Context, cfg job.CronConfig, now time.
 		}); err != nil {
 			return err
 		}
+		flows, err := dueWorkflows(ctx, tx, cfg, now)
+		if err != nil {
+			return err
+		}
+		if (len(jobs) > 0 || len(flows) > 0) && cfg.Trace != nil {
+			ctx = cfg.Trace(ctx)
+		}
 		var ticks submitRows
 		batch := &pgx.Batch{}
 		// Each tick's task carries the trace of the pass that made it (the
@@ -741,7 +748,7 @@ func (s *SchedulerStore) Cron(ctx context.Context, cfg job.CronConfig, now time.
 				return err
 			}
 		}
-		return cronWorkflows(ctx, tx, cfg, now, trace["traceparent"], &st)
+		return cronWorkflows(ctx, tx, cfg, now, flows, trace["traceparent"], &st)
 	})
 	if err != nil {
 		return job.CronStats{}, translate(err)
@@ -822,21 +829,22 @@ func isTick(sched cron.Schedule, t time.Time) bool {
 	return sched.Next(t.Add(-time.Second)).Equal(t)
 }
 
-// cronWorkflows starts the runs of the due ticks of scheduled workflows, one
-// per tick (unique per workflow and time), and moves their cursors.
-func cronWorkflows(ctx context.Context, tx pgx.Tx, cfg job.CronConfig, now time.Time, traceparent string, st *job.CronStats) error {
+// dueWorkflow is a scheduled workflow whose next tick is due.
+type dueWorkflow struct {
+	org  uuid.UUID
+	wf   job.StoredWorkflow
+	next time.Time
+}
+
+// dueWorkflows reads the scheduled workflows with a tick due.
+func dueWorkflows(ctx context.Context, tx pgx.Tx, cfg job.CronConfig, now time.Time) ([]dueWorkflow, error) {
 	rows, err := tx.Query(ctx, sqlDueWorkflows, cfg.MaxJobs, now)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	type due struct {
-		org  uuid.UUID
-		wf   job.StoredWorkflow
-		next time.Time
-	}
-	var flows []due
+	var flows []dueWorkflow
 	if _, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (struct{}, error) {
-		var d due
+		var d dueWorkflow
 		var def []byte
 		if err := row.Scan(&d.org, &d.wf.ID, &def, &d.next); err != nil {
 			return struct{}{}, err
@@ -847,8 +855,15 @@ func cronWorkflows(ctx context.Context, tx pgx.Tx, cfg job.CronConfig, now time.
 		flows = append(flows, d)
 		return struct{}{}, nil
 	}); err != nil {
-		return err
+		return nil, err
 	}
+	return flows, nil
+}
+
+// cronWorkflows starts the runs of the due ticks of scheduled workflows, one
+// per tick (unique per workflow and time), and moves their cursors.
+func cronWorkflows(ctx context.Context, tx pgx.Tx, cfg job.CronConfig, now time.Time, flows []dueWorkflow,
+	traceparent string, st *job.CronStats) error {
 	for _, d := range flows {
 		st.Jobs++
 		src := d.wf.Definition.Normalized().Source

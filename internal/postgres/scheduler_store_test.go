@@ -636,6 +636,76 @@ workflows:
 	require.Equal(t, map[string]int{"cron.traced": 3, "wf.traced": 2}, seen)
 }
 
+// The scheduler runs a cron pass several times a second: a pass starts its
+// trace (CronConfig.Trace) only when it finds a job's or a workflow's tick
+// due, before it writes, and the ticks' tasks carry that trace. A pass that
+// finds nothing due starts none.
+func TestCronPassStartsItsTraceOnlyWhenSomethingIsDue(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	applyFile(t, db, admin, `
+jobs:
+  - name: ticking
+    type: cron.lazy
+    source: {kind: cron, schedule: "@every 1h"}
+  - {name: only, type: wf.lazy}
+workflows:
+  - name: ticking-flow
+    source: {kind: cron, schedule: "@every 1h"}
+    nodes:
+      - {job: only}
+`)
+	traceID, _ := oteltrace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	spanID, _ := oteltrace.SpanIDFromHex("00f067aa0ba902b7")
+	pass := oteltrace.NewSpanContext(oteltrace.SpanContextConfig{TraceID: traceID, SpanID: spanID,
+		TraceFlags: oteltrace.FlagsSampled})
+	started := 0
+	cfg := job.CronConfig{CatchUp: time.Minute, MaxJobs: 10, MaxTicks: 100,
+		Trace: func(ctx context.Context) context.Context {
+			started++
+			return oteltrace.ContextWithSpanContext(ctx, pass)
+		}}
+	ctx := context.Background()
+	s := postgres.NewSchedulerStore(db.Pool, nil)
+	now := time.Now().Truncate(time.Second)
+	_, err := db.Pool.Exec(ctx, `UPDATE jobs SET next_tick_at = $1::timestamptz + interval '1 hour'`, now)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `UPDATE workflows SET next_tick_at = $1::timestamptz + interval '1 hour'`, now)
+	require.NoError(t, err)
+	st, err := s.Cron(ctx, cfg, now)
+	require.NoError(t, err)
+	require.Zero(t, st.Made)
+	require.Zero(t, started, "nothing due: no trace")
+
+	for _, table := range []string{"jobs", "workflows"} {
+		_, err = db.Pool.Exec(ctx, `UPDATE jobs SET next_tick_at = $1::timestamptz + interval '1 hour'`, now)
+		require.NoError(t, err)
+		_, err = db.Pool.Exec(ctx, `UPDATE workflows SET next_tick_at = $1::timestamptz + interval '1 hour'`, now)
+		require.NoError(t, err)
+		_, err = db.Pool.Exec(ctx, `UPDATE `+table+` SET next_tick_at = $1::timestamptz`, now)
+		require.NoError(t, err)
+		started = 0
+		st, err = s.Cron(ctx, cfg, now)
+		require.NoError(t, err)
+		require.Equal(t, 1, st.Made, "the tick of the %s", table)
+		require.Equal(t, 1, started, "a tick of the %s is due: the pass starts its trace once", table)
+	}
+	rows, err := db.Pool.Query(ctx, `SELECT t.type, coalesce(t.traceparent, '') FROM tasks t`)
+	require.NoError(t, err)
+	seen := map[string]string{}
+	var typ, traceparent string
+	_, err = pgx.ForEachRow(rows, []any{&typ, &traceparent}, func() error {
+		seen[typ] = traceparent
+		return nil
+	})
+	require.NoError(t, err)
+	require.Len(t, seen, 2)
+	for typ, tp := range seen {
+		require.Contains(t, tp, traceID.String(), "the %s task carries the pass's trace", typ)
+	}
+}
+
 // A paused job's schedule does not tick, and on resume the ticks it missed
 // while paused follow its missed policy, however short the pause: skip
 // makes no task for them and run_once one, for the latest. The catch-up

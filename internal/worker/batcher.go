@@ -189,20 +189,36 @@ func (p *pair[A, RA, B, RB]) run(ctx context.Context) {
 
 // write flushes one batch and answers its calls.
 func (p *pair[A, RA, B, RB]) write(ctx context.Context, as []batchCall[A, RA], bs []batchCall[B, RB], linked bool, landed chan<- bool) {
-	// The statements' spans hang under the first caller's span: a lone
-	// call (the common case at low load) is traced where it was made.
-	var span trace.Span
-	if len(as) > 0 {
-		span = as[0].span
-	} else {
-		span = bs[0].span
-	}
+	// The statements' spans hang under the first traced caller's span: a
+	// lone call (the common case at low load) is traced where it was made,
+	// and an untraced call (a renewal) first in a batch does not hide the
+	// others'.
+	span := firstRecording(as, bs)
 	fctx, cancel := context.WithTimeout(trace.ContextWithSpan(context.WithoutCancel(ctx), span), p.timeout)
 	ra, ea, rb, eb := p.flush(fctx, reqs(as), reqs(bs))
 	cancel()
 	answer(as, ra, ea)
 	answer(bs, rb, eb)
 	landed <- linked
+}
+
+// firstRecording is the span of a batch's first call whose span records,
+// or the first call's when none does.
+func firstRecording[A, RA, B, RB any](as []batchCall[A, RA], bs []batchCall[B, RB]) trace.Span {
+	for _, c := range as {
+		if c.span != nil && c.span.IsRecording() {
+			return c.span
+		}
+	}
+	for _, c := range bs {
+		if c.span != nil && c.span.IsRecording() {
+			return c.span
+		}
+	}
+	if len(as) > 0 {
+		return as[0].span
+	}
+	return bs[0].span
 }
 
 func reqs[Req, Res any](calls []batchCall[Req, Res]) []Req {

@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 )
 
 func TestPairGroupsConcurrentCallsOfBothKindsAndAnswersEach(t *testing.T) {
@@ -276,4 +278,44 @@ func TestPairWritesNoTwoBatchesOfLinkedCallsAtOnce(t *testing.T) {
 	close(release)
 	require.Equal(t, 1, <-started, "the linked call goes once the first lands")
 	wg.Wait()
+}
+
+// A batch's statement is traced under the span of its first call that is
+// traced: an untraced call (a lease renewal) ahead of a claim in the batch
+// must not leave the claim's statement out of every trace.
+func TestPairTracesABatchUnderItsFirstTracedCall(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	started := make(chan trace.Span, 10)
+	release := make(chan struct{}, 10)
+	p := &pair[int, int, string, string]{a: newBatcher[int, int](64, 0), b: newBatcher[string, string](64, 0),
+		timeout: time.Minute, flights: 1, join: 1,
+		flush: func(fctx context.Context, as []int, bs []string) ([]int, []error, []string, []error) {
+			started <- trace.SpanFromContext(fctx)
+			<-release
+			return make([]int, len(as)), make([]error, len(as)), make([]string, len(bs)), make([]error, len(bs))
+		}}
+	go p.run(ctx)
+	first := make(chan error, 1)
+	go func() {
+		_, err := p.a.do(ctx, 0)
+		first <- err
+	}()
+	<-started
+	// Queued behind the write in flight, so that both go in the next.
+	_, traced := sdktrace.NewTracerProvider().Tracer("test").Start(ctx, "claim")
+	defer traced.End()
+	renewal, claim := make(chan batchResult[int], 1), make(chan batchResult[string], 1)
+	p.a.in <- batchCall[int, int]{req: 1, span: trace.SpanFromContext(untraced(ctx)), done: renewal}
+	p.b.in <- batchCall[string, string]{req: "claim", span: traced, done: claim}
+	require.Eventually(t, func() bool { return len(p.a.in) == 0 && len(p.b.in) == 0 }, 10*time.Second, time.Millisecond)
+	release <- struct{}{}
+	require.NoError(t, <-first)
+	got := <-started
+	release <- struct{}{}
+	require.NoError(t, (<-renewal).err)
+	require.NoError(t, (<-claim).err)
+	require.Equal(t, traced.SpanContext().SpanID(), got.SpanContext().SpanID(),
+		"the batch's statement hangs under the claim's span")
 }

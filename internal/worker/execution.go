@@ -285,7 +285,10 @@ func (e *execution) run(ctx context.Context) {
 				e.flushProgress(ctx)
 				lastWrite = time.Now()
 			case beat && !e.lost:
-				e.check(ctx, e.write(ctx, task.Change{Transition: task.Renew}))
+				// A renewal is bookkeeping, not the task's work: traced,
+				// each heartbeat would add a database span to the task's
+				// trace for as long as it runs.
+				e.check(ctx, e.write(untraced(ctx), task.Change{Transition: task.Renew}))
 			}
 			switch {
 			case long && started != nil:
@@ -547,9 +550,15 @@ func (e *execution) Gather(ctx context.Context, children ...conveyor.Child) ([]c
 		sub.OrgID, sub.Visibility, sub.ParentID, sub.ChildKey = e.task.OrgID, e.task.Visibility, &e.task.ID, c.Key
 		subs[i] = sub
 	}
-	sctx, cancel := context.WithTimeout(ctx, e.w.cfg.Lease)
+	tctx := ctx
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		// A context of the handler's own making: the children still hang
+		// under the attempt, not in no trace at all.
+		tctx = trace.ContextWithSpan(ctx, e.span)
+	}
+	sctx, cancel := context.WithTimeout(tctx, e.w.cfg.Lease)
 	defer cancel()
-	states, err := e.w.store.Spawn(sctx, e.task, subs, e.w.inject(ctx))
+	states, err := e.w.store.Spawn(sctx, e.task, subs, e.w.inject(tctx))
 	if err != nil {
 		return nil, fmt.Errorf("spawn children: %w", err)
 	}
@@ -616,7 +625,11 @@ func (e *execution) flushProgress(ctx context.Context) {
 		return
 	}
 	c := task.Change{Transition: task.Progress, Progress: p.percent, State: p.state}
-	err := e.write(ctx, c)
+	// The report is in the trace already, as the span's progress event;
+	// its write, up to a few a second for as long as the handler reports,
+	// is not traced.
+	wctx := untraced(ctx)
+	err := e.write(wctx, c)
 	if errors.Is(err, task.ErrFenced) {
 		// The fence may have missed only because an earlier write of ours
 		// landed though its answer said it failed: the task is then still
@@ -630,7 +643,7 @@ func (e *execution) flushProgress(ctx context.Context) {
 		case !owned || e.cancelled:
 			return
 		default:
-			err = e.write(ctx, c)
+			err = e.write(wctx, c)
 		}
 	}
 	if err != nil && !errors.Is(err, task.ErrFenced) {

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,6 +11,9 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	oteltrace "go.opentelemetry.io/otel/trace"
 
 	"github.com/conveyorhq/conveyor"
 	"github.com/conveyorhq/conveyor/internal/outbox"
@@ -240,6 +244,48 @@ func TestGatherRefusesANegativeMaxAttempts(t *testing.T) {
 	for range 2 {
 		err := receive(t, errs)
 		require.ErrorContains(t, err, "max_attempts")
+	}
+}
+
+// A handler's children are traced under its span, also when it hands
+// Gather a context of its own that carries no span (context.Background()):
+// a child with no trace context would have no trace_id, and each of its
+// messages would start a trace of its own at the relay.
+func TestGatherTracesChildrenUnderTheAttemptWhateverTheContext(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	done := make(chan struct{}, 2)
+	b := setup(t, testConfig{tracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)),
+		handlers: []conveyor.Handler{
+			conveyor.Handle("t.parent", func(ctx context.Context, _ conveyor.Task, r conveyor.Reporter) (any, error) {
+				for _, c := range []context.Context{ctx, context.Background()} {
+					_, _ = r.Gather(c, conveyor.Child{Key: "c", Type: "t.child"})
+					done <- struct{}{}
+				}
+				return nil, nil
+			}),
+		}})
+	id := b.store.add("t.parent", 1)
+	b.deliver(t, id)
+	require.Equal(t, "completed", b.finished(t, id))
+	receive(t, done)
+	receive(t, done)
+	b.store.mu.Lock()
+	traces := slices.Clone(b.store.spawnTraces)
+	b.store.mu.Unlock()
+	require.Len(t, traces, 2)
+	var consumer sdktrace.ReadOnlySpan
+	require.Eventually(t, func() bool {
+		for _, s := range rec.Ended() {
+			if s.SpanKind() == oteltrace.SpanKindConsumer {
+				consumer = s
+				return true
+			}
+		}
+		return false
+	}, waitLimit, 10*time.Millisecond)
+	want := "00-" + consumer.SpanContext().TraceID().String() + "-" + consumer.SpanContext().SpanID().String() + "-01"
+	for i, c := range traces {
+		require.Equal(t, want, c["traceparent"], "spawn %d: the children hang under the attempt's span", i)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/conveyorhq/conveyor/internal/outbox"
 	"github.com/conveyorhq/conveyor/internal/registry"
@@ -42,8 +43,10 @@ type fakeStore struct {
 	// writeTime, when set, is how long each ApplyAndClaim takes, as a
 	// commit does.
 	writeTime time.Duration
-	// spawns counts the Spawn calls.
-	spawns atomic.Int32
+	// spawns counts the Spawn calls; spawnTraces holds the trace each
+	// was given for its children.
+	spawns      atomic.Int32
+	spawnTraces []task.Carrier
 	// outage, when set, fails every write of changes for that long from
 	// the first one it fails, as a database that is down does.
 	outage     time.Duration
@@ -100,6 +103,13 @@ func (s *fakeStore) requestCancelLocked(id uuid.UUID) int {
 
 func (s *fakeStore) ApplyAndClaim(ctx context.Context, changes []task.Change, ids []uuid.UUID, workerID string,
 	lease time.Duration) ([]task.Applied, []error, []task.Task, error) {
+	// As the database pool's tracer does: a statement is a CLIENT span
+	// under the context's span, when that span records.
+	if parent := trace.SpanFromContext(ctx); parent.IsRecording() {
+		_, span := parent.TracerProvider().Tracer("fake").Start(ctx, statementName(changes, ids),
+			trace.WithSpanKind(trace.SpanKindClient))
+		defer span.End()
+	}
 	s.mu.Lock()
 	wait := s.writeTime
 	if s.outage > 0 && len(changes) > 0 {
@@ -137,6 +147,21 @@ func (s *fakeStore) ApplyAndClaim(ctx context.Context, changes []task.Change, id
 		return out, errs, nil, errors.New("connection reset after the claim's commit")
 	}
 	return out, errs, tasks, err
+}
+
+// statementName names a batch's statement as the store's do: tasks.claim
+// for claims alone, tasks.apply.<transition> for changes of one transition.
+func statementName(changes []task.Change, ids []uuid.UUID) string {
+	if len(changes) == 0 {
+		return "tasks.claim"
+	}
+	name := "tasks.apply." + string(changes[0].Transition)
+	for _, c := range changes[1:] {
+		if c.Transition != changes[0].Transition {
+			name = "tasks.apply"
+		}
+	}
+	return name
 }
 
 func (s *fakeStore) Claim(_ context.Context, ids []uuid.UUID, workerID string, _ time.Duration) ([]task.Task, error) {
@@ -213,8 +238,11 @@ func (s *fakeStore) Apply(_ context.Context, changes []task.Change) ([]task.Appl
 	return out, errs, nil
 }
 
-func (s *fakeStore) Spawn(context.Context, task.Task, []task.Submission, task.Carrier) ([]task.ChildState, error) {
+func (s *fakeStore) Spawn(_ context.Context, _ task.Task, _ []task.Submission, trace task.Carrier) ([]task.ChildState, error) {
 	s.spawns.Add(1)
+	s.mu.Lock()
+	s.spawnTraces = append(s.spawnTraces, trace)
+	s.mu.Unlock()
 	return nil, errors.New("the fake store spawns no children")
 }
 

@@ -176,18 +176,27 @@ func TestMaintenanceEndsExpiredLeases(t *testing.T) {
 	require.Equal(t, []task.Transition{task.ExpireRequeue, task.ExpireFail, task.ExpireCancel}, got)
 }
 
-// cronStore records the context of each cron pass; its passes fail with
-// err when set.
+// cronStore records the context each cron pass writes its ticks with; its
+// passes fail with err when set, and find nothing due when idle.
 type cronStore struct {
 	passes []context.Context
 	err    error
+	idle   bool
 }
 
-func (s *cronStore) Cron(ctx context.Context, _ job.CronConfig, _ time.Time) (job.CronStats, error) {
-	s.passes = append(s.passes, ctx)
+func (s *cronStore) Cron(ctx context.Context, cfg job.CronConfig, _ time.Time) (job.CronStats, error) {
 	if s.err != nil {
 		return job.CronStats{}, s.err
 	}
+	if s.idle {
+		return job.CronStats{}, nil
+	}
+	// Two ticks are due, as the store finds them: the pass's trace starts
+	// before they are written.
+	if cfg.Trace != nil {
+		ctx = cfg.Trace(ctx)
+	}
+	s.passes = append(s.passes, ctx)
 	return job.CronStats{Made: 2}, nil
 }
 func (s *cronStore) Admit(context.Context, job.AdmitConfig) (job.AdmitStats, error) {
@@ -216,6 +225,24 @@ func TestSchedulerTracesItsCronPasses(t *testing.T) {
 	require.Equal(t, "cron", ended[0].Name())
 	require.False(t, ended[0].Parent().IsValid(), "a pass starts a trace")
 	require.Equal(t, sc.TraceID(), ended[0].SpanContext().TraceID())
+}
+
+// A cron pass runs every few hundred milliseconds; one that finds nothing
+// due leaves no trace. A trace of its own for each, several a second, would
+// bury the traces of the tasks in the tracing backend.
+func TestSchedulerTracesNoIdleCronPass(t *testing.T) {
+	t.Parallel()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	store := &cronStore{idle: true}
+	s := NewScheduler(SchedulerConfig{Interval: time.Second, CronEvery: time.Millisecond}, store,
+		func() bool { return true }, slog.New(slog.NewTextHandler(io.Discard, nil)), NewMetrics(prometheus.NewRegistry()), tp)
+	for range 3 {
+		s.cronAt = time.Time{}
+		s.RunOnce(context.Background())
+	}
+	require.Empty(t, rec.Ended(), "no span for passes that found nothing due")
+	require.Empty(t, rec.Started())
 }
 
 // A cron pass that failed (its ticks' tasks were not made) is an error in

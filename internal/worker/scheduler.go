@@ -173,12 +173,31 @@ func (s *Scheduler) sweep(ctx context.Context) {
 
 // cron makes the tasks of the due ticks, under a span of its own that
 // starts their trace: a tick's task is traced from the pass that made it to
-// the worker that ran it, as a submitted task is from its request.
+// the worker that ran it, as a submitted task is from its request. The span
+// starts only once the pass finds something due: a trace for every pass,
+// several a second, would bury the tasks' traces.
 func (s *Scheduler) cron(ctx context.Context) {
-	ctx, span := s.tracer.Start(ctx, "cron", trace.WithNewRoot(), trace.WithSpanKind(trace.SpanKindInternal))
-	defer span.End()
-	cs, err := s.store.Cron(ctx, s.cfg.Cron, time.Now())
-	span.SetAttributes(attribute.Int("conveyor.tasks_made", cs.Made))
+	var span trace.Span
+	start := func(ctx context.Context) context.Context {
+		if span != nil { // one span a pass, however often asked
+			return trace.ContextWithSpan(ctx, span)
+		}
+		ctx, span = s.tracer.Start(ctx, "cron", trace.WithNewRoot(), trace.WithSpanKind(trace.SpanKindInternal))
+		return ctx
+	}
+	cfg := s.cfg.Cron
+	cfg.Trace = start
+	cs, err := s.store.Cron(ctx, cfg, time.Now())
+	if span == nil && err != nil {
+		// A failed pass is an error in a trace of its own, whether or
+		// not it got as far as finding its ticks.
+		start(ctx)
+	}
+	if span != nil {
+		ctx = trace.ContextWithSpan(ctx, span)
+		span.SetAttributes(attribute.Int("conveyor.tasks_made", cs.Made))
+		defer span.End()
+	}
 	if err != nil {
 		span.SetStatus(codes.Error, err.Error())
 		if ctx.Err() == nil {

@@ -38,6 +38,13 @@ func (w *Worker) startConsumerSpan(ctx context.Context, d outbox.Delivery) (cont
 	return ctx, span
 }
 
+// untraced is ctx without its span, for writes that must leave no span in
+// the task's trace (the database pool traces a statement only under a span
+// that records).
+func untraced(ctx context.Context) context.Context {
+	return trace.ContextWithSpanContext(ctx, trace.SpanContext{})
+}
+
 // inject returns the W3C headers of ctx's span, for an outbox row.
 func (w *Worker) inject(ctx context.Context) task.Carrier {
 	c := task.Carrier{}

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"runtime"
@@ -400,6 +401,103 @@ func TestWorkerMarksTheSpanOfAFailedAttemptAsAnError(t *testing.T) {
 		}, waitLimit, 10*time.Millisecond)
 		require.Equal(t, codes.Error, span.Status().Code, "the failed attempt of %s is an error", b.store.get(id).Type)
 	}
+}
+
+// A lease renewal is not work of the task: the trace of a long task holds
+// its claim and its outcome, not one database span per heartbeat (a day's
+// task at the default 5 s would carry some 17,000 of them).
+func TestWorkerTracesNoSpanPerHeartbeat(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	h := newBlocking()
+	b := setup(t, testConfig{heartbeat: 20 * time.Millisecond, handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)},
+		tracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))})
+	id := b.store.add("t.block", 3)
+	b.deliver(t, id)
+	receive(t, h.entered)
+	require.Eventually(t, func() bool {
+		n := 0
+		for _, tr := range b.store.transitions(id) {
+			if tr == task.Renew {
+				n++
+			}
+		}
+		return n >= 5
+	}, waitLimit, 10*time.Millisecond)
+	close(h.release)
+	require.Equal(t, "completed", b.finished(t, id))
+	names := map[string]int{}
+	require.Eventually(t, func() bool {
+		clear(names)
+		for _, s := range rec.Ended() {
+			if s.SpanKind() == oteltrace.SpanKindClient {
+				names[s.Name()]++
+			}
+		}
+		return names["tasks.apply.complete"] > 0
+	}, waitLimit, 10*time.Millisecond, "the outcome's statement is traced")
+	require.NotZero(t, names["tasks.claim"], "so is the claim's: %v", names)
+	require.Zero(t, names["tasks.apply.renew"], "no span per heartbeat: %v", names)
+}
+
+// A handler's progress reports are in its trace as span events, one each;
+// their writes (up to one per PROGRESS_MIN_INTERVAL for as long as the
+// handler reports) add no database span each.
+func TestWorkerTracesProgressAsEventsNotWrites(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	const reports = 5
+	var store *fakeStore
+	progressWrites := func(id uuid.UUID) int {
+		n := 0
+		for _, tr := range store.transitions(id) {
+			if tr == task.Progress {
+				n++
+			}
+		}
+		return n
+	}
+	b := setup(t, testConfig{tracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)),
+		handlers: []conveyor.Handler{conveyor.Handle("t.report", func(ctx context.Context, tk conveyor.Task, r conveyor.Reporter) (any, error) {
+			for i := 1; i <= reports; i++ {
+				if err := r.Progress(ctx, i*10, fmt.Sprintf("step %d", i)); err != nil {
+					return nil, err
+				}
+				// Each report is written before the next is made.
+				for deadline := time.Now().Add(waitLimit); progressWrites(tk.ID) < i; time.Sleep(time.Millisecond) {
+					if time.Now().After(deadline) {
+						return nil, conveyor.Permanent(fmt.Errorf("report %d never written", i))
+					}
+				}
+			}
+			return nil, nil
+		})}})
+	store = b.store
+	id := b.store.add("t.report", 1)
+	b.deliver(t, id)
+	require.Equal(t, "completed", b.finished(t, id))
+	require.Equal(t, reports, progressWrites(id))
+	var consumer sdktrace.ReadOnlySpan
+	names := map[string]int{}
+	require.Eventually(t, func() bool {
+		clear(names)
+		for _, s := range rec.Ended() {
+			switch s.SpanKind() {
+			case oteltrace.SpanKindConsumer:
+				consumer = s
+			case oteltrace.SpanKindClient:
+				names[s.Name()]++
+			}
+		}
+		return consumer != nil
+	}, waitLimit, 10*time.Millisecond)
+	events := 0
+	for _, e := range consumer.Events() {
+		if e.Name == "progress" {
+			events++
+		}
+	}
+	require.Equal(t, reports, events, "one progress event per report")
+	require.NotZero(t, names["tasks.apply.complete"], "the outcome's write is traced: %v", names)
+	require.Zero(t, names["tasks.apply.progress"], "no span per progress write: %v", names)
 }
 
 // A CONSUMER span names the attempt its delivery runs, the attempt the
