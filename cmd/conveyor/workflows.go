@@ -406,7 +406,9 @@ func (a *app) runCancelCommand() *cobra.Command {
 		Use:   "cancel ID",
 		Short: "Cancel a RUNNING run",
 		Long: `Cancel a RUNNING run: its nodes not yet submitted are skipped, its pending
-tasks cancelled, and its running ones asked to stop.`,
+tasks cancelled, and its running ones asked to stop. A FAILED run whose tasks
+are still in flight has them stopped the same way (it stays FAILED), so that
+it can be retried once they have ended.`,
 		Args: exactArgs(1, "ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.api(cmd)
@@ -432,7 +434,8 @@ func (a *app) runRetryCommand() *cobra.Command {
 		Use:   "retry ID",
 		Short: "Resume a FAILED or CANCELLED run",
 		Long: `Resume a FAILED or CANCELLED run: its nodes that did not complete run
-again; those that did keep their results. With --wait, the run is then
+again; those that did keep their results, unless another run has written one
+of their output datasets since (they run again first). With --wait, the run is then
 followed to its end, as runs start --wait does.`,
 		Args: exactArgs(1, "ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -214,7 +214,8 @@ func (c *Client) Run(ctx context.Context, id string) (Run, error) {
 
 // CancelRun cancels a RUNNING run: its nodes not yet submitted are
 // skipped, its pending tasks cancelled and its running ones asked to stop.
-// A run that already ended is a conflict (409).
+// A run that already ended is a conflict (409), unless tasks of it are
+// still in flight and not yet asked to stop: they are, as above.
 func (c *Client) CancelRun(ctx context.Context, id string) (Run, error) {
 	return c.runAction(ctx, id, "cancel")
 }

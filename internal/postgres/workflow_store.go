@@ -110,12 +110,18 @@ SELECT count(*) > 0 FROM run`)
 // sqlRunResume puts a failed or cancelled run back to RUNNING, once no
 // task of it is in flight any more: its nodes that did not complete wait
 // again, to run anew, and so do those whose task retention has deleted
-// since (their result is gone: the nodes below them could not read it).
-// Each of those nodes runs the org's job of its name as it is now: a job
-// removed while the run was under way (the node was skipped) and declared
-// again since has another id. It returns whether the run was resumed.
+// since (their result is gone: the nodes below them could not read it),
+// and those one of whose output datasets another run has written since
+// (the nodes below would read that run's data under this run's params;
+// memoization refuses such a node for the same reason). Each of those
+// nodes runs the org's job of its name as it is now: a job removed while
+// the run was under way (the node was skipped) and declared again since
+// has another id. It returns whether the run was resumed, and the trace
+// the run had.
 var sqlRunResume = statement("workflow_runs.resume", `
-WITH run AS (
+WITH prev AS (
+	SELECT traceparent FROM workflow_runs WHERE org_id = $1 AND id = $2
+), run AS (
 	UPDATE workflow_runs SET status = 'RUNNING', error = NULL, finished_at = NULL, updated_at = now(),
 		traceparent = coalesce(nullif($3::text, ''), traceparent)
 	WHERE org_id = $1 AND id = $2 AND status IN ('FAILED', 'CANCELLED')
@@ -126,9 +132,15 @@ WITH run AS (
 		job_id = coalesce((SELECT j.id FROM jobs j WHERE j.org_id = n.org_id AND j.name = n.job), n.job_id)
 	WHERE n.run_id = (SELECT id FROM run) AND (n.state = 'SKIPPED' OR (n.state = 'SUBMITTED'
 		AND EXISTS (SELECT 1 FROM tasks t WHERE t.id = n.task_id AND t.status IN ('FAILED', 'CANCELLED')))
-		OR (n.state IN ('SUBMITTED', 'MEMOIZED') AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = n.task_id)))
+		OR (n.state IN ('SUBMITTED', 'MEMOIZED') AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = n.task_id))
+		OR (n.state IN ('SUBMITTED', 'MEMOIZED') AND EXISTS (SELECT 1 FROM unnest(n.output_datasets) AS o(name)
+			WHERE EXISTS (SELECT 1 FROM dataset_versions v WHERE v.org_id = n.org_id AND v.dataset = o.name
+				AND v.id > coalesce((SELECT max(w.id) FROM dataset_versions w
+					WHERE w.task_id = n.task_id AND w.dataset = o.name), 0)
+				AND v.run_id IS DISTINCT FROM n.run_id
+				AND v.run_id IS DISTINCT FROM (SELECT t.run_id FROM tasks t WHERE t.id = n.task_id)))))
 )
-SELECT count(*) > 0 FROM run`)
+SELECT count(*) > 0, coalesce((SELECT traceparent FROM prev), '') FROM run`)
 
 // sqlStoppedRunTasks reads the tasks still in flight whose run stopped or
 // whose parent task ended without completing, and a pending cancel's
@@ -401,7 +413,9 @@ func (s *JobStore) Runs(ctx context.Context, p auth.Principal, workflow string, 
 
 // CancelRun cancels a running run: nodes not yet submitted are skipped,
 // its pending tasks cancelled, its running ones asked to stop. A run that
-// already ended is a conflict.
+// already ended is a conflict, unless tasks of it are still in flight and
+// not yet asked to stop (it failed, and the scheduler has not cancelled
+// them yet): they are, and the run keeps its status.
 func (s *JobStore) CancelRun(ctx context.Context, p auth.Principal, id uuid.UUID, trace task.Carrier) (job.Run, error) {
 	var run job.Run
 	var queued bool
@@ -416,7 +430,25 @@ func (s *JobStore) CancelRun(ctx context.Context, p auth.Principal, id uuid.UUID
 			if err != nil {
 				return err
 			}
-			return task.Errorf(task.ErrCodeConflict, "run is %s and cannot be cancelled", cur.Status)
+			if cur.Status == job.RunCompleted {
+				return task.Errorf(task.ErrCodeConflict, "run is %s and cannot be cancelled", cur.Status)
+			}
+			// A run that failed (or was cancelled) with tasks still in
+			// flight has them cancelled by the scheduler's next sweep, and
+			// cannot be retried until then: a cancel does that now.
+			var n int
+			if n, queued, err = cancelStopped(ctx, tx, &id, maxRunCancel, trace, p.Actor()); err != nil {
+				return err
+			}
+			if n == 0 {
+				if tasksInFlight(cur) {
+					return task.Errorf(task.ErrCodeConflict, "run is %s and cannot be cancelled; its tasks still "+
+						"running were asked to stop and end when their workers hear of it", cur.Status)
+				}
+				return task.Errorf(task.ErrCodeConflict, "run is %s and cannot be cancelled", cur.Status)
+			}
+			run, err = readRun(ctx, tx, p.OrgID, id)
+			return err
 		}
 		var err error
 		if _, queued, err = cancelStopped(ctx, tx, &id, maxRunCancel, trace, p.Actor()); err != nil {
@@ -488,14 +520,17 @@ func cancelStopped(ctx context.Context, q querier, run *uuid.UUID, limit int, tr
 
 // RetryRun resumes a failed or cancelled run whose tasks have all ended:
 // its nodes that did not complete (failed, cancelled or skipped) run
-// again, those that completed keep their results. trace, the retrying
-// request's, becomes the run's: the nodes it runs carry it, as a retried
-// task carries its retry's.
+// again, those that completed keep their results (unless another run has
+// written one of their output datasets since: they run again, before the
+// nodes below read it). trace, the retrying request's, becomes the run's: the nodes it runs carry it, as a retried
+// task carries its retry's, and the request's span links to the trace
+// the run had, where its earlier tasks are, which it no longer names.
 func (s *JobStore) RetryRun(ctx context.Context, p auth.Principal, id uuid.UUID, trace task.Carrier) (job.Run, error) {
 	var run job.Run
+	var previous string
 	err := inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
 		var resumed bool
-		if err := tx.QueryRow(ctx, sqlRunResume, p.OrgID, id, trace["traceparent"]).Scan(&resumed); err != nil {
+		if err := tx.QueryRow(ctx, sqlRunResume, p.OrgID, id, trace["traceparent"]).Scan(&resumed, &previous); err != nil {
 			return err
 		}
 		if !resumed {
@@ -507,7 +542,7 @@ func (s *JobStore) RetryRun(ctx context.Context, p auth.Principal, id uuid.UUID,
 				return task.Errorf(task.ErrCodeConflict, "run is %s; only FAILED or CANCELLED runs can be retried", cur.Status)
 			}
 			return task.Errorf(task.ErrCodeConflict, "run is still stopping: a task of it is still in flight; "+
-				"retry once it has ended")
+				"retry once it has ended (POST /v1/runs/%s/cancel stops its tasks now)", id)
 		}
 		if _, err := tx.Exec(ctx, sqlRunAdvance, id); err != nil {
 			return err
@@ -519,6 +554,7 @@ func (s *JobStore) RetryRun(ctx context.Context, p auth.Principal, id uuid.UUID,
 	if err != nil {
 		return job.Run{}, translate(err)
 	}
+	linkTrace(ctx, previous, "previous run")
 	call(s.OnOutbox)
 	call(s.OnChange)
 	call(s.OnEvents)
@@ -564,4 +600,14 @@ func (s *JobStore) Lineage(ctx context.Context, p auth.Principal, dataset string
 		return err
 	})
 	return l, translate(err)
+}
+
+// tasksInFlight reports whether a task of the run is still pending or running.
+func tasksInFlight(r job.Run) bool {
+	for _, n := range r.Nodes {
+		if n.TaskStatus == string(task.StatusPending) || n.TaskStatus == string(task.StatusInProgress) {
+			return true
+		}
+	}
+	return false
 }

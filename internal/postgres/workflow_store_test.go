@@ -12,6 +12,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/conveyorhq/conveyor/internal/auth"
 	"github.com/conveyorhq/conveyor/internal/job"
@@ -1197,4 +1199,130 @@ func TestWorkflowDenseGraphRunsAndMemoizesInOrder(t *testing.T) {
 	require.Equal(t, "node failed: n2", failed.Error)
 	require.Equal(t, merge(each("COMPLETED", "n0", "n1"), each("FAILED", "n2"),
 		each("SKIPPED", "n3", "n4", "n5", "a", "b", "c", "z")), nodeStatus(failed))
+}
+
+// A retry keeps a completed node only while its output datasets hold what
+// its task wrote. Here day 23's run failed at b after a wrote raw; day
+// 24's run then wrote raw. Kept, a would hand b day 24's data under day
+// 23's params (b's task_inputs would name the version day 24's a wrote);
+// it runs again instead, as memoization would refuse it.
+func TestWorkflowRetryRunsAgainANodeWhoseOutputWasRewritten(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailStop)
+	ctx := context.Background()
+	day23 := json.RawMessage(`{"day": "2026-11-23"}`)
+	run, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{Params: day23})
+	require.NoError(t, err)
+	first := h.nodeTasks(run.ID)["a"].ID
+	h.settle(first, task.Complete, `{"a": 23}`)
+	tasks := h.nodeTasks(run.ID)
+	h.settle(tasks["c"].ID, task.Complete, `{}`)
+	h.settle(tasks["b"].ID, task.Fail, "")
+	require.Equal(t, job.RunFailed, h.run(run.ID).Status)
+
+	other, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{Params: json.RawMessage(`{"day": "2026-11-24"}`)})
+	require.NoError(t, err)
+	h.settle(h.nodeTasks(other.ID)["a"].ID, task.Complete, `{"a": 24}`)
+
+	retried, err := h.store.RetryRun(ctx, h.p, run.ID, nil)
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"a": "PENDING", "b": "WAITING", "c": "COMPLETED", "d": "WAITING"}, nodeStatus(retried),
+		"raw holds day 24's data: a writes day 23's again before b reads it")
+	again := h.nodeTasks(run.ID)["a"].ID
+	require.NotEqual(t, first, again)
+	h.settle(again, task.Complete, `{"a": 23}`)
+	var wroteBy uuid.UUID
+	require.NoError(t, h.db.Pool.QueryRow(ctx, `SELECT v.task_id FROM task_inputs i
+		JOIN dataset_versions v ON v.id = i.input_version WHERE i.task_id = $1`, h.nodeTasks(run.ID)["b"].ID).Scan(&wroteBy))
+	require.Equal(t, again, wroteBy, "b reads the raw its own run wrote")
+}
+
+// A retry that only needs b again keeps a while raw still holds what a
+// wrote, even though the run itself is the only writer since.
+func TestWorkflowRetryKeepsANodeWhoseOutputIsItsRuns(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailStop)
+	ctx := context.Background()
+	run, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{})
+	require.NoError(t, err)
+	a := h.nodeTasks(run.ID)["a"].ID
+	h.settle(a, task.Complete, `{}`)
+	tasks := h.nodeTasks(run.ID)
+	h.settle(tasks["c"].ID, task.Complete, `{}`)
+	h.settle(tasks["b"].ID, task.Fail, "")
+	retried, err := h.store.RetryRun(ctx, h.p, run.ID, nil)
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"a": "COMPLETED", "b": "PENDING", "c": "COMPLETED", "d": "WAITING"}, nodeStatus(retried))
+	require.Equal(t, a, h.nodeTasks(run.ID)["a"].ID)
+}
+
+// A run's retry takes the retrying request's trace, as a task's retry
+// does; the request's span links to the trace the run had, where its
+// earlier tasks are: the run no longer names it.
+func TestWorkflowRetryLinksToTheRunsPreviousTrace(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailStop)
+	ctx := context.Background()
+	const original = "4bf92f3577b34da6a3ce929d0e0e4736"
+	run, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{Trace: task.Carrier{"traceparent": "00-" + original + "-00f067aa0ba902b7-01"}})
+	require.NoError(t, err)
+	h.settle(h.nodeTasks(run.ID)["a"].ID, task.Fail, "")
+	require.Equal(t, job.RunFailed, h.run(run.ID).Status)
+
+	rec := tracetest.NewSpanRecorder()
+	rctx, span := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)).Tracer("test").Start(ctx, "POST /v1/runs/{id}/retry")
+	carrier := task.Carrier{"traceparent": "00-" + span.SpanContext().TraceID().String() + "-" + span.SpanContext().SpanID().String() + "-01"}
+	_, err = h.store.RetryRun(rctx, h.p, run.ID, carrier)
+	require.NoError(t, err)
+	span.End()
+	ended := rec.Ended()
+	require.Len(t, ended, 1)
+	var linked []string
+	for _, l := range ended[0].Links() {
+		linked = append(linked, l.SpanContext.TraceID().String())
+	}
+	require.Equal(t, []string{original}, linked, "the retry's span links to the trace the run had")
+}
+
+// A run that failed with tasks still in flight has them cancelled by the
+// scheduler's next sweep, and cannot be retried until then. Cancelling it
+// does that now, as cancelling a running run would, instead of a 409: its
+// pending task is cancelled, its running one asked to stop, and the run
+// stays FAILED. Once that is done, a cancel is a conflict again.
+func TestWorkflowCancelOfAFailedRunStopsItsTasks(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailStop)
+	ctx := context.Background()
+	run, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{})
+	require.NoError(t, err)
+	h.settle(h.nodeTasks(run.ID)["a"].ID, task.Complete, `{}`)
+	tasks := h.nodeTasks(run.ID)
+	h.settle(tasks["b"].ID, task.Fail, "")
+	require.Equal(t, job.RunFailed, h.run(run.ID).Status)
+	_, err = h.store.RetryRun(ctx, h.p, run.ID, nil)
+	require.ErrorContains(t, err, "still stopping")
+
+	r, err := h.store.CancelRun(ctx, h.p, run.ID, nil)
+	require.NoError(t, err, "c, still pending, is cancelled now")
+	require.Equal(t, job.RunFailed, r.Status, "the run failed: it stays so")
+	require.Equal(t, "CANCELLED", nodeStatus(r)["c"])
+	_, err = h.store.CancelRun(ctx, h.p, run.ID, nil)
+	require.Equal(t, task.ErrCodeConflict, task.ErrorCode(err))
+	retried, err := h.store.RetryRun(ctx, h.p, run.ID, nil)
+	require.NoError(t, err, "nothing is in flight any more")
+	require.Equal(t, job.RunRunning, retried.Status)
+
+	// A running task is asked to stop; a second cancel says it was.
+	tasks = h.nodeTasks(run.ID)
+	_, err = postgres.NewWorkerStore(h.db.Pool, nil).Claim(ctx, []uuid.UUID{tasks["c"].ID}, "w1", time.Minute)
+	require.NoError(t, err)
+	h.settle(tasks["b"].ID, task.Fail, "")
+	r, err = h.store.CancelRun(ctx, h.p, run.ID, nil)
+	require.NoError(t, err)
+	require.Equal(t, job.RunFailed, r.Status)
+	require.Equal(t, "IN_PROGRESS", nodeStatus(r)["c"])
+	require.Equal(t, task.StateCancelRequested, r.Nodes[2].TaskState)
+	_, err = h.store.CancelRun(ctx, h.p, run.ID, nil)
+	require.Equal(t, task.ErrCodeConflict, task.ErrorCode(err))
+	require.ErrorContains(t, err, "asked to stop")
 }
