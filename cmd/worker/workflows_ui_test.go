@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -184,4 +185,41 @@ workflows:
 		chromedp.WaitVisible(`#dag g.node[data-node="slow"][data-status="CANCELLED"]`, chromedp.ByQuery),
 		chromedp.Evaluate(readDAG, &nodes))
 	require.Equal(t, "CANCELLED", nodes["slow"].Status)
+}
+
+// A run that failed while a node's task was still in flight is still
+// stopping: it cannot be retried until that task ends, so its page offers
+// to stop the task now, and then to retry the run. No worker runs: the
+// node's task stays PENDING for as long as the test needs it to.
+func TestRunPageStopsTheTasksOfAFailedRunStillStopping(t *testing.T) {
+	b := setup(t)
+	b.apply(t, `
+jobs:
+  - {name: slow, type: demo.sleep, payload: {steps: 600, step_ms: 100}}
+workflows:
+  - name: stopping
+    nodes:
+      - {job: slow}
+`)
+	key := b.dashboardKey(t)
+	var started struct{ ID string }
+	require.NoError(t, json.Unmarshal(b.post(t, "/v1/workflows/stopping/runs", map[string]any{}, http.StatusCreated), &started))
+	_, err := b.pool.Exec(context.Background(), `UPDATE workflow_runs SET status = 'FAILED', error = 'node failed: other',
+		finished_at = now() WHERE id = $1`, started.ID)
+	require.NoError(t, err)
+
+	tab := browser(t)
+	signIn(t, tab, b.api, key)
+	var nodes map[string]dagNode
+	run(t, tab, 60*time.Second,
+		chromedp.Navigate(b.api+"/ui/runs/"+started.ID),
+		chromedp.WaitVisible(`#dag g.node[data-node="slow"][data-status="PENDING"]`, chromedp.ByQuery),
+		chromedp.Click("#stop-run-tasks", chromedp.ByID),
+		chromedp.WaitVisible(`#dag g.node[data-node="slow"][data-status="CANCELLED"]`, chromedp.ByQuery),
+		chromedp.WaitVisible("#retry-run", chromedp.ByID),
+		chromedp.Evaluate(readDAG, &nodes))
+	require.Equal(t, "CANCELLED", nodes["slow"].Status)
+	var status string
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT status FROM workflow_runs WHERE id = $1`, started.ID).Scan(&status))
+	require.Equal(t, "FAILED", status, "the run keeps its ending")
 }

@@ -836,17 +836,25 @@ async function renderRun(id) {
   // refused is why the last action failed: it stays through the redraws
   // (every 1.5 s while the run runs) until the next action.
   let refused = "";
+  // inFlight: nodes whose task has not ended. A run that failed or was
+  // cancelled with some is still stopping: it is retried once they end,
+  // and a cancel stops them now rather than at the scheduler's next sweep.
+  const inFlight = () => (r.nodes || []).some((n) => !n.memoized && (n.status === "PENDING" || n.status === "IN_PROGRESS"));
   const drawActions = () => {
+    const ended = r.status === "FAILED" || r.status === "CANCELLED";
     // fill, not replaceChildren: a redraw leaves the focus on the button.
     fill(actions, !mayWrite() ? null
       : r.status === "RUNNING" ? h("button", { type: "button", class: "danger", id: "cancel-run", onclick: () => act("cancel") }, "Cancel run")
-      : r.status === "FAILED" || r.status === "CANCELLED" ? h("button", { type: "button", id: "retry-run", onclick: () => act("retry") }, "Retry run")
+      : ended && inFlight() ? h("button", { type: "button", class: "danger", id: "stop-run-tasks", onclick: () => act("stop") }, "Stop its tasks")
+      : ended ? h("button", { type: "button", id: "retry-run", onclick: () => act("retry") }, "Retry run")
       : null,
     refused ? h("p", { class: "error", role: "alert" }, refused) : null);
   };
   const act = async (verb) => {
     if (!confirm(verb === "cancel" ? "Cancel this run? Its running tasks are told to stop, and its waiting nodes will not run."
+      : verb === "stop" ? "Stop this run's tasks still in flight? Running ones are told to stop."
       : "Retry this run? Its nodes that did not complete run again.")) return;
+    if (verb === "stop") verb = "cancel";
     refused = "";
     try {
       r = await api("POST", `/v1/runs/${r.id}/${verb}`);
@@ -880,8 +888,7 @@ async function renderRun(id) {
     // (cancelled, or failed and stopping) while tasks of it are still in
     // flight: a running task stops only when its worker hears of it.
     clearTimeout(timer);
-    const inFlight = (r.nodes || []).some((n) => !n.memoized && (n.status === "PENDING" || n.status === "IN_PROGRESS"));
-    if (r.status === "RUNNING" || inFlight) timer = setTimeout(poll, 1500);
+    if (r.status === "RUNNING" || inFlight()) timer = setTimeout(poll, 1500);
   };
   const poll = async () => {
     try {
