@@ -136,8 +136,10 @@ var (
 	ErrCancelled = errors.New("conveyor: task cancelled")
 	// ErrLost: this worker no longer holds the task: its lease expired, or
 	// the task's heartbeat timeout passed with no progress report, and the
-	// attempt was ended (retried or failed as attempts allow). Nothing the
-	// handler does is stored.
+	// attempt was ended (retried or failed as attempts allow); or the
+	// worker could not renew the lease for a lease's length (the database
+	// unreachable), and the lease reaper may give the task to another
+	// worker. Nothing the handler does is stored.
 	ErrLost = errors.New("conveyor: task lost by this worker")
 	// ErrShutdown: the worker is stopping and the grace period is over. The
 	// task is handed back and runs again elsewhere, unless the handler

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"errors"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -127,5 +129,37 @@ func TestWorkerStoresAnOutcomeAcrossAPostgresOutageLongerThanTheLease(t *testing
 	require.Equal(t, 1, r.Attempt)
 	b.requireOneTerminal(t, id)
 	require.Contains(t, w.Output(), "storing outcome failed; retrying", "the outage hit the outcome's write")
+	require.False(t, w.Exited(), w.Output())
+}
+
+// A worker cut off from PostgreSQL cannot renew its handlers' leases: once
+// a lease has passed on its own clock since the last renewal that landed,
+// it stops the handler (ErrLost) instead of running it on beside the next
+// attempt, which the lease reaper queues once the database is back. The
+// stopped attempt writes nothing: the task is the reaper's to end.
+func TestWorkerStopsAHandlerCutOffFromPostgresForALease(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	pg := testenv.StartPG(t)
+	dbURL, pool := pg.Migrated(t, "conveyor")
+	b := setupWith(t, dbURL, pool, testenv.NewVhost(t))
+	w := b.startWorker(t, "w1", "LEASE_DURATION=2s", "HEARTBEAT_INTERVAL=200ms")
+	id := b.submit(t, "demo.sleep", map[string]any{"steps": 100, "step_ms": 100}, 2)
+	b.waitUntil(t, id, "running", func(r taskRow) bool { return r.Progress >= 2 })
+
+	pg.Stop(t)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if !strings.Contains(w.Output(), "task lost: no lease renewal landed") {
+			return errors.New("the handler runs on past its lease")
+		}
+		return nil
+	})
+	pg.Start(t)
+	pool.Reset()
+
+	r := b.waitStatus(t, id, "COMPLETED", 60*time.Second)
+	require.Equal(t, 2, r.Attempt, "the reaper ended the first attempt")
+	b.requireOneTerminal(t, id)
+	require.NotContains(t, w.Output(), "storing outcome failed", "the lost attempt wrote no outcome")
 	require.False(t, w.Exited(), w.Output())
 }

@@ -60,6 +60,16 @@ type execution struct {
 
 	mu     sync.Mutex
 	latest *progress
+	// renewed is when the last write that renewed the lease and landed
+	// was sent (at first, the claim): the lease in the database runs from
+	// no earlier, so a lease past it on this worker's clock may have
+	// expired there (under mu). leaseTimer watches it (under mu); fence
+	// says whether the handler was stopped for it (fenceExpired) before
+	// its attempt ended (fenceClosed), and expired is closed when it was.
+	renewed    time.Time
+	leaseTimer *time.Timer
+	fence      atomic.Int32
+	expired    chan struct{}
 
 	// cancelled: cancellation was requested and the task is still ours;
 	// lost: the task is no longer ours and nothing more may be written;
@@ -93,14 +103,93 @@ type outcome struct {
 	encodeErr error
 }
 
-func (w *Worker) newExecution(t task.Task, h conveyor.HandlerFunc, log taskLog, span trace.Span, d outbox.Delivery) *execution {
+// newExecution returns the attempt of t, claimed by a claim sent at
+// claimed.
+func (w *Worker) newExecution(t task.Task, h conveyor.HandlerFunc, log taskLog, span trace.Span, d outbox.Delivery,
+	claimed time.Time) *execution {
 	return &execution{
 		w: w, task: t, handler: h, log: log, span: span, delivery: d, started: time.Now(),
 		lease:        task.Lease{TaskID: t.ID, WorkerID: w.cfg.Info.ID, Attempt: t.Attempt, Version: t.Version},
 		claimVersion: t.Version,
 		cancel:       make(chan int, 1),
 		report:       make(chan struct{}, 1),
+		renewed:      claimed,
+		expired:      make(chan struct{}),
 	}
+}
+
+// The values of execution.fence.
+const (
+	fenceOpen int32 = iota
+	fenceClosed
+	fenceExpired
+)
+
+// watchLease stops the handler as lost (ErrLost) once a lease has passed
+// since the last renewal that landed, unless its attempt ended first: the
+// lease reaper may then have queued the task again, for another worker to
+// run beside this one. A worker cut off from the database learns nothing
+// from its writes, which fail; its own clock is what it has left. The
+// timer runs beside the run loop, which may wait a lease on a write.
+func (e *execution) watchLease() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.leaseTimer = time.AfterFunc(e.w.cfg.Lease-time.Since(e.renewed), e.checkLease)
+}
+
+func (e *execution) checkLease() {
+	if e.fence.Load() != fenceOpen {
+		return
+	}
+	e.mu.Lock()
+	if left := e.w.cfg.Lease - time.Since(e.renewed); left > 0 {
+		e.leaseTimer.Reset(left)
+		e.mu.Unlock()
+		return
+	}
+	e.mu.Unlock()
+	if e.fence.CompareAndSwap(fenceOpen, fenceExpired) {
+		e.stop(conveyor.ErrLost)
+		close(e.expired)
+	}
+}
+
+// stopWatchingLease ends the lease's watch.
+func (e *execution) stopWatchingLease() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.leaseTimer != nil {
+		e.leaseTimer.Stop()
+	}
+}
+
+// closeFence ends the lease's watch for an attempt that ended (its handler
+// returned, or the attempt ends without it), unless it was stopped as lost
+// first.
+func (e *execution) closeFence() {
+	e.fence.CompareAndSwap(fenceOpen, fenceClosed)
+}
+
+// noteExpired makes a handler stopped for its lease lost: nothing more is
+// written for it, neither renewal nor outcome (the task is the reaper's
+// to end, and any write would only delay it).
+func (e *execution) noteExpired(ctx context.Context) {
+	if e.lost || e.fence.Load() != fenceExpired {
+		return
+	}
+	e.lost = true
+	e.log.WarnContext(ctx, "task lost: no lease renewal landed for a lease; handler stopped", "lease", e.w.cfg.Lease)
+	e.span.AddEvent("task lost: lease not renewed")
+}
+
+// handBackUnrun hands back a claimed task without running a handler.
+func (e *execution) handBackUnrun(ctx context.Context, reason string) {
+	e.hctx, e.stop = context.WithCancelCause(ctx)
+	defer e.stop(nil)
+	e.fence.Store(fenceClosed)
+	e.store(context.WithoutCancel(ctx), "handed_back", task.Change{Transition: task.HandBack, Trace: e.w.inject(ctx),
+		Detail: map[string]any{"handed_back": reason, "attempt": e.task.Attempt}})
+	e.ack()
 }
 
 // requestCancel is called when a cancel broadcast names this task. Only the
@@ -185,8 +274,11 @@ func (e *execution) run(ctx context.Context) {
 	// that follow, such as handing the task back, must not.
 	ctx = context.WithoutCancel(ctx)
 	done, started := make(chan outcome, 1), make(chan struct{})
+	e.watchLease()
+	defer e.stopWatchingLease()
 	go func() {
 		if !e.takeSlot() {
+			e.closeFence()
 			done <- outcome{err: context.Cause(e.hctx), cause: context.Cause(e.hctx)}
 			return
 		}
@@ -198,10 +290,15 @@ func (e *execution) run(ctx context.Context) {
 			if !returned {
 				// The handler ended its goroutine (runtime.Goexit, as
 				// testing's FailNow does) instead of returning.
+				e.closeFence()
 				done <- outcome{err: errHandlerExited, cause: context.Cause(e.hctx)}
 			}
 		}()
 		out := e.call()
+		// A handler that returned before its lease ran out has its
+		// outcome written, however long the database takes to answer
+		// (store): the write is fenced.
+		e.closeFence()
 		out.cause = context.Cause(e.hctx)
 		returned = true
 		done <- out
@@ -229,6 +326,7 @@ func (e *execution) run(ctx context.Context) {
 	var lastWrite time.Time
 	var timer *time.Timer
 	var timerC <-chan time.Time
+	expired := e.expired
 	for {
 		if e.cancelled && giveUp == nil {
 			// A cancelled handler gets one lease to stop, as a timed-out
@@ -255,6 +353,9 @@ func (e *execution) run(ctx context.Context) {
 			}
 			e.finish(ctx, out)
 			return
+		case <-expired:
+			expired = nil
+			e.noteExpired(ctx)
 		case v := <-e.cancel:
 			if v > e.claimVersion {
 				e.markCancelled(ctx)
@@ -276,6 +377,7 @@ func (e *execution) run(ctx context.Context) {
 			e.flushProgress(ctx)
 			lastWrite = time.Now()
 		case now := <-clock.C:
+			e.noteExpired(ctx)
 			beat, long, deadline := c.take(now)
 			switch {
 			case beat && !e.lost && timerC == nil && e.reportWaiting():
@@ -331,6 +433,7 @@ func (e *execution) run(ctx context.Context) {
 			}
 			e.log.ErrorContext(ctx, "handler ignored its context; its outcome will be ignored", "cause", context.Cause(e.hctx))
 			e.w.metrics.dropped.WithLabelValues(why).Inc()
+			e.closeFence()
 			e.finish(ctx, outcome{err: conveyor.ErrTimeout, cause: context.Cause(e.hctx)})
 			e.ack()
 			// The attempt is over: its span ends now, not when (if ever)
@@ -358,6 +461,7 @@ func (e *execution) run(ctx context.Context) {
 			// lost), before the worker exits.
 			e.log.ErrorContext(ctx, "handler ignored the shutdown; its task is handed back without it", "cause", context.Cause(e.hctx))
 			e.w.metrics.dropped.WithLabelValues("handler_ignored_shutdown").Inc()
+			e.closeFence()
 			e.finish(ctx, outcome{err: conveyor.ErrShutdown, cause: context.Cause(e.hctx)})
 			e.ack()
 			e.span.End()
@@ -597,6 +701,7 @@ func (e *execution) write(ctx context.Context, c task.Change) error {
 		// Settling the task locks its parent or its run as well.
 		do = e.w.changes.doLinked
 	}
+	sent := time.Now()
 	applied, err := do(ctx, c)
 	if err != nil {
 		return err
@@ -605,6 +710,13 @@ func (e *execution) write(ctx context.Context, c task.Change) error {
 		return task.ErrFenced
 	}
 	e.lease.Version = applied.Version
+	if task.Lifecycle[c.Transition].Lease {
+		e.mu.Lock()
+		if sent.After(e.renewed) {
+			e.renewed = sent
+		}
+		e.mu.Unlock()
+	}
 	return nil
 }
 
@@ -617,6 +729,7 @@ func (e *execution) reportWaiting() bool {
 
 // flushProgress stores the latest report, if any.
 func (e *execution) flushProgress(ctx context.Context) {
+	e.noteExpired(ctx)
 	e.mu.Lock()
 	p := e.latest
 	e.latest = nil
@@ -673,7 +786,7 @@ func (e *execution) check(ctx context.Context, err error) {
 		}
 	default:
 		// The database is unreachable: keep running and try again at the
-		// next heartbeat; the lease covers the gap.
+		// next heartbeat, for as long as the lease lasts (watchLease).
 		e.log.WarnContext(ctx, "task write failed; will retry", "error", err)
 	}
 }
@@ -728,6 +841,7 @@ func (e *execution) markCancelled(ctx context.Context) {
 // finish stores the attempt's outcome as the lifecycle's transition for it.
 func (e *execution) finish(ctx context.Context, out outcome) {
 	cause := context.Cause(e.hctx)
+	e.noteExpired(ctx)
 	// The handler's last progress report lands before the outcome, also
 	// when it was stopped (a timeout, the shutdown's grace): it was
 	// accepted. A task cancelled or lost stores none (flushProgress).

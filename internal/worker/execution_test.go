@@ -163,7 +163,7 @@ func TestWorkerFailsAHandlerThatFailedBeforeTheGraceEndedWhileAWriteWasSlow(t *t
 func TestACancelBroadcastIsNotDroppedBehindAStaleOne(t *testing.T) {
 	t.Parallel()
 	w := &Worker{cfg: Config{Info: registry.Worker{ID: "w1"}}}
-	e := w.newExecution(task.Task{ID: uuid.New(), Attempt: 2, Version: 7}, nil, taskLog{}, nil, outbox.Delivery{})
+	e := w.newExecution(task.Task{ID: uuid.New(), Attempt: 2, Version: 7}, nil, taskLog{}, nil, outbox.Delivery{}, time.Now())
 	e.requestCancel(5) // a late broadcast of the earlier run's cancel
 	e.requestCancel(8) // this run's cancel
 	require.Equal(t, 8, <-e.cancel)
@@ -524,4 +524,60 @@ func TestWorkerSettlesTheDeliveryOfAnOutcomeTheDatabaseCannotTakeForALease(t *te
 	require.Equal(t, task.StatusInProgress, b.store.get(id).Status, "the outcome waits for the database")
 	b.cancel()
 	require.Equal(t, "abandoned", b.finished(t, id))
+}
+
+// A worker cut off from the database cannot renew its lease: once a lease
+// has passed on its own clock since the last renewal it sent that landed,
+// the reaper may hand the task to another worker, so the handler is
+// stopped as lost rather than run beside the next attempt. What it returns
+// is not written, even once the database is back: the task is the
+// reaper's to end.
+func TestWorkerStopsAHandlerWhoseLeaseRanOutUnrenewed(t *testing.T) {
+	causes := make(chan error, 1)
+	handle := func(ctx context.Context, _ conveyor.Task, _ conveyor.Reporter) (any, error) {
+		<-ctx.Done()
+		causes <- context.Cause(ctx)
+		return nil, context.Cause(ctx)
+	}
+	b := setup(t, testConfig{heartbeat: 20 * time.Millisecond, handlers: []conveyor.Handler{conveyor.Handle("t.block", handle)}})
+	b.store.mu.Lock()
+	// Claims still land; every renewal fails, and the database is back
+	// well before the test would give up.
+	b.store.outage = 3 * b.w.cfg.Lease
+	b.store.mu.Unlock()
+	id := b.store.add("t.block", 3)
+	a := b.deliver(t, id)
+	require.ErrorIs(t, receive(t, causes), conveyor.ErrLost)
+	require.Equal(t, "lost", b.finished(t, id))
+	receive(t, a.done)
+	require.Empty(t, b.store.transitions(id), "nothing written for a task whose lease ran out")
+	require.Equal(t, task.StatusInProgress, b.store.get(id).Status, "left to the lease reaper")
+}
+
+// The task a delivery claims is run by the handler of the task's own type,
+// never by the one its message names: a message whose type is not its
+// task's does not run the task with the wrong code. The task is handed
+// back, its attempt given back, and queued again as its type says.
+func TestWorkerRunsNoHandlerOfAnotherTypeThanItsTasks(t *testing.T) {
+	var ran atomic.Int32
+	handle := func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) {
+		ran.Add(1)
+		return "done", nil
+	}
+	b := setup(t, testConfig{handlers: []conveyor.Handler{conveyor.Handle("t.a", handle)}})
+	id := b.store.add("t.b", 3)
+	a := newAcker()
+	select {
+	case b.src.deliveries <- outbox.Delivery{Body: outbox.Body{TaskID: id, Type: "t.a"}, Acknowledger: a}:
+	case <-time.After(waitLimit):
+		t.Fatal("the worker took no delivery")
+	}
+	require.Equal(t, "handed_back", b.finished(t, id))
+	receive(t, a.done)
+	require.Equal(t, "ack", a.how())
+	require.Zero(t, ran.Load(), "the handler of another type ran the task")
+	got := b.store.get(id)
+	require.Equal(t, task.StatusPending, got.Status)
+	require.Equal(t, 0, got.Attempt, "the attempt is given back")
+	require.Equal(t, []task.Transition{task.HandBack}, b.store.transitions(id))
 }

@@ -770,7 +770,7 @@ func (w *Worker) process(ctx context.Context, d outbox.Delivery, release func())
 	w.mu.Lock()
 	w.claiming[d.Body.TaskID]++
 	w.mu.Unlock()
-	t, err := w.claim(ctx, d)
+	t, sent, err := w.claim(ctx, d)
 	if t == nil {
 		w.mu.Lock()
 		w.claimDone(d.Body.TaskID)
@@ -795,7 +795,22 @@ func (w *Worker) process(ctx context.Context, d outbox.Delivery, release func())
 		w.signals.dropped.send(d.Body.TaskID)
 		return
 	}
-	e := w.newExecution(*t, handler, log.with("attempt", t.Attempt), span, d)
+	if t.Type != d.Body.Type {
+		// The message named another type than its task's: its handler
+		// is not the task's code. The task goes back to its own queue
+		// (the hand-back's message is made from the task), its attempt
+		// given back.
+		w.mu.Lock()
+		w.claimDone(t.ID)
+		w.mu.Unlock()
+		log.ErrorContext(ctx, "message type is not its task's; task handed back unrun", "task_type", t.Type)
+		w.metrics.dropped.WithLabelValues("type_mismatch").Inc()
+		span.AddEvent("handed back: message type is not the task's")
+		e := w.newExecution(*t, nil, log.with("attempt", t.Attempt), span, d, sent)
+		e.handBackUnrun(ctx, "message type "+d.Body.Type+" is not the task's")
+		return
+	}
+	e := w.newExecution(*t, handler, log.with("attempt", t.Attempt), span, d, sent)
 	e.release = release
 	w.mu.Lock()
 	w.running[e.task.ID] = e
@@ -826,14 +841,16 @@ func (w *Worker) process(ctx context.Context, d outbox.Delivery, release func())
 }
 
 // claimOnce claims the task of d, adopting it first, after a failed try,
-// if that try's claim landed.
-func (w *Worker) claimOnce(ctx context.Context, d outbox.Delivery, failed bool) (*task.Task, error) {
+// if that try's claim landed. sent is when the last claim was sent: an
+// adopted task's is the try before, which is the one that landed.
+func (w *Worker) claimOnce(ctx context.Context, d outbox.Delivery, failed bool, sent *time.Time) (*task.Task, error) {
 	if failed {
 		t, settled, err := w.adopt(ctx, d)
 		if err != nil || settled {
 			return t, err
 		}
 	}
+	*sent = time.Now()
 	return w.claims.do(ctx, d.Body.TaskID)
 }
 
@@ -870,7 +887,8 @@ func (w *Worker) claimDone(id uuid.UUID) {
 
 // claim retries a claim that fails on a database error until it succeeds or
 // the worker stops taking work. It answers nil when the task is not
-// claimable.
+// claimable, and when the claim that took the task was sent: its lease
+// runs from no earlier than that, on this worker's clock.
 //
 // A claim reported failed may have landed (a commit whose reply was lost):
 // the task is then this worker's, running the delivery's next attempt,
@@ -878,13 +896,14 @@ func (w *Worker) claimDone(id uuid.UUID) {
 // failure, such a task is adopted and run, unless another delivery of it
 // is being claimed or run here (whose claim may be the one that landed).
 // Otherwise it would wait out its lease, its attempt spent unrun.
-func (w *Worker) claim(ctx context.Context, d outbox.Delivery) (*task.Task, error) {
+func (w *Worker) claim(ctx context.Context, d outbox.Delivery) (*task.Task, time.Time, error) {
 	b := wait.Backoff(100*time.Millisecond, w.cfg.ReconnectBackoffMax)
 	failed := false
+	var sent time.Time
 	for {
-		t, err := w.claimOnce(ctx, d, failed)
+		t, err := w.claimOnce(ctx, d, failed, &sent)
 		if err == nil {
-			return t, nil
+			return t, sent, nil
 		}
 		failed = true
 		retry := b.NextBackOff()
@@ -895,9 +914,9 @@ func (w *Worker) claim(ctx context.Context, d outbox.Delivery) (*task.Task, erro
 			// run, which hands it back at once with its attempt, rather
 			// than held by a stopped worker until its lease expires.
 			if t, settled, aerr := w.adopt(ctx, d); aerr == nil && settled {
-				return t, nil
+				return t, sent, nil
 			}
-			return nil, err
+			return nil, sent, err
 		case <-time.After(retry):
 		}
 	}
