@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -297,7 +299,8 @@ func TestWorkerRunsTaskReportingProgress(t *testing.T) {
 
 func TestWorkerCancelStopsRunningTask(t *testing.T) {
 	b := setup(t)
-	// Heartbeats too rare to matter: only the broadcast can stop it in time.
+	// Heartbeats too rare to matter: the broadcast, or the handler's next
+	// progress report (fenced by the cancel's version), stops it in time.
 	b.startWorker(t, "w1", "HEARTBEAT_INTERVAL=15s", "LEASE_DURATION=60s", "WORKER_DEAD_AFTER=60s")
 	id := b.sleepTask(t, 100, 100)
 	b.waitUntil(t, id, "at step 3", func(r taskRow) bool { return r.Progress >= 3 })
@@ -316,6 +319,22 @@ func TestWorkerCancelStopsRunningTask(t *testing.T) {
 	require.Equal(t, "CANCELLED", cancelled.Status)
 	require.Equal(t, "WORKER", cancelled.Actor)
 	t.Logf("cancel request to CANCELLED: %s", cancelled.At.Sub(requested.At))
+}
+
+// A handler that reports nothing while it runs writes nothing a cancel
+// could fence, and heartbeats are too rare to matter: only the cancel
+// broadcast reaching the worker stops it in time.
+func TestWorkerCancelBroadcastStopsAQuietHandler(t *testing.T) {
+	b := setup(t)
+	b.startWorker(t, "w1", "HEARTBEAT_INTERVAL=15s", "LEASE_DURATION=60s", "WORKER_DEAD_AFTER=60s")
+	id := b.sleepTask(t, 2, 30_000)
+	b.waitUntil(t, id, "running on w1", func(r taskRow) bool { return r.Status == "IN_PROGRESS" && r.WorkerID == "w1" })
+
+	require.Equal(t, http.StatusAccepted, b.cancel(t, id))
+	r := b.waitStatus(t, id, "CANCELLED", 3*time.Second)
+	require.Zero(t, r.Progress, "stopped within its first step")
+	ev := b.requireOneTerminal(t, id)
+	require.Equal(t, "WORKER", ev[len(ev)-1].Actor)
 }
 
 func TestWorkerCancelWithoutBroadcastCaughtByLeaseRenewal(t *testing.T) {
@@ -360,20 +379,26 @@ func TestWorkerRetriesWithBackoffThenCompletes(t *testing.T) {
 	ev := b.requireOneTerminal(t, id)
 	require.Equal(t, 3, count(ev, "IN_PROGRESS", "Running"))
 	require.Equal(t, 2, count(ev, "PENDING", "Retry scheduled"))
-	// Each retry waited at least half its backoff (200ms, then 400ms, with
-	// equal jitter) before it ran.
-	minWait := []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}
+	// Each retry's backoff doubles (200ms, then 400ms, with equal jitter:
+	// between half and all of it), and the retry waited it out before it
+	// ran (the database keeps whole milliseconds of it).
+	backoff := []time.Duration{200 * time.Millisecond, 400 * time.Millisecond}
 	retry := 0
 	for i, e := range ev {
 		if e.State != "Retry scheduled" {
 			continue
 		}
 		require.Contains(t, e.Detail["error"], "failing attempt")
+		retryIn, err := time.ParseDuration(fmt.Sprint(e.Detail["retry_in"]))
+		require.NoError(t, err, "retry %d: %+v", retry+1, e.Detail)
+		require.GreaterOrEqual(t, retryIn, backoff[retry]/2, "retry %d's backoff", retry+1)
+		require.LessOrEqual(t, retryIn, backoff[retry], "retry %d's backoff", retry+1)
 		next := ev[i+1]
 		require.Equal(t, "Running", next.State)
-		require.GreaterOrEqual(t, next.At.Sub(e.At), minWait[retry], "retry %d ran before its backoff", retry+1)
+		require.GreaterOrEqual(t, next.At.Sub(e.At), retryIn.Truncate(time.Millisecond), "retry %d ran before its backoff", retry+1)
 		retry++
 	}
+	require.Equal(t, 2, retry)
 }
 
 func TestWorkerFailsAfterMaxAttempts(t *testing.T) {
@@ -426,6 +451,58 @@ func TestWorkerRunsDuplicateDeliveryOnce(t *testing.T) {
 	require.Equal(t, 1, b.task(t, id).Attempt)
 }
 
+// A duplicate message that arrives after its task completed (a relay
+// killed between the broker's confirm and its delete publishes the row
+// again, maybe long after) runs nothing: the task is finished once.
+func TestWorkerDropsADuplicateDeliveredAfterCompletion(t *testing.T) {
+	b := setup(t)
+	admin := testenv.FreeAddr(t)
+	b.startWorker(t, "w1", "WORKER_ADMIN_ADDR="+admin)
+	id := b.sleepTask(t, 1, 10)
+	b.waitStatus(t, id, "COMPLETED", 30*time.Second)
+	dropped := droppedNotClaimable(t, admin)
+
+	_, err := b.pool.Exec(context.Background(), `INSERT INTO outbox (kind, org_id, task_id, task_type, attempt, task_version, priority)
+		SELECT 'task.run', `+testdb.OrgSQL+`, id, type, 0, 1, priority FROM tasks WHERE id = $1`, id)
+	require.NoError(t, err)
+	// Either the worker drops the delivery, or it runs the task again.
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if n := count(b.events(t, id), "IN_PROGRESS", "Running"); n > 1 {
+			return nil
+		}
+		if n := droppedNotClaimable(t, admin); n <= dropped {
+			return fmt.Errorf("%v deliveries dropped as not claimable, as before the duplicate", n)
+		}
+		return nil
+	})
+	ev := b.requireOneTerminal(t, id)
+	require.Equal(t, 1, count(ev, "IN_PROGRESS", "Running"), "one execution: %+v", ev)
+	require.Equal(t, 1, b.task(t, id).Attempt)
+}
+
+// droppedNotClaimable reads the worker's count of deliveries it acked
+// without running because their task was not claimable.
+func droppedNotClaimable(t *testing.T, admin string) float64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+admin+"/metrics", nil)
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	metrics, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	for line := range strings.SplitSeq(string(metrics), "\n") {
+		if value, ok := strings.CutPrefix(line, `conveyor_worker_deliveries_dropped_total{reason="not_claimable"} `); ok {
+			n, err := strconv.ParseFloat(value, 64)
+			require.NoError(t, err)
+			return n
+		}
+	}
+	return 0
+}
+
 func TestWorkerRecoversTasksOfPurgedQueue(t *testing.T) {
 	b := setup(t)
 	b.declare(t, "demo.sleep") // a worker of the type ran before
@@ -473,6 +550,34 @@ func TestWorkerSIGKILLMidTaskFinishedElsewhere(t *testing.T) {
 	ev := b.requireOneTerminal(t, id)
 	require.Equal(t, 2, count(ev, "IN_PROGRESS", "Running"))
 	require.Equal(t, 1, count(ev, "PENDING", "Queued")-1, "the expired lease sent it back once: %+v", ev)
+}
+
+// A worker frozen past its lease (a stopped process, a VM paused) whose
+// task another worker took over cannot write to the task when it wakes,
+// while the other still runs it: its writes are fenced by the version the
+// takeover moved on, so the task is finished once, by the attempt that
+// holds it.
+func TestWorkerFrozenPastItsLeaseCannotFinishTheTakenOverTask(t *testing.T) {
+	b := setup(t)
+	w1 := b.startWorker(t, "w1")
+	id := b.sleepTask(t, 8, 1000)
+	b.waitUntil(t, id, "running on w1", func(r taskRow) bool { return r.WorkerID == "w1" && r.Progress > 0 })
+	w1.Signal(syscall.SIGSTOP)
+	defer w1.Signal(syscall.SIGCONT)
+
+	b.startWorker(t, "w2")
+	b.waitUntil(t, id, "taken over by w2", func(r taskRow) bool {
+		return r.Status == "IN_PROGRESS" && r.WorkerID == "w2" && r.Attempt == 2
+	})
+	// w1 wakes up ahead of w2 in the task's steps: unfenced, it would
+	// finish the task first.
+	w1.Signal(syscall.SIGCONT)
+	r := b.waitStatus(t, id, "COMPLETED", 60*time.Second)
+	require.Equal(t, "w2", r.WorkerID)
+	require.Equal(t, 2, r.Attempt)
+	ev := b.requireOneTerminal(t, id)
+	require.EqualValues(t, 2, ev[len(ev)-1].Detail["attempt"], "finished by the attempt holding the task: %+v", ev)
+	require.Equal(t, 2, count(ev, "IN_PROGRESS", "Running"))
 }
 
 func TestWorkerMaintenanceMovesToAnotherLeader(t *testing.T) {
