@@ -137,6 +137,7 @@ func (s *server) handleSubmitBatch() http.HandlerFunc {
 			return
 		}
 		subs := make([]task.Submission, len(req.Tasks))
+		stored := 0
 		for i, item := range req.Tasks {
 			field := fmt.Sprintf("tasks[%d].", i)
 			sub, err := task.NewSubmission(toSubmitInput(item.submitRequest, item.IdempotencyKey), s.cfg.Defaults, field)
@@ -148,6 +149,11 @@ func (s *server) handleSubmitBatch() http.HandlerFunc {
 				return
 			}
 			subs[i] = sub
+			if stored += sub.StoredBytes; stored > task.MaxBatchStoredBytes {
+				s.writeError(w, r, task.Invalid("tasks", "the payloads and metadata of tasks[0] to tasks[%d] take %d bytes as stored, "+
+					"more than the limit of %d for a batch: send fewer tasks per batch", i, stored, task.MaxBatchStoredBytes))
+				return
+			}
 		}
 		if err := s.admitTypes(r, subs); err != nil {
 			s.writeError(w, r, err)

@@ -209,23 +209,39 @@ func (t TypeLimit) Validate() Problems {
 	return ps
 }
 
+// MaxFilePayloadBytes bounds the payloads of a file's jobs together, as
+// stored (each is bounded by task.MaxPayloadBytes).
+const MaxFilePayloadBytes = task.MaxBatchStoredBytes
+
 // Validate reports everything wrong with f: each job, type limit and
-// workflow, names or types declared twice (at the second one), and
-// workflow nodes naming a job f does not declare.
+// workflow, names or types declared twice (at the second one), workflow
+// nodes naming a job f does not declare, and payloads too large together.
+
 func (f File) Validate() Problems {
 	var ps Problems
 	names := make(map[string]int, len(f.Jobs))
+	stored := 0
 	for i, d := range f.Jobs {
 		if len(ps) > maxProblems {
 			return ps
 		}
 		prefix := fmt.Sprintf("jobs[%d]", i)
 		ps = append(ps, d.Validate().under(prefix)...)
+		if _, n, err := storedPayload(d.Payload); err == nil {
+			stored += n
+		}
 		if first, ok := names[d.Name]; ok && d.Name != "" {
 			ps = append(ps, Problem{Path: prefix + ".name", Message: fmt.Sprintf("duplicate job name %q: jobs[%d] already has it", d.Name, first)})
 		} else if !ok {
 			names[d.Name] = i
 		}
+	}
+	// A YAML alias repeats a payload at no cost in the file, and jsonb
+	// writes numbers out in full: a file under the body limit could store
+	// gigabytes of jobs, which every read of the jobs answers.
+	if stored > MaxFilePayloadBytes {
+		ps = append(ps, Problem{Path: "jobs", Message: fmt.Sprintf("the jobs' payloads take %d bytes together as stored, "+
+			"more than the limit of %d for a file", stored, MaxFilePayloadBytes)})
 	}
 	types := make(map[string]int, len(f.Types))
 	for i, t := range f.Types {
@@ -297,24 +313,39 @@ func checkOptional(field string, v, hi int) error {
 // canonicalPayload returns raw as a canonical JSON object ({} when raw is
 // empty or null), or says why it cannot be a payload.
 func canonicalPayload(raw json.RawMessage) (json.RawMessage, error) {
+	c, _, err := storedPayload(raw)
+	return c, err
+}
+
+// storedPayload is canonicalPayload that also returns the payload's
+// length as PostgreSQL stores it.
+func storedPayload(raw json.RawMessage) (json.RawMessage, int, error) {
 	trimmed := bytes.TrimSpace(raw)
 	if len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null")) {
-		return json.RawMessage("{}"), nil
+		return json.RawMessage("{}"), 2, nil
 	}
 	if trimmed[0] != '{' {
-		return nil, errors.New("payload must be an object")
+		return nil, 0, errors.New("payload must be an object")
 	}
 	if err := task.StorableJSON(trimmed); err != nil {
-		return nil, fmt.Errorf("invalid payload: %w", err)
+		return nil, 0, fmt.Errorf("invalid payload: %w", err)
 	}
 	if d := depth(trimmed); d > task.MaxJSONDepth {
-		return nil, fmt.Errorf("payload nests %d levels deep; at most %d are allowed", d, task.MaxJSONDepth)
+		return nil, 0, fmt.Errorf("payload nests %d levels deep; at most %d are allowed", d, task.MaxJSONDepth)
 	}
 	c, err := task.Canonical(trimmed)
 	if err != nil {
-		return nil, fmt.Errorf("invalid payload: %w", err)
+		return nil, 0, fmt.Errorf("invalid payload: %w", err)
 	}
-	return c, nil
+	// Measured as stored: the canonical form, which is what the job keeps.
+	stored, err := task.StoredLen(c)
+	if err != nil {
+		return nil, 0, fmt.Errorf("invalid payload: %w", err)
+	}
+	if stored > task.MaxPayloadBytes {
+		return nil, 0, fmt.Errorf("payload %w", task.TooLargeStored(stored))
+	}
+	return c, stored, nil
 }
 
 // depth returns how deeply valid JSON nests objects and arrays.

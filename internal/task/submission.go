@@ -72,6 +72,9 @@ type Submission struct {
 	// its key among that task's children.
 	ParentID *uuid.UUID
 	ChildKey string
+	// StoredBytes is the length of the payload and the metadata as
+	// PostgreSQL stores them.
+	StoredBytes int
 }
 
 // SubmitInput is a submission as a client sent it, before defaults and rules.
@@ -116,14 +119,17 @@ func NewSubmission(in SubmitInput, d Defaults, field string) (Submission, error)
 		err.Field = field + err.Field
 		return Submission{}, err
 	}
-	payload, err := JSONObject(in.Payload, field+"payload")
+	payload, payloadBytes, err := jsonObject(in.Payload, field+"payload")
 	if err != nil {
 		return Submission{}, err
 	}
 	s.Payload = payload
-	if s.Metadata, err = JSONObject(in.Metadata, field+"metadata"); err != nil {
+	metadata, metadataBytes, err := jsonObject(in.Metadata, field+"metadata")
+	if err != nil {
 		return Submission{}, err
 	}
+	s.Metadata = metadata
+	s.StoredBytes = payloadBytes + metadataBytes
 	if in.Priority != nil {
 		if *in.Priority < 0 || *in.Priority > MaxPriority {
 			return Submission{}, Invalid(field+"priority", "must be between 0 and %d, got %d", MaxPriority, *in.Priority)
@@ -279,75 +285,237 @@ func ValidateType(typ string) *Error {
 }
 
 // JSONObject returns raw when it is a JSON object, {} when it is absent, and
-// an error naming field otherwise.
+// an error naming field otherwise, or when PostgreSQL would store it in
+// more than MaxPayloadBytes.
 func JSONObject(raw json.RawMessage, field string) (json.RawMessage, error) {
+	doc, _, err := jsonObject(raw, field)
+	return doc, err
+}
+
+// jsonObject is JSONObject that also returns the document's length as
+// stored.
+func jsonObject(raw json.RawMessage, field string) (json.RawMessage, int, error) {
 	trimmed := bytes.TrimSpace(raw)
 	if len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null")) {
-		return json.RawMessage("{}"), nil
+		return json.RawMessage("{}"), 2, nil
 	}
 	if trimmed[0] != '{' || !json.Valid(trimmed) {
-		return nil, Invalid(field, "must be a JSON object")
+		return nil, 0, Invalid(field, "must be a JSON object")
 	}
 	if err := StorableJSON(trimmed); err != nil {
-		return nil, Invalid(field, "%v", err)
+		return nil, 0, Invalid(field, "%v", err)
 	}
-	d, err := walk(trimmed)
+	d, stored, err := walk(trimmed)
 	if d > MaxJSONDepth {
-		return nil, Invalid(field, "nests %d levels deep; at most %d are allowed", d, MaxJSONDepth)
+		return nil, 0, Invalid(field, "nests %d levels deep; at most %d are allowed", d, MaxJSONDepth)
 	}
 	if err != nil {
-		return nil, Invalid(field, "%v", err)
+		return nil, 0, Invalid(field, "%v", err)
 	}
-	return trimmed, nil
+	if stored > MaxPayloadBytes {
+		return nil, 0, Invalid(field, "%v", TooLargeStored(stored))
+	}
+	return trimmed, stored, nil
 }
 
 // MaxJSONDepth bounds the nesting of payload and metadata: deeper documents
 // serve no task and only burden every layer that walks them.
 const MaxJSONDepth = 64
 
+// MaxPayloadBytes bounds a payload, the metadata of a task and the params
+// of a workflow run, each on its own, as PostgreSQL stores and answers
+// them. The request body's limit does not bound them: jsonb writes a
+// number out in full, so 1e308 (5 bytes sent) takes 309 and 1e-16383
+// 16385, and a body of such numbers would be stored (and answered by
+// every read of the task, the worker's claim included) tens or thousands
+// of times larger than it was sent.
+const MaxPayloadBytes = 1 << 20
+
+// MaxBatchStoredBytes bounds the payloads and metadata of one batch
+// together, as stored: each within MaxPayloadBytes, a batch's entries could
+// otherwise turn a request of under 1 MiB into a gigabyte written in one
+// transaction.
+const MaxBatchStoredBytes = 16 << 20
+
+// TooLargeStored is the reason a document of stored bytes as PostgreSQL
+// stores it is refused.
+func TooLargeStored(stored int) error {
+	return fmt.Errorf("takes %d bytes as stored, more than the limit of %d: PostgreSQL writes every number "+
+		"out in full (1e300 takes 301 bytes) and puts a space after each comma and colon", stored, MaxPayloadBytes)
+}
+
+// StoredLen returns how many bytes PostgreSQL takes to write doc, a valid
+// JSON document, as jsonb text (what it stores and answers), or why it
+// cannot store it. It is exact for a document without repeated object
+// keys (jsonb keeps one of them, so it writes less).
+func StoredLen(doc []byte) (int, error) {
+	_, n, err := walk(doc)
+	return n, err
+}
+
 // depth returns how deeply a valid JSON document nests objects and arrays.
 func depth(doc []byte) int {
-	d, _ := walk(doc)
+	d, _, _ := walk(doc)
 	return d
 }
 
 // walk reads a valid JSON document once and returns how deeply it nests
-// objects and arrays, and an error for its first number beyond a float64's
-// range (about ±1.8e308): most workers cannot hold such numbers, and
-// PostgreSQL writes each out in full (1e400 as 401 digits) or overflows.
-func walk(doc []byte) (deepest int, err error) {
+// objects and arrays, its length as jsonb text, and an error for its first
+// number beyond a float64's range (about ±1.8e308): most workers cannot
+// hold such numbers, and PostgreSQL writes each out in full (1e400 as 401
+// digits) or overflows.
+func walk(doc []byte) (deepest, stored int, err error) {
 	cur := 0
-	inString, escaped := false, false
 	for i := 0; i < len(doc); i++ {
 		c := doc[i]
 		switch {
-		case escaped:
-			escaped = false
-		case inString && c == '\\':
-			escaped = true
 		case c == '"':
-			inString = !inString
-		case inString:
+			var n int
+			n, i = stringLen(doc, i)
+			stored += n
 		case c == '{' || c == '[':
 			cur++
 			deepest = max(deepest, cur)
+			stored++
 		case c == '}' || c == ']':
 			cur--
-		case err == nil && (c == '-' || '0' <= c && c <= '9'):
+			stored++
+		case c == ',' || c == ':':
+			stored += 2 // jsonb writes ", " and ": "
+		case c == '-' || '0' <= c && c <= '9':
 			end, exponent := i, false
 			for end < len(doc) && strings.IndexByte("0123456789+-.eE", doc[end]) >= 0 {
 				exponent = exponent || doc[end] == 'e' || doc[end] == 'E'
 				end++
 			}
-			if exponent || end-i > 300 { // shorter plain numbers always fit
+			if err == nil && (exponent || end-i > 300) { // shorter plain numbers always fit
 				if _, perr := strconv.ParseFloat(string(doc[i:end]), 64); perr != nil {
 					err = fmt.Errorf("number %.40s is beyond the range of a float64", doc[i:end])
 				}
 			}
+			n, nerr := numericLen(doc[i:end])
+			if err == nil && nerr != nil {
+				err = nerr
+			}
+			stored += n
 			i = end - 1
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
+		default: // the letters of true, false and null
+			stored++
 		}
 	}
-	return deepest, err
+	return deepest, stored, err
+}
+
+// stringLen returns the length as jsonb writes it of the string that
+// starts with the quote at doc[i], and the index of its closing quote.
+// jsonb decodes escapes, then writes " and \ escaped, \b \f \n \r \t as
+// such and other control characters as \u00XX.
+func stringLen(doc []byte, i int) (n, end int) {
+	n = 2
+	for i++; i < len(doc) && doc[i] != '"'; i++ {
+		if doc[i] != '\\' {
+			n++
+			continue
+		}
+		i++
+		if doc[i] != 'u' {
+			if doc[i] == '/' {
+				n++
+			} else {
+				n += 2
+			}
+			continue
+		}
+		code := hex4(doc[i+1:])
+		i += 4
+		switch {
+		case code == '"' || code == '\\' || code == '\b' || code == '\f' || code == '\n' || code == '\r' || code == '\t':
+			n += 2
+		case code < 0x20:
+			n += 6
+		case code < 0x80:
+			n++
+		case code < 0x800:
+			n += 2
+		case code >= 0xD800 && code < 0xDC00 && i+6 < len(doc) && doc[i+1] == '\\' && doc[i+2] == 'u':
+			// A surrogate pair is one character of four bytes.
+			n += 4
+			i += 6
+		default:
+			n += 3
+		}
+	}
+	return n, i
+}
+
+// Limits of PostgreSQL's numeric, which jsonb stores numbers as.
+const (
+	numericMaxScale  = 16383
+	numericMaxDigits = 131072
+)
+
+// numericLen returns the length of a JSON number as PostgreSQL's numeric
+// writes it: every digit of its integer part and exactly as many after
+// the point as the text gives, the exponent applied (1.50e1 is 15.0, 1e-3
+// is 0.001), without the sign of a zero.
+func numericLen(num []byte) (int, error) {
+	neg := num[0] == '-'
+	if neg {
+		num = num[1:]
+	}
+	mantissa, expText := num, []byte(nil)
+	if k := bytes.IndexAny(num, "eE"); k >= 0 {
+		mantissa, expText = num[:k], num[k+1:]
+	}
+	intPart, frac := mantissa, []byte(nil)
+	if k := bytes.IndexByte(mantissa, '.'); k >= 0 {
+		intPart, frac = mantissa[:k], mantissa[k+1:]
+	}
+	exp := 0
+	expNeg := len(expText) > 0 && expText[0] == '-'
+	for _, c := range bytes.TrimLeft(expText, "+-") {
+		if exp < 1<<30 {
+			exp = exp*10 + int(c-'0')
+		}
+	}
+	if expNeg {
+		exp = -exp
+	}
+	// Significant digits: the first non-zero one, counted from the start
+	// of the integer part.
+	first := -1
+	for k, c := range intPart {
+		if c != '0' {
+			first = k
+			break
+		}
+	}
+	if first < 0 {
+		for k, c := range frac {
+			if c != '0' {
+				first = len(intPart) + k
+				break
+			}
+		}
+	}
+	point := len(intPart) + exp // where the point falls among the digits
+	scale := max(0, len(frac)-exp)
+	intLen := 1
+	if first >= 0 && first < point {
+		intLen = point - first
+	}
+	if scale > numericMaxScale || intLen > numericMaxDigits {
+		return 0, fmt.Errorf("number %.40s has more digits than PostgreSQL can store", num)
+	}
+	n := intLen
+	if scale > 0 {
+		n += 1 + scale
+	}
+	if neg && first >= 0 {
+		n++
+	}
+	return n, nil
 }
 
 func printableASCII(s string) bool {
