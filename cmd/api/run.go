@@ -59,6 +59,7 @@ func run(ctx context.Context, cfg config.API, stdout io.Writer) error {
 		MaxUnservedTypes:  cfg.MaxUnservedTypes,
 		StreamHeartbeat:   cfg.StreamHeartbeat,
 		MaxStreams:        cfg.StreamMax,
+		MaxOrgStreams:     cfg.StreamMaxPerOrg,
 		WriteTimeout:      cfg.WriteTimeout,
 	}, httpapi.Deps{
 		Store:          store,

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	lru "github.com/hashicorp/golang-lru/v2"
 	"golang.org/x/sync/singleflight"
 )
 
@@ -57,8 +58,8 @@ type Config struct {
 type Authenticator struct {
 	dir   Directory
 	cfg   Config
-	keys  cache
-	users cache
+	keys  *cache
+	users *cache
 
 	mu   sync.Mutex
 	used map[uuid.UUID]struct{}
@@ -73,8 +74,8 @@ func New(dir Directory, cfg Config) *Authenticator {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	return &Authenticator{dir: dir, cfg: cfg,
-		keys:  cache{ttl: cfg.CacheTTL, load: dir.KeyByPrefix},
-		users: cache{ttl: cfg.CacheTTL, load: dir.UserBySubject},
+		keys:  newCache(cfg.CacheTTL, dir.KeyByPrefix),
+		users: newCache(cfg.CacheTTL, dir.UserBySubject),
 		used:  map[uuid.UUID]struct{}{},
 	}
 }
@@ -172,14 +173,18 @@ func (a *Authenticator) Run(ctx context.Context) error {
 }
 
 // cache keeps lookups, found or not, for ttl; concurrent misses of one name
-// share one lookup.
+// share one lookup. Names found and names not found are kept apart, each
+// within maxEntries, least recently used out first: anyone can send made-up
+// key prefixes, and those must push out only other made-up ones, never the
+// real keys, whose every request would then ask the database.
 type cache struct {
 	ttl  time.Duration
 	load func(context.Context, string) (Record, error)
 
 	group   singleflight.Group
-	mu      sync.Mutex
-	entries map[string]entry
+	mu      sync.Mutex // orders a name's move between found and missing
+	found   *lru.Cache[string, entry]
+	missing *lru.Cache[string, entry]
 }
 
 type entry struct {
@@ -188,40 +193,59 @@ type entry struct {
 	at  time.Time
 }
 
-// maxEntries bounds the cache; past it, expired entries are dropped.
+// maxEntries bounds each half of a cache.
 const maxEntries = 10_000
+
+func newCache(ttl time.Duration, load func(context.Context, string) (Record, error)) *cache {
+	// lru.New fails only for a size below 1.
+	found, _ := lru.New[string, entry](maxEntries)
+	missing, _ := lru.New[string, entry](maxEntries)
+	return &cache{ttl: ttl, load: load, found: found, missing: missing}
+}
+
+func (c *cache) lookup(name string) (entry, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.found.Get(name); ok {
+		return e, true
+	}
+	return c.missing.Get(name)
+}
 
 func (c *cache) get(ctx context.Context, name string) (Record, error) {
 	now := time.Now()
-	c.mu.Lock()
-	e, ok := c.entries[name]
-	c.mu.Unlock()
+	e, ok := c.lookup(name)
 	if ok && now.Sub(e.at) < c.ttl {
 		return e.rec, e.err
 	}
 	// The lookup runs to its end whatever its callers do (it is shared),
 	// but each caller waits for it only as long as its context allows.
+	// It keeps the first caller's deadline, though: without one, each
+	// made-up prefix sent while the database is slow would leave a
+	// goroutine waiting for it for ever.
 	ch := c.group.DoChan(name, func() (any, error) {
-		rec, err := c.load(context.WithoutCancel(ctx), name)
+		lctx, cancel := context.WithoutCancel(ctx), context.CancelFunc(func() {})
+		if deadline, ok := ctx.Deadline(); ok {
+			lctx, cancel = context.WithDeadline(lctx, deadline)
+		}
+		defer cancel()
+		rec, err := c.load(lctx, name)
 		if err != nil && !errors.Is(err, ErrNotFound) {
 			return nil, err // not cached: the next request asks again
 		}
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		if c.entries == nil {
-			c.entries = map[string]entry{}
-		}
-		if len(c.entries) >= maxEntries {
-			for k, old := range c.entries {
-				if time.Since(old.at) >= c.ttl {
-					delete(c.entries, k)
-				}
-			}
-		}
 		// The time of the lookup's start: the entry never outlives the
 		// ttl counted from when the database was asked.
-		c.entries[name] = entry{rec: rec, err: err, at: now}
-		return entry{rec: rec, err: err}, nil
+		e := entry{rec: rec, err: err, at: now}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if err != nil {
+			c.found.Remove(name)
+			c.missing.Add(name, e)
+		} else {
+			c.missing.Remove(name)
+			c.found.Add(name, e)
+		}
+		return e, nil
 	})
 	select {
 	case res := <-ch:
@@ -233,4 +257,10 @@ func (c *cache) get(ctx context.Context, name string) (Record, error) {
 	case <-ctx.Done():
 		return Record{}, ctx.Err()
 	}
+}
+
+func (c *cache) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.found.Len() + c.missing.Len()
 }

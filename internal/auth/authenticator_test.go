@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -216,4 +217,64 @@ func TestALookupIsBoundedByItsCallersContext(t *testing.T) {
 		}
 		cancel()
 	}
+}
+
+// Requests with made-up key prefixes, as many as anyone cares to send, keep
+// the cache within its bound, and push no real key out of it: every one of
+// the real key's requests would otherwise ask the database again.
+func TestUnknownPrefixesNeitherGrowTheCacheNorEvictRealKeys(t *testing.T) {
+	t.Parallel()
+	dir := &fakeDirectory{}
+	a := New(dir, Config{CacheTTL: time.Hour})
+	token, _ := dir.add(Reader)
+	ctx := context.Background()
+	_, err := a.Authenticate(ctx, "Bearer "+token)
+	require.NoError(t, err)
+
+	for range maxEntries + 500 {
+		_, err := a.Authenticate(ctx, "Bearer "+GenerateKey().Token)
+		require.Equal(t, ReasonUnknownKey, ReasonOf(err))
+	}
+	require.LessOrEqual(t, a.keys.len(), maxEntries+1, "entries cached: the made-up prefixes within the bound, and the real key")
+
+	dir.mu.Lock()
+	before := dir.lookups
+	dir.mu.Unlock()
+	_, err = a.Authenticate(ctx, "Bearer "+token)
+	require.NoError(t, err)
+	dir.mu.Lock()
+	defer dir.mu.Unlock()
+	require.Equal(t, before, dir.lookups, "the real key was looked up again")
+}
+
+// blockingDirectory answers no lookup until the lookup's context ends, and
+// counts those still waiting.
+type blockingDirectory struct {
+	fakeDirectory
+	waiting atomic.Int64
+}
+
+func (d *blockingDirectory) KeyByPrefix(ctx context.Context, _ string) (Record, error) {
+	d.waiting.Add(1)
+	defer d.waiting.Add(-1)
+	<-ctx.Done()
+	return Record{}, ctx.Err()
+}
+
+// A lookup the database does not answer ends with its callers' deadline:
+// without one, every made-up prefix sent while the database is slow would
+// leave a goroutine waiting for a connection (or an answer) for ever, long
+// after its request was answered.
+func TestALookupEndsWithItsCallersDeadline(t *testing.T) {
+	t.Parallel()
+	dir := &blockingDirectory{}
+	a := New(dir, Config{CacheTTL: time.Hour})
+	for range 20 {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		_, err := a.Authenticate(ctx, "Bearer "+GenerateKey().Token)
+		cancel()
+		require.Equal(t, ReasonLookup, ReasonOf(err))
+	}
+	require.Eventually(t, func() bool { return dir.waiting.Load() == 0 }, 5*time.Second, 5*time.Millisecond,
+		"lookups still waiting after their callers left")
 }

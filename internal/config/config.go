@@ -131,6 +131,10 @@ type API struct {
 	StreamHeartbeat time.Duration `envconfig:"STREAM_HEARTBEAT" default:"15s"`
 	// StreamMax bounds the live streams one instance serves at once.
 	StreamMax int `envconfig:"STREAM_MAX" default:"10000"`
+	// StreamMaxPerOrg bounds the live streams one org holds on one
+	// instance, so that one org (one busy key) cannot take all of
+	// STREAM_MAX from the others; 0: no bound.
+	StreamMaxPerOrg int `envconfig:"STREAM_MAX_PER_ORG" default:"1000"`
 	// StreamBuffer is how many events a stream may fall behind before it
 	// is closed (its client resumes with Last-Event-ID).
 	StreamBuffer int `envconfig:"STREAM_BUFFER" default:"1024"`
@@ -197,6 +201,9 @@ func (c API) Validate() error {
 	}
 	if c.StreamMax < 1 || c.StreamBuffer < 16 {
 		return fmt.Errorf("STREAM_MAX and STREAM_BUFFER: must be at least 1 and 16, got %d and %d", c.StreamMax, c.StreamBuffer)
+	}
+	if c.StreamMaxPerOrg < 0 {
+		return fmt.Errorf("STREAM_MAX_PER_ORG: must not be negative, got %d", c.StreamMaxPerOrg)
 	}
 	// Every stream allocates its whole buffer when it opens.
 	if c.StreamBuffer > maxStreamBuffer {

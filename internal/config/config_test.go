@@ -197,6 +197,18 @@ func TestLoadAPIBoundsStreamBuffer(t *testing.T) {
 	})
 }
 
+// STREAM_MAX_PER_ORG keeps one org from taking every stream of an
+// instance by default, and a negative one is a mistake, not "no bound".
+func TestLoadAPIStreamMaxPerOrg(t *testing.T) {
+	cfg, err := config.Load[config.API]()
+	require.NoError(t, err)
+	require.Positive(t, cfg.StreamMaxPerOrg)
+	require.Less(t, cfg.StreamMaxPerOrg, cfg.StreamMax)
+	requireLoadNamesTheBadVariable[config.API](t, []struct{ name, value string }{
+		{"STREAM_MAX_PER_ORG", "-1"},
+	})
+}
+
 // The CLI and the dashboard's client take a stream silent for a minute for
 // dead and open it again: a heartbeat as rare as that would have every
 // quiet stream cut and reopened, and a watch given up after its reconnects.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
@@ -157,25 +158,26 @@ func (s *server) writeProblem(w http.ResponseWriter, r *http.Request, status int
 		Status: status, Detail: detail, Instance: r.URL.Path})
 }
 
-// limiters keeps a token bucket per principal.
+// limiters keeps a token bucket per principal, for the maxBuckets
+// principals seen last: one pushed out comes back with a full bucket, which
+// only the least recently active principal can have lost.
 type limiters struct {
 	rate  rate.Limit
 	burst int
 
-	mu      sync.Mutex
-	buckets map[uuid.UUID]*bucket
+	mu      sync.Mutex // makes a bucket's lookup and creation one step
+	buckets *lru.Cache[uuid.UUID, *rate.Limiter]
 }
 
-type bucket struct {
-	lim  *rate.Limiter
-	seen time.Time
-}
+const maxBuckets = 10_000
 
 func newLimiters(perSecond float64, burst int) *limiters {
 	if perSecond <= 0 {
 		return nil
 	}
-	return &limiters{rate: rate.Limit(perSecond), burst: max(burst, 1), buckets: map[uuid.UUID]*bucket{}}
+	// lru.New fails only for a size below 1.
+	buckets, _ := lru.New[uuid.UUID, *rate.Limiter](maxBuckets)
+	return &limiters{rate: rate.Limit(perSecond), burst: max(burst, 1), buckets: buckets}
 }
 
 // allow takes a token from id's bucket, or says how long until one is
@@ -186,29 +188,21 @@ func (l *limiters) allow(id uuid.UUID) (time.Duration, bool) {
 	}
 	now := time.Now()
 	l.mu.Lock()
-	b, ok := l.buckets[id]
+	lim, ok := l.buckets.Get(id)
 	if !ok {
-		if len(l.buckets) >= 10_000 {
-			// Forget buckets idle long enough to be full again.
-			full := time.Duration(float64(l.burst)/float64(l.rate)*float64(time.Second)) + time.Second
-			for k, old := range l.buckets {
-				if now.Sub(old.seen) > full {
-					delete(l.buckets, k)
-				}
-			}
-		}
-		b = &bucket{lim: rate.NewLimiter(l.rate, l.burst)}
-		l.buckets[id] = b
+		lim = rate.NewLimiter(l.rate, l.burst)
+		l.buckets.Add(id, lim)
 	}
-	b.seen = now
 	l.mu.Unlock()
-	r := b.lim.ReserveN(now, 1)
+	r := lim.ReserveN(now, 1)
 	if d := r.DelayFrom(now); d > 0 {
 		r.CancelAt(now)
 		return d, false
 	}
 	return 0, true
 }
+
+func (l *limiters) len() int { return l.buckets.Len() }
 
 func newAuthMetrics(reg prometheus.Registerer) (*prometheus.CounterVec, prometheus.Counter) {
 	failures := prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -88,6 +88,10 @@ type Config struct {
 	// MaxStreams bounds the live streams this instance serves at once;
 	// 0: no bound.
 	MaxStreams int
+	// MaxOrgStreams bounds the live streams one org holds on this
+	// instance, so that one org cannot take every stream of MaxStreams;
+	// 0: no bound.
+	MaxOrgStreams int
 	// WriteTimeout bounds each write of a live stream: a client that takes
 	// nothing for that long is dropped.
 	WriteTimeout time.Duration
@@ -126,4 +130,6 @@ type server struct {
 	types   *typeLabels
 	limits  *limiters
 	streams atomic.Int64 // live streams open
+	// orgStreams counts the live streams of each org that has one.
+	orgStreams orgStreams
 }

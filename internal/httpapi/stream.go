@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -34,7 +35,42 @@ const (
 	streamRetry = 2 * time.Second
 	// streamReady bounds how long a new stream waits for a starting hub.
 	streamReady = 5 * time.Second
+	// orgStreamsRetry is the wait suggested to an org at its cap of
+	// streams: one of its own must close first, seldom within a second.
+	orgStreamsRetry = 5 * time.Second
 )
+
+// orgStreams counts each org's live streams; an org leaves the map with
+// its last stream, so it holds no more entries than there are streams.
+type orgStreams struct {
+	mu sync.Mutex
+	n  map[uuid.UUID]int
+}
+
+// acquire takes one of org's limit streams (0: no bound), or says there is
+// none left.
+func (o *orgStreams) acquire(org uuid.UUID, limit int) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if limit > 0 && o.n[org] >= limit {
+		return false
+	}
+	if o.n == nil {
+		o.n = map[uuid.UUID]int{}
+	}
+	o.n[org]++
+	return true
+}
+
+func (o *orgStreams) release(org uuid.UUID) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.n[org] <= 1 {
+		delete(o.n, org)
+		return
+	}
+	o.n[org]--
+}
 
 // handleTaskStream streams one task's events, from its first (or after
 // Last-Event-ID), and ends after its terminal event.
@@ -121,6 +157,13 @@ func (s *server) serveStream(w http.ResponseWriter, r *http.Request, p auth.Prin
 		w.WriteHeader(http.StatusOK)
 		return
 	}
+	if !s.orgStreams.acquire(p.OrgID, s.cfg.MaxOrgStreams) {
+		w.Header().Set("Retry-After", strconv.Itoa(int(orgStreamsRetry.Seconds())))
+		s.writeProblem(w, r, http.StatusTooManyRequests, "too_many_streams",
+			fmt.Sprintf("this org holds its most live streams on this instance (%d); close one, or retry after the Retry-After header's seconds", s.cfg.MaxOrgStreams))
+		return
+	}
+	defer s.orgStreams.release(p.OrgID)
 	if s.cfg.MaxStreams > 0 && s.streams.Add(1) > int64(s.cfg.MaxStreams) {
 		s.streams.Add(-1)
 		w.Header().Set("Retry-After", "1")
@@ -352,8 +395,15 @@ func (o *sse) live(ctx context.Context, authorization string, sub *stream.Subscr
 			return
 		case <-ticker.C:
 			// Not traced: a stream open for hours would add a database
-			// span to its request's trace at every heartbeat.
-			p, err := o.s.Auth.Authenticate(trace.ContextWithSpanContext(ctx, trace.SpanContext{}), authorization)
+			// span to its request's trace at every heartbeat. Bounded like
+			// a request: a database that does not answer must not freeze
+			// the stream until its client gives up on it.
+			actx, cancel := trace.ContextWithSpanContext(ctx, trace.SpanContext{}), context.CancelFunc(func() {})
+			if o.s.cfg.RequestTimeout > 0 {
+				actx, cancel = context.WithTimeout(actx, o.s.cfg.RequestTimeout)
+			}
+			p, err := o.s.Auth.Authenticate(actx, authorization)
+			cancel()
 			if err != nil && auth.ReasonOf(err) != auth.ReasonLookup {
 				_ = o.write([]byte(": credentials no longer valid\n\n"))
 				return

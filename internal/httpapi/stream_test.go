@@ -1,13 +1,16 @@
 package httpapi
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
@@ -73,5 +76,133 @@ func TestAStreamDuringShutdownSaysSoWithRetryAfter(t *testing.T) {
 				require.Equal(t, "this instance is shutting down; reconnect", doc.Detail, path)
 			}
 		})
+	}
+}
+
+// tokenAuth lets in the principal its header names.
+type tokenAuth map[string]auth.Principal
+
+func (a tokenAuth) Authenticate(_ context.Context, header string) (auth.Principal, error) {
+	p, ok := a[header]
+	if !ok {
+		return auth.Principal{}, errors.New("unknown")
+	}
+	return p, nil
+}
+
+// One org (here one key) cannot take every live stream of an instance: past
+// its own cap it is told 429 with Retry-After, while another org still gets
+// its streams; and a stream it closes is one it may open again.
+func TestAnOrgOverItsStreamCapIsRefusedWhileOthersStream(t *testing.T) {
+	t.Parallel()
+	log := slog.New(slog.DiscardHandler)
+	hub := stream.NewHub(emptyFeed{}, stream.Config{Encode: EventFrame}, log, nil)
+	ctx, stop := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	go func() { stopped <- hub.Run(ctx) }()
+	defer func() { stop(); require.NoError(t, <-stopped) }()
+
+	greedy := auth.Principal{Kind: auth.KindKey, ID: uuid.New(), OrgID: uuid.New(), Role: auth.Reader}
+	other := auth.Principal{Kind: auth.KindKey, ID: uuid.New(), OrgID: uuid.New(), Role: auth.Reader}
+	h := NewHandler(Config{MaxBodyBytes: 1 << 16, MaxStreams: 10, MaxOrgStreams: 2},
+		Deps{Store: nopStore{}, Admin: nopAdmin{}, Auth: tokenAuth{"Bearer greedy": greedy, "Bearer other": other},
+			Log: log, TracerProvider: noop.NewTracerProvider(), Propagator: propagation.TraceContext{},
+			Registry: prometheus.NewRegistry(), Hub: hub})
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+
+	open := func(token string) *http.Response {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/v1/events/stream", nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		return resp
+	}
+	var held []*http.Response
+	defer func() {
+		for _, resp := range held {
+			_ = resp.Body.Close()
+		}
+	}()
+	for range 2 {
+		resp := open("greedy")
+		held = append(held, resp)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	resp := open("greedy")
+	held = append(held, resp) // a stream, should it be one, is never read to its end
+	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	var doc problem
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&doc))
+	require.Equal(t, "urn:conveyor:problem:too_many_streams", doc.Type)
+	require.Equal(t, "5", resp.Header.Get("Retry-After"))
+
+	resp = open("other")
+	held = append(held, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+
+	require.NoError(t, held[0].Body.Close())
+	require.Eventually(t, func() bool {
+		resp := open("greedy")
+		if resp.StatusCode != http.StatusOK {
+			_ = resp.Body.Close()
+			return false
+		}
+		held = append(held, resp)
+		return true
+	}, 5*time.Second, 10*time.Millisecond, "the org's closed stream was not given back")
+}
+
+// stallingAuth lets the first request in, then answers no check until its
+// context ends: a database that stopped answering.
+type stallingAuth struct {
+	p     auth.Principal
+	calls atomic.Int64
+}
+
+func (a *stallingAuth) Authenticate(ctx context.Context, _ string) (auth.Principal, error) {
+	if a.calls.Add(1) == 1 {
+		return a.p, nil
+	}
+	<-ctx.Done()
+	return auth.Principal{}, ctx.Err()
+}
+
+// The credentials check at a stream's heartbeat is bounded like a request:
+// a database that does not answer must not freeze the stream (no heartbeat,
+// no event) until its client gives up on it.
+func TestAStreamsCredentialCheckIsBounded(t *testing.T) {
+	t.Parallel()
+	log := slog.New(slog.DiscardHandler)
+	hub := stream.NewHub(emptyFeed{}, stream.Config{Encode: EventFrame}, log, nil)
+	ctx, stop := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	go func() { stopped <- hub.Run(ctx) }()
+	defer func() { stop(); require.NoError(t, <-stopped) }()
+
+	p := auth.Principal{Kind: auth.KindKey, ID: uuid.New(), OrgID: uuid.New(), Role: auth.Reader}
+	h := NewHandler(Config{MaxBodyBytes: 1 << 16, RequestTimeout: 20 * time.Millisecond, StreamHeartbeat: 10 * time.Millisecond},
+		Deps{Store: nopStore{}, Admin: nopAdmin{}, Auth: &stallingAuth{p: p},
+			Log: log, TracerProvider: noop.NewTracerProvider(), Propagator: propagation.TraceContext{},
+			Registry: prometheus.NewRegistry(), Hub: hub})
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(rctx, http.MethodGet, srv.URL+"/v1/events/stream", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer k")
+	resp, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	lines := bufio.NewScanner(resp.Body)
+	for beats := 0; beats < 3; {
+		require.True(t, lines.Scan(), "the stream stalled: %v", lines.Err())
+		if lines.Text() == ": heartbeat" {
+			beats++
+		}
 	}
 }
