@@ -56,6 +56,12 @@ UPDATE outbox o SET attempts = o.attempts + 1, last_error = f.reason, available_
 FROM unnest($1::bigint[], $2::text[]) AS f(id, reason)
 WHERE o.id = f.id`)
 
+// sqlUnparkOutbox releases the rows parked for types whose queue the relay
+// found declared after it parked them (see relay.Relay's re-check).
+var sqlUnparkOutbox = statement("outbox.unpark", `
+UPDATE outbox SET available_at = now()
+WHERE task_type = ANY($1) AND available_at = 'infinity'`)
+
 var sqlOutboxStats = statement("outbox.stats", `SELECT `+outboxStatsColumns+` FROM outbox`)
 
 // outboxStatsColumns are the columns of an outbox.Stats, read by
@@ -245,6 +251,16 @@ func (s *RelayStore) Stats(ctx context.Context) (outbox.Stats, error) {
 		return st, fmt.Errorf("outbox stats: %w", err)
 	}
 	return st, nil
+}
+
+// Unpark releases the rows parked for types, which a queue now takes, and
+// returns how many it released.
+func (s *RelayStore) Unpark(ctx context.Context, types []string) (int64, error) {
+	tag, err := s.pool.Exec(ctx, sqlUnparkOutbox, types)
+	if err != nil {
+		return 0, fmt.Errorf("release parked outbox rows: %w", err)
+	}
+	return tag.RowsAffected(), nil
 }
 
 // Ping checks the database.

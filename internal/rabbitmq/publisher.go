@@ -27,6 +27,10 @@ type Publisher struct {
 	closed  chan struct{}
 	err     atomic.Pointer[amqp.Error]
 	blocked atomic.Bool
+	// probe is the confirm of the second of the messages open sends first,
+	// which route nowhere: no batch is written before the broker confirmed
+	// it.
+	probe *amqp.DeferredConfirmation
 }
 
 // DialPublisher connects, declares the exchanges and puts a channel in
@@ -69,6 +73,19 @@ func (p *Publisher) open(returnBuffer int) error {
 	}
 	p.ch = ch
 	p.returns = ch.NotifyReturn(make(chan amqp.Return, returnBuffer))
+	// A broker under a resource alarm blocks a connection at its first
+	// publish, which it still routes, and reads nothing after it; what was
+	// written after it waits in the connection's buffers and is routed when
+	// the alarm clears, though its publish failed and its rows go out
+	// again. Two probes, routed nowhere (no type is empty), go first: a
+	// batch waits for the second's confirm (see Publish).
+	for range 2 {
+		probe, err := ch.PublishWithDeferredConfirm(TasksExchange, "", false, false, amqp.Publishing{MessageId: "probe"})
+		if err != nil {
+			return fmt.Errorf("probe: %w", err)
+		}
+		p.probe = probe
+	}
 	connClosed := p.conn.NotifyClose(make(chan *amqp.Error, 1))
 	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	go func() {
@@ -179,8 +196,17 @@ func (p *Publisher) Close() error {
 // leader was elected, while a new channel's publishes were confirmed. So
 // does a confirm that did not come before ctx ended: its late confirm and
 // return would come on the channel during the next batches.
+//
+// Nothing is sent before the broker confirmed the connection's probes (see
+// open): when ctx ends first, every message is Failed, unsent.
 func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) outbox.Outcome {
 	var out outbox.Outcome
+	if reason, ok := p.awaitProbe(ctx); !ok {
+		for _, m := range msgs {
+			out.Fail(m.ID, reason)
+		}
+		return out
+	}
 	units := pack(msgs, p.pack)
 	pending := make([]*amqp.DeferredConfirmation, len(units))
 	index := make(map[string]int, len(units)) // message id → unit
@@ -314,6 +340,24 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) outbox.O
 	return out
 }
 
+// awaitProbe waits until the broker confirmed the connection's probes (see
+// open), or ctx ends: then it says why nothing may be written yet. A
+// batch written to a connection the broker blocked would be routed once
+// the alarm clears, after its rows failed.
+func (p *Publisher) awaitProbe(ctx context.Context) (string, bool) {
+	select {
+	case <-p.probe.Done():
+		return "", true
+	case <-p.closed:
+		return "", true // the publishes fail on the closed channel
+	case <-ctx.Done():
+	}
+	if p.Blocked() {
+		return "not sent: the broker blocks the connection (a resource alarm)", false
+	}
+	return "not sent: the broker has not confirmed the connection's first messages: " + ctx.Err().Error(), false
+}
+
 // bindAgain binds the queue that a task.run message returned unroutable
 // from exchange under key was meant for, if that queue exists, and reports
 // whether it did. A queue loses its binding when its exchange is deleted
@@ -341,6 +385,31 @@ func (p *Publisher) bindAgain(exchange, key string) bool {
 		return false
 	}
 	return ch.QueueBind(queue, key, exchange, false, nil) == nil
+}
+
+// HasQueue reports whether the queue of taskType's messages exists: a
+// worker of the type has declared it. Like bindAgain it asks on a channel
+// of its own, which the broker closes when the queue is missing. A broker
+// that blocked the connection reads nothing from it and would never
+// answer: it gives up when ctx ends.
+func (p *Publisher) HasQueue(ctx context.Context, taskType string) bool {
+	found := make(chan bool, 1)
+	go func() {
+		ch, err := p.conn.Channel()
+		if err != nil {
+			found <- false
+			return
+		}
+		defer func() { _ = ch.Close() }()
+		_, err = ch.QueueDeclarePassive(QueueName(taskType), true, false, false, false, nil)
+		found <- err == nil
+	}()
+	select {
+	case ok := <-found:
+		return ok
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // giveUp gives up the channel for reason: Done closes once it is closed,

@@ -142,3 +142,40 @@ func TestPublisherCloseDoesNotWaitForABlockedBroker(t *testing.T) {
 	within(t, closed, 2*wait, "Close on a blocked connection")
 	within(t, p.Done(), wait, "Done")
 }
+
+// A broker under a resource alarm blocks a connection at its first publish
+// and reads nothing more from it: a batch written to it waits in the
+// connection's buffers and is routed when the alarm clears, though the
+// publisher reported it failed and the relay publishes its rows again. A
+// connection dialled during an alarm (the relay dials again when a write
+// blocked by the alarm times out) must write no batch before the broker
+// has taken a message from it. The node is private: the test raises an
+// alarm on it.
+func TestABatchOnAConnectionDialledDuringAnAlarmIsNotRoutedLater(t *testing.T) {
+	t.Parallel()
+	node := testenv.StartRabbit(t)
+	testenv.DeclareTaskQueue(t, node.URL(), "demo.noop")
+	node.Ctl(t, "set_vm_memory_high_watermark", "0.000001")
+	p, err := rabbitmq.DialPublisher(node.URL(), 10, t.Name(), 1)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	out := p.Publish(ctx, []outbox.Message{runMessage(1, "demo.noop"), runMessage(2, "demo.noop")})
+	require.Len(t, out.Failed, 2, "the broker blocks publishers")
+
+	node.Ctl(t, "set_vm_memory_high_watermark", "0.4")
+	// The broker answers the close once it has read everything sent on
+	// the connection before it.
+	require.NoError(t, p.Close())
+	p2, err := rabbitmq.DialPublisher(node.URL(), 10, t.Name(), 1)
+	require.NoError(t, err)
+	defer func() { _ = p2.Close() }()
+	retried := []outbox.Message{runMessage(1, "demo.noop"), runMessage(2, "demo.noop")}
+	out = p2.Publish(context.Background(), retried)
+	require.Len(t, out.Published, 2, "%+v", out)
+	var ids []string
+	for _, m := range testenv.Drain(t, node.URL(), rabbitmq.QueueName("demo.noop")) {
+		ids = append(ids, m.ID)
+	}
+	require.ElementsMatch(t, []string{"1", "2"}, ids, "each row once")
+}

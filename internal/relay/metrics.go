@@ -15,6 +15,8 @@ type Metrics struct {
 	connected   prometheus.Gauge
 	parked      prometheus.Counter
 	parkedDepth prometheus.Gauge
+	// statsFailures counts the samples of the outbox gauges that failed.
+	statsFailures prometheus.Counter
 }
 
 // NewMetrics registers the relay's metrics on reg.
@@ -56,8 +58,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		parkedDepth: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "conveyor_outbox_parked", Help: "Outbox rows parked until a worker for their type declares its queue.",
 		}),
+		statsFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "conveyor_relay_outbox_stats_failures_total",
+			Help: "Failed samples of the outbox gauges (depth, oldest due age, parked), which keep their last values meanwhile.",
+		}),
 	}
 	reg.MustRegister(m.published, m.messages, m.failures, m.batchSize, m.latency, m.depth, m.oldestAge, m.blocked, m.connected,
-		m.parked, m.parkedDepth)
+		m.parked, m.parkedDepth, m.statsFailures)
 	return m
 }

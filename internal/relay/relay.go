@@ -24,6 +24,8 @@ import (
 type Store interface {
 	Relay(ctx context.Context, limit int, publish func(context.Context, []outbox.Message) outbox.Outcome) (int, error)
 	Stats(ctx context.Context) (outbox.Stats, error)
+	// Unpark releases the rows parked for types and says how many.
+	Unpark(ctx context.Context, types []string) (int64, error)
 	Ping(ctx context.Context) error
 }
 
@@ -49,6 +51,9 @@ type Publisher interface {
 	Publish(ctx context.Context, msgs []outbox.Message) outbox.Outcome
 	// Route names where a message goes: the exchange and routing key.
 	Route(m outbox.Message) (exchange, routingKey string)
+	// HasQueue reports whether a worker has declared the queue of
+	// taskType's messages; false when it cannot tell before ctx ends.
+	HasQueue(ctx context.Context, taskType string) bool
 	// Blocked reports a resource alarm: the broker holds publishers back.
 	Blocked() bool
 	// Done is closed when the connection is gone; Err says why.
@@ -104,6 +109,9 @@ type lane struct {
 	pub  atomic.Pointer[Publisher]
 	// busy is set while the lane makes a pass over the outbox.
 	busy atomic.Bool
+	// blocked is what the lane last learnt of its connection: the broker
+	// blocks it (a resource alarm).
+	blocked atomic.Bool
 }
 
 // Deps are a relay's collaborators.
@@ -236,6 +244,7 @@ func (r *Relay) runLane(ctx context.Context, i int) {
 		r.log.InfoContext(ctx, "connected to broker", "lane", i)
 		r.serve(ctx, i, pub)
 		r.metrics.connected.Set(float64(r.connected.Add(-1)))
+		r.setBlocked(i, false)
 		_ = pub.Close()
 	}
 }
@@ -267,7 +276,7 @@ func (r *Relay) serve(ctx context.Context, i int, pub Publisher) {
 		r.lanes[i].busy.Store(true)
 		for ctx.Err() == nil {
 			blocked := pub.Blocked()
-			r.metrics.blocked.Set(boolGauge(blocked))
+			r.setBlocked(i, blocked)
 			if blocked {
 				break // rows wait in the outbox until the alarm clears
 			}
@@ -299,7 +308,7 @@ func (r *Relay) awaitUnblocked(ctx context.Context, i int, pub Publisher) {
 	if !pub.Blocked() {
 		return
 	}
-	r.metrics.blocked.Set(1)
+	r.setBlocked(i, true)
 	r.log.WarnContext(ctx, "broker blocks publishers (resource alarm): reconnecting once it clears", "lane", i)
 	t := time.NewTicker(r.cfg.PollInterval)
 	defer t.Stop()
@@ -314,6 +323,19 @@ func (r *Relay) awaitUnblocked(ctx context.Context, i int, pub Publisher) {
 	}
 }
 
+// setBlocked records whether the broker blocks lane i's connection. The
+// gauge says whether it blocks any lane, as /readyz does: set from each
+// lane's own view alone, it followed whichever lane passed last, and read 0
+// after each pass of a lane the broker had not blocked yet.
+func (r *Relay) setBlocked(i int, blocked bool) {
+	r.lanes[i].blocked.Store(blocked)
+	blockedAny := false
+	for j := range r.lanes {
+		blockedAny = blockedAny || r.lanes[j].blocked.Load()
+	}
+	r.metrics.blocked.Set(boolGauge(blockedAny))
+}
+
 // relayBatch publishes one batch on lane i. It is not cut short by ctx: a
 // stopping relay finishes the batch it started, within the confirm timeout
 // and the shutdown timeout.
@@ -325,16 +347,69 @@ func (r *Relay) relayBatch(ctx context.Context, i int, pub Publisher) (int, erro
 	}
 	bctx, cancel := context.WithTimeout(parent, r.cfg.ConfirmTimeout+5*time.Second)
 	defer cancel()
+	var parked []string
 	n, err := r.store.Relay(bctx, r.cfg.BatchSize, func(ctx context.Context, msgs []outbox.Message) outbox.Outcome {
 		if len(msgs) == r.cfg.BatchSize && len(r.lanes) > 1 {
 			r.wakeLane((i + 1) % len(r.lanes))
 		}
-		return r.publish(ctx, pub, msgs)
+		out := r.publish(ctx, pub, msgs)
+		parked = parkedTypes(msgs, out)
+		return out
 	})
 	if n > 0 {
 		r.metrics.batchSize.Observe(float64(n))
 	}
+	if err == nil && len(parked) > 0 {
+		r.unparkDeclared(bctx, i, pub, parked)
+	}
 	return n, err
+}
+
+// unparkDeclared releases the rows of a batch just parked whose type's
+// queue exists now. A worker declares its queue, then releases the rows
+// parked for its type; if it did both between the publisher's finding no
+// queue and the commit of the park, its release did not see the rows as
+// parked, and they would wait for maintenance's backstop. Asked after the
+// commit, the broker either has the queue, and the relay releases them, or
+// has it not, and the worker's release comes after the commit and sees
+// them.
+func (r *Relay) unparkDeclared(ctx context.Context, i int, pub Publisher, types []string) {
+	if pub.Blocked() {
+		return // the broker would not answer; maintenance releases them
+	}
+	hctx, cancel := context.WithTimeout(ctx, r.cfg.ConfirmTimeout)
+	defer cancel()
+	var ready []string
+	for _, t := range types {
+		if pub.HasQueue(hctx, t) {
+			ready = append(ready, t)
+		}
+	}
+	if len(ready) == 0 {
+		return
+	}
+	n, err := r.store.Unpark(ctx, ready)
+	if err != nil {
+		// Maintenance releases them too; only latency is lost.
+		r.log.WarnContext(ctx, "release parked messages of declared types", "types", ready, "error", err)
+		return
+	}
+	if n > 0 {
+		r.wakeLane(i)
+	}
+}
+
+// parkedTypes lists the distinct types of the messages out parked.
+func parkedTypes(msgs []outbox.Message, out outbox.Outcome) []string {
+	var types []string
+	seen := map[string]bool{}
+	for _, m := range msgs {
+		if _, ok := out.Unroutable[m.ID]; ok && !seen[m.TaskType] {
+			seen[m.TaskType] = true
+			types = append(types, m.TaskType)
+		}
+	}
+	return types
 }
 
 // publish sends a batch, each message under a PRODUCER span that continues
@@ -362,7 +437,7 @@ func (r *Relay) publish(ctx context.Context, pub Publisher, msgs []outbox.Messag
 			continue
 		}
 		if reason, unroutable := out.Unroutable[m.ID]; unroutable {
-			endFailed(spans[i], reason)
+			endParked(spans[i], reason)
 			r.metrics.parked.Inc()
 			r.log.InfoContext(mctx, "no queue for the task's type yet: parked until a worker for it starts",
 				"outbox_id", m.ID, "task_id", m.TaskID, "type", m.TaskType)
@@ -382,10 +457,15 @@ func (r *Relay) measure(ctx context.Context) {
 	t := time.NewTicker(r.cfg.StatsInterval)
 	defer t.Stop()
 	for {
+		// A failed sample leaves the gauges as they were: the failures
+		// counter and the log say they are stale.
 		if st, err := r.store.Stats(ctx); err == nil {
 			r.metrics.depth.Set(float64(st.Due))
 			r.metrics.oldestAge.Set(st.OldestDueAge.Seconds())
 			r.metrics.parkedDepth.Set(float64(st.Parked))
+		} else if ctx.Err() == nil {
+			r.metrics.statsFailures.Inc()
+			r.log.WarnContext(ctx, "measure the outbox: its gauges are stale", "error", err)
 		}
 		select {
 		case <-ctx.Done():

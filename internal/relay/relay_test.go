@@ -17,6 +17,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -52,16 +53,29 @@ func setup(t *testing.T) *testBundle {
 // queues and releases the messages parked for want of them.
 func (b *testBundle) declare(t *testing.T, types ...string) {
 	t.Helper()
+	require.NoError(t, b.startWorker(types...))
+}
+
+// startWorker is declare for a goroutine other than the test's.
+func (b *testBundle) startWorker(types ...string) error {
 	conn, err := amqp.Dial(b.amqpURL)
-	require.NoError(t, err)
+	if err != nil {
+		return err
+	}
 	defer func() { _ = conn.Close() }()
 	ch, err := conn.Channel()
-	require.NoError(t, err)
-	require.NoError(t, rabbitmq.DeclareExchanges(ch))
-	for _, typ := range types {
-		require.NoError(t, rabbitmq.DeclareTaskQueue(ch, typ))
+	if err != nil {
+		return err
 	}
-	require.NoError(t, postgres.NewWorkerStore(b.db.Pool, nil).TypesReady(context.Background(), types))
+	if err := rabbitmq.DeclareExchanges(ch); err != nil {
+		return err
+	}
+	for _, typ := range types {
+		if err := rabbitmq.DeclareTaskQueue(ch, typ); err != nil {
+			return err
+		}
+	}
+	return postgres.NewWorkerStore(b.db.Pool, nil).TypesReady(context.Background(), types)
 }
 
 type relayOpts struct {
@@ -79,6 +93,8 @@ type relayOpts struct {
 	reg *prometheus.Registry
 	// logs, when set, takes the relay's JSON log.
 	logs io.Writer
+	// store, when set, wraps the relay's store.
+	store func(relay.Store) relay.Store
 }
 
 // startRelay runs a relay (and its NOTIFY listener) until the test ends.
@@ -103,11 +119,15 @@ func (b *testBundle) startRelay(t *testing.T, o relayOpts) *relay.Relay {
 	if o.logs != nil {
 		log = telemetry.NewLogger(o.logs, "info", "json")
 	}
+	var store relay.Store = postgres.NewRelayStore(b.db.Pool, 50*time.Millisecond, time.Second)
+	if o.store != nil {
+		store = o.store(store)
+	}
 	r := relay.New(relay.Config{
 		BatchSize: o.batchSize, PollInterval: o.pollInterval, Lanes: o.lanes,
 		ConfirmTimeout: 5 * time.Second, ReconnectBackoffMax: 200 * time.Millisecond, StatsInterval: time.Second,
 	}, relay.Deps{
-		Store: postgres.NewRelayStore(b.db.Pool, 50*time.Millisecond, time.Second),
+		Store: store,
 		Broker: relay.BrokerFunc(func(_ context.Context, n int) (relay.Publisher, error) {
 			p, err := rabbitmq.DialPublisher(b.amqpURL, n, t.Name(), o.pack)
 			if err != nil {
@@ -769,4 +789,174 @@ func (p *blockedPublisher) Blocked() bool {
 	}
 	p.askedAfter.Add(1)
 	return p.blocked.Load()
+}
+
+// A worker that starts while the relay holds a message of its type it has
+// just found no queue for (the broker returned it, and no queue of the type
+// existed yet) declares its queue and releases the parked messages of its
+// type before the relay has committed the park: the release does not see
+// the row, which the relay parks after it. The message must still go out,
+// not wait for maintenance's backstop.
+func TestAWorkerStartingWhileTheRelayParksGetsTheMessage(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.submit(t, "late.worker", `{"n":1}`, 5)
+	started := make(chan error, 1)
+	var once sync.Once
+	b.startRelay(t, relayOpts{wrap: func(p relay.Publisher) relay.Publisher {
+		return &afterPublishPublisher{Publisher: p, after: func(out outbox.Outcome) {
+			if len(out.Unroutable) > 0 {
+				once.Do(func() { started <- b.startWorker("late.worker") })
+			}
+		}}
+	}})
+	select {
+	case err := <-started:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the message was never parked")
+	}
+	testenv.WaitForDepth(t, b.amqpURL, rabbitmq.QueueName("late.worker"), 1, 10*time.Second)
+	b.waitOutboxEmpty(t)
+}
+
+// afterPublishPublisher calls after with each batch's outcome, before the
+// relay commits it.
+type afterPublishPublisher struct {
+	relay.Publisher
+	after func(outbox.Outcome)
+}
+
+func (p *afterPublishPublisher) Publish(ctx context.Context, msgs []outbox.Message) outbox.Outcome {
+	out := p.Publisher.Publish(ctx, msgs)
+	p.after(out)
+	return out
+}
+
+// A message parked until a worker for its type starts is the normal course
+// of things, not a failure: its PRODUCER span, in the task's trace, says it
+// was parked, without an error status that would show the trace in red.
+func TestAParkedMessageIsNoErrorInItsTrace(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	orphan := b.submit(t, "no.worker.yet", `{"n":1}`, 5)
+	rec := tracetest.NewSpanRecorder()
+	b.startRelay(t, relayOpts{tp: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))})
+	var span sdktrace.ReadOnlySpan
+	testenv.Eventually(t, 10*time.Second, func() error {
+		for _, s := range rec.Ended() {
+			for _, kv := range s.Attributes() {
+				if kv.Key == "conveyor.task_id" && kv.Value.AsString() == orphan.ID.String() {
+					span = s
+					return nil
+				}
+			}
+		}
+		return fmtErr("no span for the parked task yet")
+	})
+	require.NotEqual(t, codes.Error, span.Status().Code, "status %v", span.Status())
+	var events []string
+	for _, e := range span.Events() {
+		events = append(events, e.Name)
+	}
+	require.Contains(t, events, "parked")
+}
+
+// While the outbox cannot be measured (the database is unreachable), the
+// depth and age gauges keep their last values: the relay counts and logs
+// each failed measurement, so that a dashboard or an alert can tell.
+func TestAFailedOutboxMeasurementIsCountedAndLogged(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	reg := prometheus.NewRegistry()
+	var logs syncBuffer
+	b.startRelay(t, relayOpts{reg: reg, logs: &logs, store: func(s relay.Store) relay.Store {
+		return failingStats{s}
+	}})
+	testenv.Eventually(t, 10*time.Second, func() error {
+		families, err := reg.Gather()
+		if err != nil {
+			return err
+		}
+		for _, f := range families {
+			if f.GetName() == "conveyor_relay_outbox_stats_failures_total" && f.GetMetric()[0].GetCounter().GetValue() > 0 {
+				return nil
+			}
+		}
+		return fmtErr("no failed measurement counted")
+	})
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if !strings.Contains(logs.String(), "the database is down") {
+			return fmtErr("no log line says why: %s", logs.String())
+		}
+		return nil
+	})
+}
+
+// failingStats is a store that cannot measure the outbox.
+type failingStats struct{ relay.Store }
+
+func (failingStats) Stats(context.Context) (outbox.Stats, error) {
+	return outbox.Stats{}, errors.New("outbox stats: the database is down")
+}
+
+// conveyor_relay_broker_blocked says, as /readyz does, whether the broker
+// blocks the relay: while it blocks one lane's connection, another lane's
+// pass (the broker has not blocked its connection yet) must not set it
+// back to 0.
+func TestTheBlockedGaugeHoldsWhileOneLaneIsBlocked(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	reg := prometheus.NewRegistry()
+	var dials atomic.Int32
+	var blockedAnswers, freeAnswers atomic.Int32
+	hold := make(chan struct{})
+	b.startRelay(t, relayOpts{lanes: 2, reg: reg, wrap: func(p relay.Publisher) relay.Publisher {
+		if dials.Add(1) == 1 {
+			return &laneBlockedPublisher{Publisher: p, answers: &blockedAnswers, blocked: true, hold: hold}
+		}
+		return &laneBlockedPublisher{Publisher: p, answers: &freeAnswers}
+	}})
+	t.Cleanup(func() { close(hold) }) // before the relay stops
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if blockedAnswers.Load() == 0 {
+			return fmtErr("the blocked lane has not asked yet")
+		}
+		return nil
+	})
+	// The other lane passes twice more: the gauge was set after the
+	// first of them.
+	after := freeAnswers.Load()
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if freeAnswers.Load() < after+2 {
+			return fmtErr("the other lane has not passed again")
+		}
+		return nil
+	})
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() == "conveyor_relay_broker_blocked" {
+			require.Equal(t, 1.0, f.GetMetric()[0].GetGauge().GetValue())
+			return
+		}
+	}
+	t.Fatal("no conveyor_relay_broker_blocked")
+}
+
+// laneBlockedPublisher answers whether the broker blocks it; a blocked one
+// answers once, then holds the question until hold is closed.
+type laneBlockedPublisher struct {
+	relay.Publisher
+	answers *atomic.Int32
+	blocked bool
+	hold    chan struct{}
+}
+
+func (p *laneBlockedPublisher) Blocked() bool {
+	if p.blocked && p.answers.Load() > 0 {
+		<-p.hold
+	}
+	p.answers.Add(1)
+	return p.blocked
 }

@@ -51,3 +51,11 @@ func endFailed(span trace.Span, reason string) {
 	span.SetStatus(codes.Error, reason)
 	span.End()
 }
+
+// endParked ends the span of a message no queue took: it waits in the
+// outbox for a worker of its type, the normal course for a type whose
+// workers have not started, and no error of the task's.
+func endParked(span trace.Span, reason string) {
+	span.AddEvent("parked", trace.WithAttributes(attribute.String("conveyor.reason", reason)))
+	span.End()
+}
