@@ -414,3 +414,59 @@ func requireStopsWithin(t *testing.T, relay *testenv.Process, bound time.Duratio
 	require.Less(t, took, bound, "SHUTDOWN_TIMEOUT=1s, yet the relay took %s to stop", took)
 	require.Equal(t, 0, code, relay.Output())
 }
+
+// A relay frozen mid-pass (a paused VM, a host gone without closing its
+// sockets) holds its pass's transaction, and the outbox rows it locked,
+// for as long as PostgreSQL keeps its session: other relays skip locked
+// rows. DATABASE_IDLE_IN_TRANSACTION_TIMEOUT has the server end that
+// session, and another relay publishes the rows. Every confirm takes a
+// round trip of 300 ms here, so a pass is caught holding its rows.
+func TestAFrozenRelaysRowsArePublishedByAnother(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	b := sharedBundle(t)
+	u, err := url.Parse(b.amqpURL)
+	require.NoError(t, err)
+	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
+	proxy := toxiproxy.NewProxy(srv, "rabbitmq", "127.0.0.1:0", u.Host)
+	require.NoError(t, proxy.Start())
+	t.Cleanup(proxy.Stop)
+	_, err = proxy.Toxics.AddToxicJson(strings.NewReader(
+		`{"name": "slow", "type": "latency", "stream": "downstream", "attributes": {"latency": 300}}`))
+	require.NoError(t, err)
+	slow := *u
+	slow.Host = proxy.Listen
+
+	ids := b.fill(t, 2000)
+	env := []string{"RELAY_CONFIRM_TIMEOUT=2s", "DATABASE_IDLE_IN_TRANSACTION_TIMEOUT=18s", "RELAY_LANES=1"}
+	frozen := b.startRelay(t, "relay-frozen", append(env, "AMQP_URL="+slow.String())...)
+	inPass := func() int {
+		var n int
+		require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND state = 'idle in transaction' AND pid <> pg_backend_pid()`).Scan(&n))
+		return n
+	}
+	// Freeze it while a pass holds its rows: stopped between two passes,
+	// it is let go and caught again.
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if inPass() == 0 {
+			return fmt.Errorf("no pass in flight")
+		}
+		frozen.Signal(syscall.SIGSTOP)
+		time.Sleep(700 * time.Millisecond) // longer than a pass's confirms: a pass still open is the frozen one's
+		if inPass() == 0 {
+			frozen.Signal(syscall.SIGCONT)
+			return fmt.Errorf("stopped between passes")
+		}
+		return nil
+	})
+	t.Cleanup(func() { frozen.Signal(syscall.SIGCONT) })
+	held := b.outboxCount(t)
+	require.NotZero(t, held)
+
+	b.admin = testenv.FreeAddr(t)
+	b.startRelay(t, "relay-2", env...)
+	b.waitOutboxEmpty(t, 60*time.Second)
+	dups := b.requireAllDelivered(t, ids)
+	t.Logf("frozen with %d rows in the outbox; duplicates: %d", held, dups)
+}

@@ -17,11 +17,18 @@ import (
 
 // Common is what every binary reads.
 type Common struct {
-	DatabaseURL      string        `envconfig:"DATABASE_URL" default:"postgres://postgres@localhost:5432/conveyor?sslmode=disable"`
-	DatabaseMaxConns int32         `envconfig:"DATABASE_MAX_CONNS" default:"0"`
-	LogLevel         string        `envconfig:"LOG_LEVEL" default:"info"`
-	LogFormat        string        `envconfig:"LOG_FORMAT" default:"json"`
-	ShutdownTimeout  time.Duration `envconfig:"SHUTDOWN_TIMEOUT" default:"30s"`
+	DatabaseURL      string `envconfig:"DATABASE_URL" default:"postgres://postgres@localhost:5432/conveyor?sslmode=disable"`
+	DatabaseMaxConns int32  `envconfig:"DATABASE_MAX_CONNS" default:"0"`
+	// DatabaseIdleTxTimeout ends, on the server, a session left idle in a
+	// transaction for longer (0: never): a process frozen or cut off
+	// without its socket closing (a paused VM, a host that vanished) would
+	// otherwise hold its transaction's row locks until TCP keepalive gives
+	// up, which takes hours by default — a relay's locked outbox rows, a
+	// worker's tasks.
+	DatabaseIdleTxTimeout time.Duration `envconfig:"DATABASE_IDLE_IN_TRANSACTION_TIMEOUT" default:"1m"`
+	LogLevel              string        `envconfig:"LOG_LEVEL" default:"info"`
+	LogFormat             string        `envconfig:"LOG_FORMAT" default:"json"`
+	ShutdownTimeout       time.Duration `envconfig:"SHUTDOWN_TIMEOUT" default:"30s"`
 	// OTLPEndpoint and OTLPTracesEndpoint only decide whether traces are
 	// exported; the exporter itself reads every OTEL_* variable.
 	OTLPEndpoint       string `envconfig:"OTEL_EXPORTER_OTLP_ENDPOINT"`
@@ -41,6 +48,9 @@ func (c Common) Validate() error {
 	}
 	if c.DatabaseMaxConns < 0 {
 		return fmt.Errorf("DATABASE_MAX_CONNS: must not be negative, got %d", c.DatabaseMaxConns)
+	}
+	if c.DatabaseIdleTxTimeout != 0 && c.DatabaseIdleTxTimeout < time.Second {
+		return fmt.Errorf("DATABASE_IDLE_IN_TRANSACTION_TIMEOUT: must be 0 (never) or at least 1s, got %s", c.DatabaseIdleTxTimeout)
 	}
 	if err := oneOf("LOG_LEVEL", strings.ToLower(c.LogLevel), "debug", "info", "warn", "error"); err != nil {
 		return err

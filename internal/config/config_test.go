@@ -155,6 +155,26 @@ func TestLoadRelayNamesTheBadVariable(t *testing.T) {
 	require.Equal(t, 64, cfg.TasksPerMessage)
 }
 
+// A session idle in a transaction is ended after
+// DATABASE_IDLE_IN_TRANSACTION_TIMEOUT; a relay's pass is such a session
+// while it waits on the broker, so the timeout must outlast that wait.
+func TestLoadBoundsTheIdleTransactionTimeout(t *testing.T) {
+	requireLoadNamesTheBadVariable[config.API](t, []struct{ name, value string }{
+		{"DATABASE_IDLE_IN_TRANSACTION_TIMEOUT", "500ms"}})
+	requireLoadNamesTheBadVariable[config.Relay](t, []struct{ name, value string }{
+		{"DATABASE_IDLE_IN_TRANSACTION_TIMEOUT", "25s"}})
+	cfg, err := config.Load[config.Relay]()
+	require.NoError(t, err)
+	require.Equal(t, time.Minute, cfg.DatabaseIdleTxTimeout)
+	t.Setenv("DATABASE_IDLE_IN_TRANSACTION_TIMEOUT", "0")
+	_, err = config.Load[config.Relay]()
+	require.NoError(t, err, "0 ends no session")
+	t.Setenv("DATABASE_IDLE_IN_TRANSACTION_TIMEOUT", "4s")
+	t.Setenv("RELAY_CONFIRM_TIMEOUT", "1s")
+	_, err = config.Load[config.Relay]()
+	require.ErrorContains(t, err, "RELAY_CONFIRM_TIMEOUT + 15s")
+}
+
 // An admin address set but empty is a mistake, as API_ADDR's is: the
 // relay and the worker would serve /healthz, /readyz and /metrics on a
 // random port, where no probe finds them.

@@ -66,8 +66,19 @@ func (c Relay) Validate() error {
 	if err := validTasksPerMessage(c.TasksPerMessage); err != nil {
 		return err
 	}
+	// A pass holds its transaction open while it publishes (a socket
+	// write may take up to 15 s on a blocked connection) and waits for the
+	// confirms: the server must not end it meanwhile.
+	if least := c.ConfirmTimeout + relayPublishWrite; c.DatabaseIdleTxTimeout != 0 && c.DatabaseIdleTxTimeout <= least {
+		return fmt.Errorf("DATABASE_IDLE_IN_TRANSACTION_TIMEOUT: must be longer than a relay pass may wait on the broker, "+
+			"RELAY_CONFIRM_TIMEOUT + 15s (%s), got %s", least, c.DatabaseIdleTxTimeout)
+	}
 	return nil
 }
+
+// relayPublishWrite is the longest a publish's socket write may take (the
+// broker adapter's write deadline).
+const relayPublishWrite = 15 * time.Second
 
 // validTasksPerMessage checks AMQP_TASKS_PER_MESSAGE.
 func validTasksPerMessage(n int) error {

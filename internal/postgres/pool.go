@@ -60,6 +60,9 @@ type PoolConfig struct {
 	MaxConns int32
 	// StatementTimeout, when set, bounds every statement on the server.
 	StatementTimeout time.Duration
+	// IdleTxTimeout, when set, ends a session left idle in a transaction
+	// for longer, on the server (its locks are released).
+	IdleTxTimeout time.Duration
 	// Plans says how the server plans the pool's prepared statements.
 	Plans Plans
 	// WarmUp names statements (WorkerHotStatements, RelayHotStatements)
@@ -103,6 +106,9 @@ func Open(ctx context.Context, cfg PoolConfig) (*pgxpool.Pool, error) {
 	}
 	if cfg.StatementTimeout > 0 {
 		pc.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(cfg.StatementTimeout.Milliseconds(), 10)
+	}
+	if cfg.IdleTxTimeout > 0 {
+		pc.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(cfg.IdleTxTimeout.Milliseconds(), 10)
 	}
 	if cfg.TracerProvider != nil {
 		pc.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(cfg.TracerProvider),

@@ -115,7 +115,7 @@ func Start(ctx context.Context, cfg config.Common, stdout io.Writer, o Options) 
 func (r *Runtime) connect(ctx context.Context, cfg config.Common, o Options, maxConns int32) error {
 	pc := postgres.PoolConfig{
 		URL: cfg.DatabaseURL, MaxConns: maxConns, StatementTimeout: o.StatementTimeout, Plans: o.Plans,
-		WarmUp: o.WarmUp, MinConns: 2, TracerProvider: r.TracerProvider,
+		WarmUp: o.WarmUp, MinConns: 2, TracerProvider: r.TracerProvider, IdleTxTimeout: cfg.DatabaseIdleTxTimeout,
 	}
 	main := pc
 	if o.TenantPool {
@@ -142,7 +142,8 @@ func (r *Runtime) connect(ctx context.Context, cfg config.Common, o Options, max
 	}
 	if o.BackgroundPool {
 		background, err := postgres.Open(ctx, postgres.PoolConfig{URL: cfg.DatabaseURL, MaxConns: backgroundConns,
-			StatementTimeout: o.StatementTimeout, Plans: postgres.PlansCustom, TracerProvider: r.TracerProvider})
+			StatementTimeout: o.StatementTimeout, Plans: postgres.PlansCustom, TracerProvider: r.TracerProvider,
+			IdleTxTimeout: cfg.DatabaseIdleTxTimeout})
 		if err != nil {
 			closePools(r.TenantPool, pool)
 			return err
