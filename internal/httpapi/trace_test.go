@@ -82,7 +82,7 @@ func TestDuplicateSubmitLinksToTheTasksTrace(t *testing.T) {
 	}
 	single := map[string]string{}
 	for _, a := range spans[0].Attributes() {
-		single[string(a.Key)] = a.Value.Emit()
+		single[string(a.Key)] = a.Value.String()
 	}
 	if single["conveyor.task_id"] == "" || single["conveyor.duplicate"] != "true" {
 		t.Errorf("the submission's span does not name the duplicate's task: %v", single)

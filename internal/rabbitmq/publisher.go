@@ -154,7 +154,9 @@ func (p *Publisher) Close() error {
 	case <-t.C:
 		// The reader fails on the closed socket, which ends the close.
 		_ = p.sock.Close()
-		<-done
+		if err := <-done; err != nil {
+			return fmt.Errorf("close connection: the broker did not answer within %s: %w", closeWait, err)
+		}
 		return fmt.Errorf("close connection: the broker did not answer within %s", closeWait)
 	}
 }

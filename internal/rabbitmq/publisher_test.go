@@ -139,7 +139,8 @@ func TestPublisherCloseDoesNotWaitForABlockedBroker(t *testing.T) {
 
 	closed := make(chan error, 1)
 	go func() { closed <- p.Close() }()
-	within(t, closed, 2*wait, "Close on a blocked connection")
+	// Close says the broker did not answer; that it returns is the point.
+	_ = within(t, closed, 2*wait, "Close on a blocked connection")
 	within(t, p.Done(), wait, "Done")
 }
 
