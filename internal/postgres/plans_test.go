@@ -215,9 +215,12 @@ func TestTheUnservedTypesCheckReadsOnlyTheTasksOfThoseTypes(t *testing.T) {
 	_, err = tx.Exec(ctx, statementSQL(t, "scope.set"), b.admin.OrgID.String(), "", "on")
 	require.NoError(t, err)
 	var n int
+	var added bool
 	read := grew(t, tx, "seq_tup_read + coalesce(idx_tup_fetch, 0)", "tasks", func() error {
-		return tx.QueryRow(ctx, statementSQL(t, "org_task_types.admit"), b.admin.OrgID, []string{"typo.new"}, 10).Scan(&n)
+		return tx.QueryRow(ctx, statementSQL(t, "org_task_types.admit"), b.admin.OrgID, []string{"typo.new"}, 10,
+			[]*string{nil}, []*string{nil}).Scan(&n, &added)
 	})
+	require.True(t, added, "typo.new is a type more")
 	require.Equal(t, 3, n, "demo.noop, demo.slow and typo.new wait unserved; typo.gone has no task left")
 	require.Less(t, read, int64(100), "task rows read")
 }
