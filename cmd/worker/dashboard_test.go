@@ -323,6 +323,9 @@ func TestDashboardFilterKeepsTheSeconds(t *testing.T) {
 	run(t, tab, 20*time.Second,
 		chromedp.Navigate(b.api+"/ui/tasks?created_after=2026-11-27T08:10:30Z"),
 		chromedp.WaitVisible(`#f-created_after`, chromedp.ByQuery),
+		// The counts come in above the form and move it down: a click
+		// aimed before they came would land where the button was.
+		chromedp.WaitVisible(`[data-count]`, chromedp.ByQuery),
 		chromedp.Value(`#f-created_after`, &shown, chromedp.ByQuery))
 	require.Equal(t, "2026-11-27T08:10:30", shown)
 	run(t, tab, 20*time.Second, chromedp.Click(`form.filters button[type="submit"]`, chromedp.ByQuery))
