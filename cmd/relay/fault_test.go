@@ -108,6 +108,24 @@ func (b *faultBundle) requireAllDelivered(t *testing.T, ids map[string]bool) int
 	return len(msgs) - len(got)
 }
 
+// slowBroker returns the address of amqpURL's broker behind a proxy that
+// delays everything the broker sends by 300 ms: every confirm takes that
+// long, and a relay's batch holds its rows as long.
+func slowBroker(t *testing.T, amqpURL string) string {
+	t.Helper()
+	u, err := url.Parse(amqpURL)
+	require.NoError(t, err)
+	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
+	proxy := toxiproxy.NewProxy(srv, "rabbitmq", "127.0.0.1:0", u.Host)
+	require.NoError(t, proxy.Start())
+	t.Cleanup(proxy.Stop)
+	_, err = proxy.Toxics.AddToxicJson(strings.NewReader(
+		`{"name": "slow", "type": "latency", "stream": "downstream", "attributes": {"latency": 300}}`))
+	require.NoError(t, err)
+	u.Host = proxy.Listen
+	return u.String()
+}
+
 func sharedBundle(t *testing.T) *faultBundle {
 	db := testdb.New(t)
 	return &faultBundle{dbURL: db.URL, pool: db.Pool, amqpURL: testenv.NewVhost(t), admin: testenv.FreeAddr(t)}
@@ -211,17 +229,7 @@ func TestRelayKeepsEveryLaneInFlight(t *testing.T) {
 	t.Parallel()
 	const lanes = 8
 	b := sharedBundle(t)
-	u, err := url.Parse(b.amqpURL)
-	require.NoError(t, err)
-	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
-	proxy := toxiproxy.NewProxy(srv, "rabbitmq", "127.0.0.1:0", u.Host)
-	require.NoError(t, proxy.Start())
-	t.Cleanup(proxy.Stop)
-	_, err = proxy.Toxics.AddToxicJson(strings.NewReader(
-		`{"name": "slow", "type": "latency", "stream": "downstream", "attributes": {"latency": 300}}`))
-	require.NoError(t, err)
-	u.Host = proxy.Listen
-	b.amqpURL = u.String()
+	b.amqpURL = slowBroker(t, b.amqpURL)
 
 	b.fill(t, lanes*200*4)
 	b.startRelay(t, "relay", fmt.Sprintf("RELAY_LANES=%d", lanes))
@@ -425,21 +433,11 @@ func TestAFrozenRelaysRowsArePublishedByAnother(t *testing.T) {
 	skipShort(t)
 	t.Parallel()
 	b := sharedBundle(t)
-	u, err := url.Parse(b.amqpURL)
-	require.NoError(t, err)
-	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
-	proxy := toxiproxy.NewProxy(srv, "rabbitmq", "127.0.0.1:0", u.Host)
-	require.NoError(t, proxy.Start())
-	t.Cleanup(proxy.Stop)
-	_, err = proxy.Toxics.AddToxicJson(strings.NewReader(
-		`{"name": "slow", "type": "latency", "stream": "downstream", "attributes": {"latency": 300}}`))
-	require.NoError(t, err)
-	slow := *u
-	slow.Host = proxy.Listen
+	slow := slowBroker(t, b.amqpURL)
 
 	ids := b.fill(t, 2000)
 	env := []string{"RELAY_CONFIRM_TIMEOUT=2s", "DATABASE_IDLE_IN_TRANSACTION_TIMEOUT=18s", "RELAY_LANES=1"}
-	frozen := b.startRelay(t, "relay-frozen", append(env, "AMQP_URL="+slow.String())...)
+	frozen := b.startRelay(t, "relay-frozen", append(env, "AMQP_URL="+slow)...)
 	inPass := func() int {
 		var n int
 		require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
