@@ -1084,3 +1084,30 @@ func TestEveryOperationRefusesAnUnknownQueryParameter(t *testing.T) {
 		require.Contains(t, resp.json(t)["detail"], `unknown query parameter "limt"`, op.name())
 	}
 }
+
+// Made-up API keys from one address are looked up only for its burst of
+// failures; then the address gets 429 with Retry-After, the made-up
+// prefixes never reaching the database, while the key it used before
+// still gets in.
+func TestFailedAuthenticationsOfOneAddressAreBounded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *config.API) { c.AuthFailureLimit, c.AuthFailureBurst = 0.001, 2 })
+	require.Equal(t, http.StatusOK, b.get(t, "/v1/whoami").status)
+
+	for i := range 10 {
+		r := b.do(t, http.MethodGet, "/v1/whoami", "", "", "Authorization", "Bearer "+auth.GenerateKey().Token)
+		if i < 2 {
+			require.Equal(t, http.StatusUnauthorized, r.status, string(r.body))
+			continue
+		}
+		require.Equal(t, http.StatusTooManyRequests, r.status, string(r.body))
+		require.Equal(t, "application/problem+json", r.header.Get("Content-Type"))
+		wait, err := strconv.Atoi(r.header.Get("Retry-After"))
+		require.NoError(t, err)
+		require.Positive(t, wait)
+	}
+	require.Equal(t, http.StatusOK, b.get(t, "/v1/whoami").status, "a key found before is not refused")
+	metrics := string(b.get(t, "/metrics").body)
+	require.Equal(t, "2", metricValue(metrics, `conveyor_auth_failures_total{reason="unknown_key"}`), "only the burst was looked up")
+	require.Equal(t, "8", metricValue(metrics, "conveyor_rate_limited_total"))
+}

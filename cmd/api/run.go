@@ -56,6 +56,8 @@ func run(ctx context.Context, cfg config.API, stdout io.Writer) error {
 		TrustTraceContext: cfg.TrustTraceContext,
 		RateLimit:         cfg.RateLimit,
 		RateBurst:         cfg.RateBurst,
+		AuthFailureLimit:  cfg.AuthFailureLimit,
+		AuthFailureBurst:  cfg.AuthFailureBurst,
 		MaxUnservedTypes:  cfg.MaxUnservedTypes,
 		StreamHeartbeat:   cfg.StreamHeartbeat,
 		MaxStreams:        cfg.StreamMax,

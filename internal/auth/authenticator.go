@@ -264,3 +264,22 @@ func (c *cache) len() int {
 	defer c.mu.Unlock()
 	return c.found.Len() + c.missing.Len()
 }
+
+// Known says whether header holds an API key whose prefix this instance
+// has found before, at any age, without asking the database: a caller
+// refusing a flood of made-up credentials lets such keys through to
+// Authenticate, since made-up prefixes are never among them.
+func (a *Authenticator) Known(header string) bool {
+	scheme, token, ok := strings.Cut(header, " ")
+	token = strings.TrimSpace(token)
+	if !ok || !strings.EqualFold(scheme, "Bearer") || !strings.HasPrefix(token, keyMark) {
+		return false
+	}
+	prefix, ok := KeyPrefix(token)
+	if !ok {
+		return false
+	}
+	a.keys.mu.Lock()
+	defer a.keys.mu.Unlock()
+	return a.keys.found.Contains(prefix)
+}

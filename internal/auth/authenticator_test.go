@@ -278,3 +278,22 @@ func TestALookupEndsWithItsCallersDeadline(t *testing.T) {
 	require.Eventually(t, func() bool { return dir.waiting.Load() == 0 }, 5*time.Second, 5*time.Millisecond,
 		"lookups still waiting after their callers left")
 }
+
+// Known answers without a lookup, and only for keys found before.
+func TestKnownIsOnlyKeysFoundBefore(t *testing.T) {
+	t.Parallel()
+	dir := &fakeDirectory{}
+	a := New(dir, Config{CacheTTL: time.Nanosecond})
+	token, _ := dir.add(Reader)
+	unknown := GenerateKey().Token
+	require.False(t, a.Known("Bearer "+token), "never looked up")
+	_, err := a.Authenticate(context.Background(), "Bearer "+token)
+	require.NoError(t, err)
+	_, err = a.Authenticate(context.Background(), "Bearer "+unknown)
+	require.Error(t, err)
+	before := dir.lookups
+	require.True(t, a.Known("Bearer "+token), "found before, whatever the entry's age")
+	require.False(t, a.Known("Bearer "+unknown))
+	require.False(t, a.Known("Bearer not-a-key"))
+	require.Equal(t, before, dir.lookups)
+}

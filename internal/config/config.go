@@ -128,6 +128,14 @@ type API struct {
 	// with bursts of RateBurst; 0 turns the limit off.
 	RateLimit float64 `envconfig:"API_RATE_LIMIT" default:"1000"`
 	RateBurst int     `envconfig:"API_RATE_BURST" default:"2000"`
+	// AuthFailureLimit is the failed authentications a second each client
+	// address may make, with bursts of AuthFailureBurst: past it the
+	// address is refused before its credentials are looked up (keys this
+	// instance has found before still pass). 0, the default, turns the
+	// limit off: behind a proxy every client has the proxy's address, and
+	// one client's flood would refuse the others' people and new keys.
+	AuthFailureLimit float64 `envconfig:"AUTH_FAILURE_LIMIT" default:"0"`
+	AuthFailureBurst int     `envconfig:"AUTH_FAILURE_BURST" default:"100"`
 	// MaxUnservedTypes bounds how many task types that no worker serves
 	// an org may have tasks waiting for; 0: no bound.
 	MaxUnservedTypes int `envconfig:"API_ORG_MAX_UNSERVED_TYPES" default:"100"`
@@ -199,6 +207,9 @@ func (c API) Validate() error {
 	}
 	if c.RateLimit < 0 || math.IsNaN(c.RateLimit) || math.IsInf(c.RateLimit, 0) || c.RateBurst < 1 {
 		return fmt.Errorf("API_RATE_LIMIT and API_RATE_BURST: the limit must be a finite number, not negative, and the burst at least 1, got %v and %d", c.RateLimit, c.RateBurst)
+	}
+	if c.AuthFailureLimit < 0 || math.IsNaN(c.AuthFailureLimit) || math.IsInf(c.AuthFailureLimit, 0) || (c.AuthFailureLimit > 0 && c.AuthFailureBurst < 1) {
+		return fmt.Errorf("AUTH_FAILURE_LIMIT and AUTH_FAILURE_BURST: the limit must be a finite number, not negative, and the burst of a limit at least 1, got %v and %d", c.AuthFailureLimit, c.AuthFailureBurst)
 	}
 	if c.AuthDisabled && !regexp.MustCompile(task.SlugPattern).MatchString(c.DevOrg) {
 		return fmt.Errorf("AUTH_DEV_ORG: must be an org's slug (%s), got %q", task.SlugPattern, c.DevOrg)

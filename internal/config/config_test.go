@@ -189,7 +189,11 @@ func TestLoadRefusesAnEmptyAdminAddr(t *testing.T) {
 func TestLoadAPIRefusesANonFiniteRateLimit(t *testing.T) {
 	requireLoadNamesTheBadVariable[config.API](t, []struct{ name, value string }{
 		{"API_RATE_LIMIT", "NaN"}, {"API_RATE_LIMIT", "Inf"}, {"API_RATE_LIMIT", "+Inf"},
+		{"AUTH_FAILURE_LIMIT", "NaN"}, {"AUTH_FAILURE_LIMIT", "-1"},
 	})
+	// The failure limit is off by default; a limit set needs a burst.
+	t.Setenv("AUTH_FAILURE_LIMIT", "10")
+	requireLoadNamesTheBadVariable[config.API](t, []struct{ name, value string }{{"AUTH_FAILURE_BURST", "0"}})
 }
 
 // The issuer's URL is only used once a person's token arrives: a malformed

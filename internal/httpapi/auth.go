@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"net"
 	"net/http"
 	"strconv"
 	"sync"
@@ -59,6 +60,18 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 			s.writeError(w, r, err)
 			return
 		}
+		addr := clientAddr(r)
+		if wait, over := s.failures.over(addr); over && !s.known(header) {
+			// Past its failures, an address is refused before its
+			// credentials cost a lookup; keys this instance has found
+			// before still go through, made-up ones never being among them.
+			cancel()
+			s.metrics.rateLimited.Inc()
+			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
+			s.writeProblem(w, r, http.StatusTooManyRequests, "rate_limited",
+				"too many failed authentications from this address; retry after the Retry-After header's seconds")
+			return
+		}
 		p, err := s.Auth.Authenticate(actx, header)
 		cancel()
 		if err != nil && errors.Is(r.Context().Err(), context.Canceled) {
@@ -69,6 +82,13 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 		}
 		if err != nil {
 			s.refused(r, err)
+			switch auth.ReasonOf(err) {
+			case auth.ReasonLookup, auth.ReasonMissing:
+				// Neither is the client guessing: no credentials cost no
+				// lookup, and a failed lookup is the server's fault.
+			default:
+				s.failures.fail(addr)
+			}
 			if auth.ReasonOf(err) == auth.ReasonLookup {
 				s.writeError(w, r, task.Errorf(task.ErrCodeUnavailable, "%s", err.Error()))
 				return
@@ -204,6 +224,79 @@ func (l *limiters) allow(id uuid.UUID) (time.Duration, bool) {
 
 func (l *limiters) len() int { return l.buckets.Len() }
 
+// known says whether the authenticator vouches, without a lookup, for
+// header's credentials having been found before.
+func (s *server) known(header string) bool {
+	k, ok := s.Auth.(interface{ Known(header string) bool })
+	return ok && k.Known(header)
+}
+
+// clientAddr is the address of r's peer, without its port: behind a proxy,
+// the proxy's (a forwarded-for header is the client's to write).
+func clientAddr(r *http.Request) string {
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		return host
+	}
+	return r.RemoteAddr
+}
+
+// failureLimits keeps a token bucket of failed authentications per client
+// address, for the maxBuckets addresses that failed last: a bucket is made
+// only by a failure, so requests with good credentials neither need one
+// nor push one out.
+type failureLimits struct {
+	rate  rate.Limit
+	burst int
+
+	mu      sync.Mutex // makes a bucket's lookup and creation one step
+	buckets *lru.Cache[string, *rate.Limiter]
+}
+
+func newFailureLimits(perSecond float64, burst int) *failureLimits {
+	if perSecond <= 0 {
+		return nil
+	}
+	// lru.New fails only for a size below 1.
+	buckets, _ := lru.New[string, *rate.Limiter](maxBuckets)
+	return &failureLimits{rate: rate.Limit(perSecond), burst: max(burst, 1), buckets: buckets}
+}
+
+// over says whether addr has used up its failures, and how long until it
+// may fail again. A nil *failureLimits is never over.
+func (l *failureLimits) over(addr string) (time.Duration, bool) {
+	if l == nil {
+		return 0, false
+	}
+	l.mu.Lock()
+	lim, ok := l.buckets.Get(addr)
+	l.mu.Unlock()
+	if !ok {
+		return 0, false
+	}
+	tokens := lim.TokensAt(time.Now())
+	if tokens >= 1 {
+		return 0, false
+	}
+	return time.Duration((1 - tokens) / float64(l.rate) * float64(time.Second)), true
+}
+
+// fail takes a token from addr's bucket.
+func (l *failureLimits) fail(addr string) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	lim, ok := l.buckets.Get(addr)
+	if !ok {
+		lim = rate.NewLimiter(l.rate, l.burst)
+		l.buckets.Add(addr, lim)
+	}
+	l.mu.Unlock()
+	lim.Allow()
+}
+
+func (l *failureLimits) len() int { return l.buckets.Len() }
+
 func newAuthMetrics(reg prometheus.Registerer) (*prometheus.CounterVec, prometheus.Counter) {
 	failures := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "conveyor_auth_failures_total",
@@ -211,7 +304,7 @@ func newAuthMetrics(reg prometheus.Registerer) (*prometheus.CounterVec, promethe
 	}, []string{"reason"})
 	limited := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "conveyor_rate_limited_total",
-		Help: "Requests refused with 429 by the per-principal rate limit.",
+		Help: "Requests refused with 429 by the per-principal rate limit or the per-address limit of failed authentications.",
 	})
 	reg.MustRegister(failures, limited)
 	return failures, limited

@@ -79,6 +79,12 @@ type Config struct {
 	// bursts of RateBurst; 0 turns the limit off.
 	RateLimit float64
 	RateBurst int
+	// AuthFailureLimit is the failed authentications a second each client
+	// address may make, with bursts of AuthFailureBurst; past it the
+	// address is refused 429 before its credentials are looked up, but
+	// for keys this instance has found before. 0 turns the limit off.
+	AuthFailureLimit float64
+	AuthFailureBurst int
 	// MaxUnservedTypes bounds the task types no worker serves that an org
 	// may have waiting; 0: no bound.
 	MaxUnservedTypes int
@@ -118,7 +124,8 @@ type Deps struct {
 // NewHandler returns the API's HTTP handler with every route of routes.go.
 func NewHandler(cfg Config, deps Deps) http.Handler {
 	s := &server{cfg: cfg, Deps: deps, metrics: newMetrics(deps.Registry),
-		limits: newLimiters(cfg.RateLimit, cfg.RateBurst)}
+		limits:   newLimiters(cfg.RateLimit, cfg.RateBurst),
+		failures: newFailureLimits(cfg.AuthFailureLimit, cfg.AuthFailureBurst)}
 	s.types = &typeLabels{load: deps.Store.KnownTypes, log: deps.Log}
 	return s.routes()
 }
@@ -129,7 +136,9 @@ type server struct {
 	metrics *metrics
 	types   *typeLabels
 	limits  *limiters
-	streams atomic.Int64 // live streams open
+	// failures bounds the failed authentications of each client address.
+	failures *failureLimits
+	streams  atomic.Int64 // live streams open
 	// orgStreams counts the live streams of each org that has one.
 	orgStreams orgStreams
 }
