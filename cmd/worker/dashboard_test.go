@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/fetch"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
@@ -778,4 +779,86 @@ func TestDashboardTasksPageCountsFollowTheTasks(t *testing.T) {
 	run(t, tab, 30*time.Second,
 		chromedp.WaitVisible(`//span[@data-count="PENDING"][text()="1"]`, chromedp.BySearch),
 		chromedp.WaitVisible(`//span[@data-count="CANCELLED"][text()="1"]`, chromedp.BySearch))
+}
+
+// The tasks page's counts come after the page is drawn: their place is kept
+// until then, so a click aimed at the filter form before they come lands
+// where it was aimed.
+func TestDashboardTasksPageDoesNotMoveWhenTheCountsCome(t *testing.T) {
+	b := setup(t)
+	key := b.dashboardKey(t)
+	tab := browser(t)
+	signIn(t, tab, b.api, key)
+
+	// The overview's requests are held until the test lets them go.
+	held := make(chan fetch.RequestID, 16)
+	chromedp.ListenTarget(tab, func(ev any) {
+		if r, ok := ev.(*fetch.EventRequestPaused); ok {
+			held <- r.RequestID
+		}
+	})
+	run(t, tab, 10*time.Second, fetch.Enable().WithPatterns([]*fetch.RequestPattern{{URLPattern: "*/v1/overview*"}}))
+	buttonTop := func() float64 {
+		var top float64
+		run(t, tab, 10*time.Second, chromedp.Evaluate(
+			`document.querySelector('form.filters button[type="submit"]').getBoundingClientRect().top`, &top))
+		return top
+	}
+	run(t, tab, 20*time.Second,
+		chromedp.Navigate(b.api+"/ui/tasks"),
+		chromedp.WaitVisible(`form.filters button[type="submit"]`, chromedp.ByQuery))
+	var id fetch.RequestID
+	select {
+	case id = <-held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the page did not ask for the counts")
+	}
+	before := buttonTop()
+	run(t, tab, 10*time.Second, fetch.ContinueRequest(id),
+		chromedp.WaitVisible(`//span[@data-count="PENDING"][text()="0"]`, chromedp.BySearch))
+	require.Equal(t, before, buttonTop())
+}
+
+// A stream refused because the org holds its most live streams (429) is
+// said on the page, which would otherwise look live and not change, and is
+// asked for again once one is let go.
+func TestDashboardStreamRefusedForTheOrgsCapSaysSoAndComesBack(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	db := testdb.New(t)
+	b := setupWith(t, db.URL, db.Pool, testenv.NewVhost(t), "STREAM_MAX_PER_ORG=1")
+	key := b.dashboardKey(t)
+	id := b.sleepTask(t, 1, 10)
+	tab := browser(t)
+	signIn(t, tab, b.api, key)
+	for _, page := range []string{"/ui/tasks", "/ui/tasks/" + id.String()} {
+		// The org's one stream is held elsewhere; the one the page had is
+		// let go with it.
+		var held *sseStream
+		for deadline := time.Now().Add(20 * time.Second); held == nil && time.Now().Before(deadline); {
+			s, status := b.openStream(t, "/v1/events/stream", -1)
+			if status == http.StatusOK {
+				held = s
+				break
+			}
+			require.Equal(t, http.StatusTooManyRequests, status)
+			run(t, tab, 5*time.Second, chromedp.Navigate("about:blank"))
+		}
+		require.NotNil(t, held, "the org's one stream")
+
+		var shown string
+		run(t, tab, 30*time.Second, chromedp.Navigate(b.api+page),
+			chromedp.WaitVisible("#live", chromedp.ByID),
+			chromedp.Text("#live", &shown, chromedp.ByID))
+		require.Contains(t, shown, "Live updates paused", page)
+		require.Contains(t, shown, "Trying again in 5 s", page)
+
+		held.cancel()
+		held.resp.Body.Close()
+		run(t, tab, 30*time.Second, chromedp.WaitNotVisible("#live", chromedp.ByID))
+	}
+	// The list's stream, open again, brings a new task.
+	run(t, tab, 30*time.Second, chromedp.Navigate(b.api+"/ui/tasks"), chromedp.WaitVisible("main table", chromedp.ByQuery))
+	fresh := b.submit(t, "dash.capped", map[string]any{}, 1)
+	run(t, tab, 30*time.Second, chromedp.WaitVisible(`tr[data-task="`+fresh.String()+`"]`, chromedp.ByQuery))
 }

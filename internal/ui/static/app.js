@@ -116,8 +116,19 @@ function showError(where, err) {
 // the stream is asked for again, in case it was not). Any
 // other refusal but a 429 will not change (a filter the API refuses): it
 // stops. Otherwise (a 503 while the API restarts, a 429, no answer) it
-// opens a new stream after a pause, from the last event it saw.
-function follow(url, onEvent, onEnd) {
+// opens a new stream after a pause (the answer's Retry-After, when it has
+// one), from the last event it saw. While it waits, onPause is told why
+// (the page would otherwise look live and not change), and told null once
+// a stream is open again.
+// liveNote is where a page says its live updates are paused: an element,
+// hidden while they are not, and the onPause to give follow.
+function liveNote() {
+  const el = h("p", { role: "status", class: "muted", id: "live", hidden: true });
+  return [el, (why) => { el.textContent = why || ""; el.hidden = !why; }];
+}
+
+function follow(url, onEvent, onEnd, onPause) {
+  const pause = (why) => { if (onPause) onPause(why); };
   // gen counts the times the page was hidden: what was under way then
   // (a question of the stream, a reopening) is dropped.
   let es, last = "", ended = false, retry = 2000, timer, gen = 0;
@@ -125,6 +136,7 @@ function follow(url, onEvent, onEnd) {
   const from = () => url + (last ? (url.includes("?") ? "&" : "?") + "last_event_id=" + encodeURIComponent(last) : "");
   const open = () => {
     es = new EventSource(from(), { withCredentials: true });
+    es.addEventListener("open", () => pause(null));
     // The ready frame carries where the stream starts: a stream reopened
     // before its first task event resumes from there, not from "now".
     es.addEventListener("ready", (m) => { last = m.lastEventId || last; });
@@ -133,7 +145,7 @@ function follow(url, onEvent, onEnd) {
     es.addEventListener("error", async () => {
       if (es.readyState !== EventSource.CLOSED || ended) return;
       const at = gen;
-      const status = await answer(from());
+      const { status, after } = await answer(from());
       if (ended || at !== gen) return;
       if (status === 204) {
         ended = true;
@@ -146,20 +158,25 @@ function follow(url, onEvent, onEnd) {
         ended = true;
         return;
       }
-      timer = setTimeout(() => { if (!ended) open(); }, retry);
+      const wait = after > 0 ? after * 1000 : retry;
+      pause((status === 429 ? "Live updates paused: the API serves its most live streams for this org (close another page)."
+        : "Live updates lost.") + ` Trying again in ${Math.round(wait / 1000)} s.`);
+      timer = setTimeout(() => { if (!ended) open(); }, wait);
       retry = Math.min(retry * 2, 30000);
     });
   };
-  // answer is the status a stream's request gets now (0 for none), read
-  // from its headers: the stream itself, if it opens, is let go at once.
+  // answer is the status a stream's request gets now (0 for none) and its
+  // Retry-After in seconds (0 for none), read from its headers: the stream
+  // itself, if it opens, is let go at once.
   const answer = async (streamURL) => {
     const ctrl = new AbortController();
     try {
       const resp = await fetch(streamURL, { credentials: "same-origin", signal: ctrl.signal,
         headers: { Accept: "text/event-stream", "X-Conveyor-UI": "1" } });
-      return resp.status;
+      const after = parseInt(resp.headers.get("Retry-After") || "", 10);
+      return { status: resp.status, after: after > 0 ? Math.min(after, 300) : 0 };
     } catch {
-      return 0;
+      return { status: 0, after: 0 };
     } finally {
       ctrl.abort();
     }
@@ -260,10 +277,13 @@ async function renderOverview() {
   setInterval(draw, 5000);
 }
 
-function countCards(counts) {
+// countCards without counts (not read yet) keeps their place with a dash
+// for each number: what is below them does not move when they come.
+function countCards(counts, unread) {
   return h("ul", { class: "cards", "aria-label": "Tasks by status" },
     STATUSES.map((s) => h("li", {},
-      h("a", { href: "/ui/tasks?status=" + s }, h("span", { class: "n", "data-count": s }, String((counts || {})[s] || 0)), statusBadge(s)))));
+      h("a", { href: "/ui/tasks?status=" + s }, h("span", { class: "n", "data-count": unread ? null : s },
+        unread ? "–" : String((counts || {})[s] || 0)), statusBadge(s)))));
 }
 
 function hourChart(minutes) {
@@ -310,10 +330,11 @@ async function renderTasks() {
   const filter = {};
   for (const f of FILTERS) if (params.get(f)) filter[f] = params.get(f);
 
-  const counts = h("div", {});
+  const counts = h("div", {}, countCards(null, true));
   const rows = h("tbody", {});
   const more = h("button", { type: "button", hidden: true }, "Older tasks");
   const note = h("p", { role: "status", class: "muted" });
+  const [liveEl, onPause] = liveNote();
   const table = h("div", { class: "table-wrap" }, h("table", { "aria-describedby": "tasks-h" },
     h("thead", {}, h("tr", {}, ["Task", "Type", "Status", "Progress", "State", "Updated"].map((t, i) =>
       h("th", { scope: "col", class: i === 5 ? "hide-narrow" : null }, t)))),
@@ -323,7 +344,7 @@ async function renderTasks() {
   const drawCounts = () => api("GET", "/v1/overview").then((o) => fill(counts, countCards(o.counts))).catch(() => {});
   fill(main, h("h1", { id: "tasks-h" }, "Tasks"), counts, filterForm(filter),
     mayWrite() ? bulkPanel(filter, note, drawCounts) : null, mayWrite() ? submitPanel() : null,
-    note, table, more);
+    note, liveEl, table, more);
 
   drawCounts();
   setInterval(drawCounts, 5000);
@@ -396,7 +417,7 @@ async function renderTasks() {
     return Number.isNaN(after) || parseInt(id.replace(/-/g, "").slice(0, 12), 16) >= after;
   };
   let early = [];
-  follow("/v1/events/stream?" + live, (e) => (early ? early.push(e) : onEvent(e)));
+  follow("/v1/events/stream?" + live, (e) => (early ? early.push(e) : onEvent(e)), null, onPause);
   await load();
   const waiting = early;
   early = null;
@@ -508,6 +529,7 @@ async function renderTask(id) {
   const actions = h("div", { class: "row" });
   const details = h("div", {});
   const timeline = h("ol", { class: "timeline", id: "timeline", "aria-label": "Events, oldest first" });
+  const [liveEl, onPause] = liveNote();
 
   const drawActions = () => {
     // fill, not replaceChildren: a redraw leaves the focus on the button.
@@ -550,7 +572,7 @@ async function renderTask(id) {
     h("h1", {}, "Task ", h("span", { class: "id" }, t.id), " ", badge),
     h("div", { class: "bar" }, bar, label), actions,
     h("div", { class: "grid2" }, h("section", {}, details),
-      h("section", { "aria-labelledby": "events-h" }, h("h2", { id: "events-h" }, "Events"), timeline)));
+      h("section", { "aria-labelledby": "events-h" }, h("h2", { id: "events-h" }, "Events"), liveEl, timeline)));
   drawDetails();
 
   // reread draws the task as it now is, once the events that came
@@ -589,7 +611,7 @@ async function renderTask(id) {
   }, () => {
     reread();
     watchEnded();
-  });
+  }, onPause);
 
   // The stream ends with the task, but a retry made elsewhere (the CLI,
   // another person, the list's bulk action) starts it again: the task is
