@@ -149,3 +149,88 @@ func TestAUserConflictSaysWhoseUserHoldsTheSubject(t *testing.T) {
 	require.Equal(t, http.StatusConflict, ours.status, string(ours.body))
 	require.Contains(t, ours.json(t)["detail"], "the org already has")
 }
+
+// The key, user and member listings page like the task listing: limit and
+// cursor in, next_cursor out, every row once across the pages; a cursor
+// this API did not return, or one whose user is gone, is a 422 on cursor.
+func TestAdminListingsPage(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	walk := func(path, field string) []string {
+		t.Helper()
+		var ids []string
+		cursor := ""
+		for range 20 {
+			resp := b.get(t, path+"?limit=2&cursor="+cursor)
+			require.Equal(t, http.StatusOK, resp.status, string(resp.body))
+			var page struct {
+				Items      []map[string]any
+				NextCursor string `json:"next_cursor"`
+			}
+			raw := map[string]json.RawMessage{}
+			require.NoError(t, json.Unmarshal(resp.body, &raw))
+			require.NoError(t, json.Unmarshal(raw[field], &page.Items))
+			_ = json.Unmarshal(raw["next_cursor"], &page.NextCursor)
+			require.LessOrEqual(t, len(page.Items), 2, "%s: %s", path, resp.body)
+			for _, it := range page.Items {
+				ids = append(ids, it["id"].(string))
+			}
+			if page.NextCursor == "" {
+				return ids
+			}
+			cursor = page.NextCursor
+		}
+		t.Fatalf("%s: no last page", path)
+		return nil
+	}
+
+	for i := range 4 {
+		require.Equal(t, http.StatusCreated, b.post(t, "/v1/keys", fmt.Sprintf(`{"name":"k%d","role":"reader"}`, i)).status)
+	}
+	keys := walk("/v1/keys", "keys")
+	require.Len(t, keys, 5, "the admin key and four: %v", keys)
+	require.ElementsMatch(t, keys, uniq(keys))
+
+	require.Equal(t, http.StatusCreated, b.post(t, "/v1/roles", `{"slug":"ops"}`).status)
+	var users []string
+	for i := range 5 {
+		u := b.post(t, "/v1/users", fmt.Sprintf(`{"external_id":"paging|%d","role":"reader"}`, i))
+		require.Equal(t, http.StatusCreated, u.status, string(u.body))
+		users = append(users, u.json(t)["id"].(string))
+		if i < 3 {
+			require.Equal(t, http.StatusNoContent, b.do(t, http.MethodPut, "/v1/roles/ops/members/"+users[i], "", "").status)
+		}
+	}
+	require.Equal(t, users, walk("/v1/users", "users"), "oldest first, each once")
+	require.Equal(t, users[:3], walk("/v1/roles/ops/members", "members"))
+
+	first := b.get(t, "/v1/users?limit=2")
+	cursor := first.json(t)["next_cursor"].(string)
+	require.Equal(t, http.StatusNoContent, b.do(t, http.MethodDelete, "/v1/users/"+users[1], "", "").status)
+	for _, path := range []string{"/v1/keys", "/v1/users", "/v1/roles/ops/members"} {
+		for _, q := range []string{"?cursor=not-ours!", "?cursor=" + cursor, "?limit=0", "?limit=501"} {
+			if q == "?cursor="+cursor && path == "/v1/keys" {
+				continue
+			}
+			resp := b.get(t, path+q)
+			require.Equal(t, http.StatusUnprocessableEntity, resp.status, "%s%s: %s", path, q, resp.body)
+			want := "cursor"
+			if q[1] == 'l' {
+				want = "limit"
+			}
+			require.Equal(t, want, resp.json(t)["field"], "%s%s", path, q)
+		}
+	}
+}
+
+func uniq(s []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, v := range s {
+		if !seen[v] {
+			seen[v] = true
+			out = append(out, v)
+		}
+	}
+	return out
+}

@@ -781,6 +781,52 @@ func TestUsersAndRoles(t *testing.T) {
 	}, calls)
 }
 
+// The API pages keys, users and members; the listing commands follow
+// next_cursor, so that they still show every one, as a table and as JSON.
+func TestAdminListingsFollowTheCursor(t *testing.T) {
+	t.Parallel()
+	api := newFakeAPI(t)
+	paged := func(field string, ids ...string) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			item := func(id string) string {
+				return `{"id":"` + id + `","name":"n","external_id":"x","role":"reader","org_roles":[],"created_at":"2026-11-23T12:00:00Z"}`
+			}
+			if r.URL.Query().Get("cursor") == "" {
+				fmt.Fprintf(w, `{"%s":[%s],"next_cursor":"c1"}`, field, item(ids[0]))
+				return
+			}
+			fmt.Fprintf(w, `{"%s":[%s]}`, field, item(ids[1]))
+		}
+	}
+	api.mux.HandleFunc("GET /v1/keys", paged("keys", "k1", "k2"))
+	api.mux.HandleFunc("GET /v1/users", paged("users", "u1", "u2"))
+	api.mux.HandleFunc("GET /v1/roles/{slug}/members", paged("members", "m1", "m2"))
+	c := newCLI(t, api)
+
+	for _, l := range []struct {
+		args  []string
+		field string
+		ids   []string
+	}{
+		{[]string{"keys", "ls"}, "keys", []string{"k1", "k2"}},
+		{[]string{"users", "ls"}, "users", []string{"u1", "u2"}},
+		{[]string{"roles", "members", "ops"}, "members", []string{"m1", "m2"}},
+	} {
+		r := c.run(l.args...)
+		require.Equal(t, 0, r.code, "%v: %s", l.args, r.stderr)
+		for _, id := range l.ids {
+			require.Contains(t, r.stdout, "\n"+id+" ", "%v: %s", l.args, r.stdout)
+		}
+		r = c.run(append(l.args, "-o", "json")...)
+		require.Equal(t, 0, r.code, "%v: %s", l.args, r.stderr)
+		var out map[string][]struct{ ID string }
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout)
+		require.Len(t, out[l.field], 2, "%v: %s", l.args, r.stdout)
+		require.Equal(t, l.ids[1], out[l.field][1].ID)
+	}
+}
+
 func TestVersionAndCompletion(t *testing.T) {
 	t.Parallel()
 	c := newCLI(t, nil)

@@ -3,6 +3,7 @@ package apiclient
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"time"
@@ -64,11 +65,61 @@ func (c *Client) CreateKey(ctx context.Context, in KeyRequest) (Key, error) {
 	return k, err
 }
 
-// Keys lists the org's keys, revoked ones included.
+// Keys lists the org's keys, revoked ones included: every page of them.
 func (c *Client) Keys(ctx context.Context) (KeyList, error) {
 	var l KeyList
-	_, err := c.do(ctx, request{method: http.MethodGet, path: "/v1/keys"}, &l)
+	var err error
+	l.Document, err = c.everyPage(ctx, "/v1/keys", "keys", &l.Keys)
 	return l, err
+}
+
+// everyPage reads a paged listing to its end, following next_cursor, into
+// items (a pointer to a slice), and answers one document that holds the
+// items of every page under field, as if a single page.
+func (c *Client) everyPage(ctx context.Context, path, field string, items any) (Document, error) {
+	all := []json.RawMessage{}
+	cursor := ""
+	for {
+		q := url.Values{}
+		set(q, "cursor", cursor)
+		var page map[string]json.RawMessage
+		if _, err := c.do(ctx, request{method: http.MethodGet, path: path, query: q}, &page); err != nil {
+			return Document{}, err
+		}
+		var these []json.RawMessage
+		if err := json.Unmarshal(page[field], &these); err != nil {
+			return Document{}, fmt.Errorf("GET %s: decode answer: %w", path, err)
+		}
+		all = append(all, these...)
+		var next string
+		if raw, ok := page["next_cursor"]; ok {
+			if err := json.Unmarshal(raw, &next); err != nil {
+				return Document{}, fmt.Errorf("GET %s: decode answer: %w", path, err)
+			}
+		}
+		if next == "" {
+			break
+		}
+		if next == cursor {
+			// A server that answers the cursor it was sent would be read forever.
+			return Document{}, fmt.Errorf("GET %s: the API answered the cursor it was sent", path)
+		}
+		cursor = next
+	}
+	list, err := json.Marshal(all)
+	if err != nil {
+		return Document{}, err
+	}
+	if err := json.Unmarshal(list, items); err != nil {
+		return Document{}, fmt.Errorf("GET %s: decode answer: %w", path, err)
+	}
+	body, err := json.Marshal(map[string]json.RawMessage{field: list})
+	if err != nil {
+		return Document{}, err
+	}
+	var d Document
+	d.keep(body)
+	return d, nil
 }
 
 // RevokeKey revokes a key.
@@ -110,10 +161,11 @@ func (c *Client) CreateUser(ctx context.Context, in UserRequest) (User, error) {
 	return u, err
 }
 
-// Users lists the org's users.
+// Users lists the org's users: every page of them.
 func (c *Client) Users(ctx context.Context) (UserList, error) {
 	var l UserList
-	_, err := c.do(ctx, request{method: http.MethodGet, path: "/v1/users"}, &l)
+	var err error
+	l.Document, err = c.everyPage(ctx, "/v1/users", "users", &l.Users)
 	return l, err
 }
 
@@ -170,10 +222,11 @@ func (c *Client) DeleteRole(ctx context.Context, slug string) error {
 	return err
 }
 
-// Members lists the users who are members of a role.
+// Members lists the users who are members of a role: every page of them.
 func (c *Client) Members(ctx context.Context, slug string) (UserList, error) {
 	var l UserList
-	_, err := c.do(ctx, request{method: http.MethodGet, path: "/v1/roles/" + url.PathEscape(slug) + "/members"}, &l)
+	var err error
+	l.Document, err = c.everyPage(ctx, "/v1/roles/"+url.PathEscape(slug)+"/members", "members", &l.Members)
 	return l, err
 }
 

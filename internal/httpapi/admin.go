@@ -20,10 +20,12 @@ import (
 // and memberships, each call inside the principal's org.
 type AdminStore interface {
 	CreateKey(ctx context.Context, p auth.Principal, in auth.KeyInput) (auth.Key, string, error)
-	ListKeys(ctx context.Context, p auth.Principal) ([]auth.Key, error)
+	// ListKeys, ListUsers and ListMembers answer a page: at most limit,
+	// those after the row after (uuid.Nil: from the first).
+	ListKeys(ctx context.Context, p auth.Principal, after uuid.UUID, limit int) ([]auth.Key, error)
 	RevokeKey(ctx context.Context, p auth.Principal, id uuid.UUID) (auth.Key, error)
 	CreateUser(ctx context.Context, p auth.Principal, in auth.UserInput) (auth.User, error)
-	ListUsers(ctx context.Context, p auth.Principal) ([]auth.User, error)
+	ListUsers(ctx context.Context, p auth.Principal, after uuid.UUID, limit int) ([]auth.User, error)
 	SetUserRole(ctx context.Context, p auth.Principal, id uuid.UUID, role auth.Role) (auth.User, error)
 	DeleteUser(ctx context.Context, p auth.Principal, id uuid.UUID) error
 	CreateRole(ctx context.Context, p auth.Principal, slug, name string) (auth.OrgRole, error)
@@ -31,7 +33,7 @@ type AdminStore interface {
 	DeleteRole(ctx context.Context, p auth.Principal, slug string) error
 	AddMember(ctx context.Context, p auth.Principal, slug string, user uuid.UUID) error
 	RemoveMember(ctx context.Context, p auth.Principal, slug string, user uuid.UUID) error
-	ListMembers(ctx context.Context, p auth.Principal, slug string) ([]auth.User, error)
+	ListMembers(ctx context.Context, p auth.Principal, slug string, after uuid.UUID, limit int) ([]auth.User, error)
 }
 
 type keyView struct {
@@ -195,13 +197,47 @@ func keyInput(keyName, role string, roles []string, expires *time.Time) (auth.Ke
 
 func (s *server) handleListKeys() http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		keys, err := s.Admin.ListKeys(r.Context(), principal(r))
+		after, limit, err := adminPage(r)
 		if err != nil {
 			s.writeError(w, r, err)
 			return
 		}
-		s.respond(w, r, http.StatusOK, map[string]any{"keys": mapSlice(keys, toKeyView)})
+		keys, err := s.Admin.ListKeys(r.Context(), principal(r), after, limit)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		resp := map[string]any{"keys": mapSlice(keys, toKeyView)}
+		if len(keys) == limit {
+			resp["next_cursor"] = encodeCursor(keys[len(keys)-1].ID)
+		}
+		s.respond(w, r, http.StatusOK, resp)
 	}
+}
+
+// adminPage reads the limit and cursor of a listing of keys, users or
+// members; the cursor is a task listing's kind, the last id of a page.
+func adminPage(r *http.Request) (uuid.UUID, int, error) {
+	q := r.URL.Query()
+	limit, err := limitParam(q, defaultListLimit, maxListLimit)
+	if err != nil {
+		return uuid.Nil, 0, err
+	}
+	var after uuid.UUID
+	if c := q.Get("cursor"); c != "" {
+		if after, err = decodeCursor(c); err != nil {
+			return uuid.Nil, 0, err
+		}
+	}
+	return after, limit, nil
+}
+
+func userPage(field string, users []auth.User, limit int) map[string]any {
+	resp := map[string]any{field: mapSlice(users, toUserView)}
+	if len(users) == limit {
+		resp["next_cursor"] = encodeCursor(users[len(users)-1].ID)
+	}
+	return resp
 }
 
 func (s *server) handleRevokeKey() http.HandlerFunc {
@@ -261,12 +297,17 @@ func (s *server) handleCreateUser() http.HandlerFunc {
 
 func (s *server) handleListUsers() http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		users, err := s.Admin.ListUsers(r.Context(), principal(r))
+		after, limit, err := adminPage(r)
 		if err != nil {
 			s.writeError(w, r, err)
 			return
 		}
-		s.respond(w, r, http.StatusOK, map[string]any{"users": mapSlice(users, toUserView)})
+		users, err := s.Admin.ListUsers(r.Context(), principal(r), after, limit)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		s.respond(w, r, http.StatusOK, userPage("users", users, limit))
 	}
 }
 
@@ -379,12 +420,17 @@ func (s *server) handleListMembers() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
-		users, err := s.Admin.ListMembers(r.Context(), principal(r), slug)
+		after, limit, err := adminPage(r)
 		if err != nil {
 			s.writeError(w, r, err)
 			return
 		}
-		s.respond(w, r, http.StatusOK, map[string]any{"members": mapSlice(users, toUserView)})
+		users, err := s.Admin.ListMembers(r.Context(), principal(r), slug, after, limit)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		s.respond(w, r, http.StatusOK, userPage("members", users, limit))
 	}
 }
 

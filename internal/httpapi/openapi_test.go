@@ -273,14 +273,18 @@ type nopAdmin struct{}
 func (nopAdmin) CreateKey(context.Context, auth.Principal, auth.KeyInput) (auth.Key, string, error) {
 	return auth.Key{}, "", nil
 }
-func (nopAdmin) ListKeys(context.Context, auth.Principal) ([]auth.Key, error) { return nil, nil }
+func (nopAdmin) ListKeys(context.Context, auth.Principal, uuid.UUID, int) ([]auth.Key, error) {
+	return nil, nil
+}
 func (nopAdmin) RevokeKey(context.Context, auth.Principal, uuid.UUID) (auth.Key, error) {
 	return auth.Key{}, nil
 }
 func (nopAdmin) CreateUser(context.Context, auth.Principal, auth.UserInput) (auth.User, error) {
 	return auth.User{}, nil
 }
-func (nopAdmin) ListUsers(context.Context, auth.Principal) ([]auth.User, error) { return nil, nil }
+func (nopAdmin) ListUsers(context.Context, auth.Principal, uuid.UUID, int) ([]auth.User, error) {
+	return nil, nil
+}
 func (nopAdmin) SetUserRole(context.Context, auth.Principal, uuid.UUID, auth.Role) (auth.User, error) {
 	return auth.User{}, nil
 }
@@ -294,7 +298,7 @@ func (nopAdmin) AddMember(context.Context, auth.Principal, string, uuid.UUID) er
 func (nopAdmin) RemoveMember(context.Context, auth.Principal, string, uuid.UUID) error {
 	return nil
 }
-func (nopAdmin) ListMembers(context.Context, auth.Principal, string) ([]auth.User, error) {
+func (nopAdmin) ListMembers(context.Context, auth.Principal, string, uuid.UUID, int) ([]auth.User, error) {
 	return nil, nil
 }
 

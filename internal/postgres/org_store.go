@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -39,8 +40,12 @@ SELECT k.id, k.name, k.role, k.prefix, $9::text[], k.created_by, k.created_at, k
 	k.revoked_at
 FROM k`)
 
+// sqlKeysList is a page of the org's keys, newest first, after the key $2
+// (none: from the newest). Keys have random ids, so the page goes on from
+// the cursor key's place in (created_at, id) order.
 var sqlKeysList = statement("api_keys.list", `SELECT `+keyColumns+` FROM api_keys k WHERE k.org_id = $1
-	ORDER BY k.created_at DESC, k.id`)
+	AND ($2::uuid IS NULL OR (k.created_at, k.id) < (SELECT c.created_at, c.id FROM api_keys c WHERE c.org_id = $1 AND c.id = $2))
+	ORDER BY k.created_at DESC, k.id DESC LIMIT $3`)
 
 // sqlKeyRevoke revokes a key and answers it as it now stands: the row the
 // update returns, or, when the key was revoked before, the row as it is (a
@@ -63,8 +68,15 @@ SELECT u.id, u.external_id, coalesce(u.email, ''), u.role, '{}'::text[], u.creat
 
 var sqlUserOfSubject = statement("users.of_subject", `SELECT EXISTS (SELECT 1 FROM users WHERE org_id = $1 AND external_id = $2)`)
 
+// sqlUsersList is a page of the org's users, oldest first, after the user
+// whose created_at and id are $2 and $3 (none: from the oldest).
 var sqlUsersList = statement("users.list", `SELECT `+userColumns+` FROM users u WHERE u.org_id = $1
-	ORDER BY u.created_at, u.id`)
+	AND ($3::uuid IS NULL OR (u.created_at, u.id) > ($2, $3))
+	ORDER BY u.created_at, u.id LIMIT $4`)
+
+// sqlUserCreated is when a user was made: a page of users goes on from the
+// place of the last user of the page before.
+var sqlUserCreated = statement("users.created", `SELECT created_at FROM users WHERE org_id = $1 AND id = $2`)
 
 var sqlUserGet = statement("users.get", `SELECT `+userColumns+` FROM users u WHERE u.org_id = $1 AND u.id = $2`)
 
@@ -93,7 +105,8 @@ WHERE m.org_id = $1 AND r.id = m.role_id AND r.org_id = $1 AND r.slug = $2 AND m
 var sqlMembersList = statement("org_role_memberships.list", `SELECT `+userColumns+`
 FROM users u JOIN org_role_memberships m ON m.user_id = u.id JOIN org_roles r ON r.id = m.role_id
 WHERE u.org_id = $1 AND r.org_id = $1 AND r.slug = $2
-ORDER BY u.created_at, u.id`)
+	AND ($4::uuid IS NULL OR (u.created_at, u.id) > ($3, $4))
+ORDER BY u.created_at, u.id LIMIT $5`)
 
 // sqlAdminsLock serialises, per org, the changes that may take away an
 // admin, so that two of them (each key revoking the other) cannot both see
@@ -171,11 +184,64 @@ func roleIDs(ctx context.Context, tx pgx.Tx, org uuid.UUID, slugs []string) ([]u
 	return out, nil
 }
 
-// ListKeys lists the org's keys, revoked ones included, newest first.
-func (s *APIStore) ListKeys(ctx context.Context, p auth.Principal) ([]auth.Key, error) {
-	keys, err := scopedRows(ctx, s.pool, p.Scope(), func(row pgx.CollectableRow) (auth.Key, error) { return scanKey(row) },
-		sqlKeysList, p.OrgID)
+// ListKeys lists the org's keys, revoked ones included, newest first: at
+// most limit, those after the key after (uuid.Nil: from the newest).
+func (s *APIStore) ListKeys(ctx context.Context, p auth.Principal, after uuid.UUID, limit int) ([]auth.Key, error) {
+	var keys []auth.Key
+	err := inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
+		if err := cursorRow(ctx, tx, sqlKeyExists, p.OrgID, after, "key"); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, sqlKeysList, p.OrgID, nilUUID(after), limit)
+		if err != nil {
+			return err
+		}
+		keys, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (auth.Key, error) { return scanKey(row) })
+		return err
+	})
 	return keys, translate(err)
+}
+
+var sqlKeyExists = statement("api_keys.exists", `SELECT EXISTS (SELECT 1 FROM api_keys WHERE org_id = $1 AND id = $2)`)
+
+// cursorRow refuses a cursor whose row is gone (or never was the org's):
+// the page would otherwise come back empty, and the listing look complete.
+func cursorRow(ctx context.Context, tx pgx.Tx, sql string, org, after uuid.UUID, what string) error {
+	if after == uuid.Nil {
+		return nil
+	}
+	var ok bool
+	if err := tx.QueryRow(ctx, sql, org, after).Scan(&ok); err != nil {
+		return err
+	}
+	if !ok {
+		return task.Invalid("cursor", "names a %s that no longer exists: list again from the first page", what)
+	}
+	return nil
+}
+
+// userCursor is the place, in (created_at, id) order, of the user after
+// (uuid.Nil: before the first).
+func userCursor(ctx context.Context, tx pgx.Tx, org, after uuid.UUID) (*time.Time, *uuid.UUID, error) {
+	if after == uuid.Nil {
+		return nil, nil, nil
+	}
+	var at time.Time
+	err := tx.QueryRow(ctx, sqlUserCreated, org, after).Scan(&at)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil, task.Invalid("cursor", "names a user that no longer exists: list again from the first page")
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return &at, &after, nil
+}
+
+func nilUUID(id uuid.UUID) *uuid.UUID {
+	if id == uuid.Nil {
+		return nil
+	}
+	return &id
 }
 
 // RevokeKey revokes a key of the org; revoking a revoked key changes
@@ -247,10 +313,22 @@ func (s *APIStore) CreateUser(ctx context.Context, p auth.Principal, in auth.Use
 		"external_id %q is a user of another org: a subject of the identity provider can be a user of one org only", in.ExternalID)
 }
 
-// ListUsers lists the org's users, oldest first.
-func (s *APIStore) ListUsers(ctx context.Context, p auth.Principal) ([]auth.User, error) {
-	users, err := scopedRows(ctx, s.pool, p.Scope(), func(row pgx.CollectableRow) (auth.User, error) { return scanUser(row) },
-		sqlUsersList, p.OrgID)
+// ListUsers lists the org's users, oldest first: at most limit, those
+// after the user after (uuid.Nil: from the oldest).
+func (s *APIStore) ListUsers(ctx context.Context, p auth.Principal, after uuid.UUID, limit int) ([]auth.User, error) {
+	var users []auth.User
+	err := inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
+		at, id, err := userCursor(ctx, tx, p.OrgID, after)
+		if err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, sqlUsersList, p.OrgID, at, id, limit)
+		if err != nil {
+			return err
+		}
+		users, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (auth.User, error) { return scanUser(row) })
+		return err
+	})
 	return users, translate(err)
 }
 
@@ -343,14 +421,19 @@ func (s *APIStore) member(ctx context.Context, p auth.Principal, sql, slug strin
 	}))
 }
 
-// ListMembers lists the users of a role.
-func (s *APIStore) ListMembers(ctx context.Context, p auth.Principal, slug string) ([]auth.User, error) {
+// ListMembers lists the users of a role, oldest first: at most limit,
+// those after the user after (uuid.Nil: from the oldest).
+func (s *APIStore) ListMembers(ctx context.Context, p auth.Principal, slug string, after uuid.UUID, limit int) ([]auth.User, error) {
 	var users []auth.User
 	err := inScope(ctx, s.pool, p.Scope(), func(tx pgx.Tx) error {
 		if err := roleExists(ctx, tx, p.OrgID, slug); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, sqlMembersList, p.OrgID, slug)
+		at, id, err := userCursor(ctx, tx, p.OrgID, after)
+		if err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, sqlMembersList, p.OrgID, slug, at, id, limit)
 		if err != nil {
 			return err
 		}
