@@ -154,12 +154,10 @@ func TestRunPageKeepsARefusedActionsError(t *testing.T) {
 	require.Contains(t, shown, "slow down")
 }
 
-// A run cancelled while one of its tasks runs is CANCELLED at once, but
-// that task only stops when its worker hears of it: the run's page must
-// keep reading the run until its tasks have stopped, not leave the node
-// IN_PROGRESS for good because the run itself is over.
-func TestRunPageFollowsTasksStillStoppingAfterACancel(t *testing.T) {
-	b := setup(t)
+// startSlowRun starts a run of a workflow of one node, a task that sleeps
+// for a minute, and returns the run's id.
+func (b *bundle) startSlowRun(t *testing.T) (started struct{ ID string }) {
+	t.Helper()
 	b.apply(t, `
 jobs:
   - {name: slow, type: demo.sleep, payload: {steps: 600, step_ms: 100}}
@@ -168,10 +166,19 @@ workflows:
     nodes:
       - {job: slow}
 `)
+	require.NoError(t, json.Unmarshal(b.post(t, "/v1/workflows/stopping/runs", map[string]any{}, http.StatusCreated), &started))
+	return started
+}
+
+// A run cancelled while one of its tasks runs is CANCELLED at once, but
+// that task only stops when its worker hears of it: the run's page must
+// keep reading the run until its tasks have stopped, not leave the node
+// IN_PROGRESS for good because the run itself is over.
+func TestRunPageFollowsTasksStillStoppingAfterACancel(t *testing.T) {
+	b := setup(t)
 	b.startWorker(t, "w-run-page")
 	key := b.dashboardKey(t)
-	var started struct{ ID string }
-	require.NoError(t, json.Unmarshal(b.post(t, "/v1/workflows/stopping/runs", map[string]any{}, http.StatusCreated), &started))
+	started := b.startSlowRun(t)
 
 	tab := browser(t)
 	signIn(t, tab, b.api, key)
@@ -193,17 +200,8 @@ workflows:
 // node's task stays PENDING for as long as the test needs it to.
 func TestRunPageStopsTheTasksOfAFailedRunStillStopping(t *testing.T) {
 	b := setup(t)
-	b.apply(t, `
-jobs:
-  - {name: slow, type: demo.sleep, payload: {steps: 600, step_ms: 100}}
-workflows:
-  - name: stopping
-    nodes:
-      - {job: slow}
-`)
 	key := b.dashboardKey(t)
-	var started struct{ ID string }
-	require.NoError(t, json.Unmarshal(b.post(t, "/v1/workflows/stopping/runs", map[string]any{}, http.StatusCreated), &started))
+	started := b.startSlowRun(t)
 	_, err := b.pool.Exec(context.Background(), `UPDATE workflow_runs SET status = 'FAILED', error = 'node failed: other',
 		finished_at = now() WHERE id = $1`, started.ID)
 	require.NoError(t, err)
