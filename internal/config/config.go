@@ -6,10 +6,14 @@ package config
 import (
 	"fmt"
 	"math"
+	"net"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/conveyorhq/conveyor/internal/rabbitmq"
 	"github.com/conveyorhq/conveyor/internal/task"
@@ -49,8 +53,8 @@ func (c Common) Validate() error {
 	if c.DatabaseMaxConns < 0 {
 		return fmt.Errorf("DATABASE_MAX_CONNS: must not be negative, got %d", c.DatabaseMaxConns)
 	}
-	if c.DatabaseIdleTxTimeout != 0 && c.DatabaseIdleTxTimeout < time.Second {
-		return fmt.Errorf("DATABASE_IDLE_IN_TRANSACTION_TIMEOUT: must be 0 (never) or at least 1s, got %s", c.DatabaseIdleTxTimeout)
+	if c.DatabaseIdleTxTimeout != 0 && (c.DatabaseIdleTxTimeout < time.Second || c.DatabaseIdleTxTimeout > maxServerTimeout) {
+		return fmt.Errorf("DATABASE_IDLE_IN_TRANSACTION_TIMEOUT: must be 0 (never) or between 1s and %s, got %s", maxServerTimeout, c.DatabaseIdleTxTimeout)
 	}
 	if err := oneOf("LOG_LEVEL", strings.ToLower(c.LogLevel), "debug", "info", "warn", "error"); err != nil {
 		return err
@@ -166,8 +170,8 @@ func (c API) Validate() error {
 	if err := c.Common.Validate(); err != nil {
 		return err
 	}
-	if c.Addr == "" {
-		return fmt.Errorf("API_ADDR: must not be empty")
+	if err := validAddr("API_ADDR", c.Addr); err != nil {
+		return err
 	}
 	if c.MaxBodyBytes < 1024 {
 		return fmt.Errorf("API_MAX_BODY_BYTES: must be at least 1024, got %d", c.MaxBodyBytes)
@@ -191,14 +195,29 @@ func (c API) Validate() error {
 		return fmt.Errorf("STREAM_HEARTBEAT: must be at most %s (clients take a stream silent for a minute for dead), got %s",
 			maxStreamHeartbeat, c.StreamHeartbeat)
 	}
+	// It is each statement's timeout on the server too, in whole
+	// milliseconds: under one would be 0, no timeout at all.
+	if c.RequestTimeout < time.Millisecond || c.RequestTimeout > maxServerTimeout {
+		return fmt.Errorf("API_REQUEST_TIMEOUT: must be between 1ms and %s, got %s", maxServerTimeout, c.RequestTimeout)
+	}
 	if c.RequestTimeout >= c.WriteTimeout {
 		return fmt.Errorf("API_REQUEST_TIMEOUT: must be shorter than API_WRITE_TIMEOUT (%s), got %s", c.WriteTimeout, c.RequestTimeout)
 	}
 	if (c.OIDCIssuerURL == "") != (c.OIDCAudience == "") {
 		return fmt.Errorf("OIDC_ISSUER_URL and OIDC_AUDIENCE: set both or neither")
 	}
+	// The base of every task's trace link: a relative or malformed one
+	// would send people to the API's own paths, or nowhere.
+	if !httpURL(c.JaegerUIURL) {
+		return fmt.Errorf("JAEGER_UI_URL: must be Jaeger's http(s) URL, such as http://jaeger.example.com:16686, got %q", c.JaegerUIURL)
+	}
+	// Tokens name their audience exactly: one padded with white space
+	// (a quoted value in a manifest) refused every person's token.
+	if c.OIDCAudience != strings.TrimSpace(c.OIDCAudience) || (c.OIDCIssuerURL != "" && strings.TrimSpace(c.OIDCAudience) == "") {
+		return fmt.Errorf("OIDC_AUDIENCE: must be the audience tokens carry, without surrounding white space, got %q", c.OIDCAudience)
+	}
 	if c.OIDCIssuerURL != "" {
-		if u, err := url.Parse(c.OIDCIssuerURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+		if !httpURL(c.OIDCIssuerURL) {
 			return fmt.Errorf("OIDC_ISSUER_URL: must be the issuer's http(s) URL, such as https://issuer.example.com, got %q", c.OIDCIssuerURL)
 		}
 	}
@@ -233,12 +252,65 @@ func (c API) Validate() error {
 	return nil
 }
 
+// maxServerTimeout is the longest timeout PostgreSQL takes
+// (statement_timeout, idle_in_transaction_session_timeout: INT_MAX
+// milliseconds); a longer one fails every connection.
+const maxServerTimeout = math.MaxInt32 * time.Millisecond
+
+// saturatingSum adds durations, stopping at the largest one: a sum that
+// overflowed would be negative and pass every "longer than" check.
+func saturatingSum(ds ...time.Duration) time.Duration {
+	var sum time.Duration
+	for _, d := range ds {
+		if d > math.MaxInt64-sum {
+			return math.MaxInt64
+		}
+		sum += d
+	}
+	return sum
+}
+
 // maxStreamBuffer bounds STREAM_BUFFER: 512 KiB of a stream's buffer.
 const maxStreamBuffer = 65536
 
 // maxStreamHeartbeat bounds STREAM_HEARTBEAT: half the silence after which
 // a client opens a stream again.
 const maxStreamHeartbeat = 30 * time.Second
+
+// validAddr checks an address to listen on: a port out of range or
+// missing was found only when listening, after the database was
+// connected to (and, for the API, migrated), in a message that did not
+// name the variable.
+func validAddr(name, addr string) error {
+	if addr == "" {
+		return fmt.Errorf("%s: must not be empty", name)
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err == nil && addr != strings.TrimSpace(addr) {
+		err = fmt.Errorf("surrounding white space")
+	}
+	if err == nil {
+		_, err = net.LookupPort("tcp", port)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: must be [host]:port, such as :8080 or 127.0.0.1:8080, got %q", name, addr)
+	}
+	return nil
+}
+
+// httpURL reports whether v is an absolute http(s) URL with a host and, if
+// it names one, a port in range.
+func httpURL(v string) bool {
+	u, err := url.Parse(v)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Hostname() == "" {
+		return false
+	}
+	if p := u.Port(); p != "" {
+		n, err := strconv.Atoi(p)
+		return err == nil && n >= 1 && n <= 65535
+	}
+	return true
+}
 
 func oneOf(name, v string, allowed ...string) error {
 	for _, a := range allowed {
@@ -261,8 +333,16 @@ func validAMQPURL(list string) error {
 	if list == "" {
 		return fmt.Errorf("AMQP_URL: must not be empty")
 	}
-	if _, err := rabbitmq.ParseURLs(list); err != nil {
+	urls, err := rabbitmq.ParseURLs(list)
+	if err != nil {
 		return fmt.Errorf("AMQP_URL: %w", err)
+	}
+	// The AMQP parser takes any number for a port: one out of range
+	// failed every dial, and the relays and workers retried for ever.
+	for i, u := range urls {
+		if uri, err := amqp.ParseURI(u); err == nil && (uri.Port < 1 || uri.Port > 65535) {
+			return fmt.Errorf("AMQP_URL: URL %d of %d: port %d out of range (1-65535)", i+1, len(urls), uri.Port)
+		}
 	}
 	return nil
 }

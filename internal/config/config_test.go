@@ -127,7 +127,9 @@ func TestLoadWorkerTakesAClusterAndQuorumQueues(t *testing.T) {
 }
 
 func TestLoadRelayNamesTheBadAMQPURL(t *testing.T) {
-	for _, value := range []string{"", "amqp://a:5672/,,amqp://b:5672/", "amqp://a:5672/,mqtt://b:1883"} {
+	for _, value := range []string{"", "amqp://a:5672/,,amqp://b:5672/", "amqp://a:5672/,mqtt://b:1883",
+		// Ports out of range: every dial failed, retried for ever.
+		"amqp://a:99999/", "amqp://a:0/", "amqp://a:5672/,amqps://b:65536/"} {
 		t.Run(value, func(t *testing.T) {
 			t.Setenv("AMQP_URL", value)
 			_, err := config.Load[config.Relay]()
@@ -183,6 +185,24 @@ func TestLoadRefusesAnEmptyAdminAddr(t *testing.T) {
 	requireLoadNamesTheBadVariable[config.Worker](t, []struct{ name, value string }{{"WORKER_ADMIN_ADDR", ""}})
 }
 
+// An address whose port is out of range, or missing, was only refused
+// when the process listened: after connecting to the database (the API
+// after migrating it), and naming no variable.
+func TestLoadRefusesAnAddrWithABadPort(t *testing.T) {
+	requireLoadNamesTheBadVariable[config.API](t, []struct{ name, value string }{
+		{"API_ADDR", ":99999"}, {"API_ADDR", "8080"}, {"API_ADDR", "localhost"}, {"API_ADDR", ":-1"}, {"API_ADDR", " :8080"},
+	})
+	requireLoadNamesTheBadVariable[config.Relay](t, []struct{ name, value string }{{"RELAY_ADMIN_ADDR", ":65536"}})
+	requireLoadNamesTheBadVariable[config.Worker](t, []struct{ name, value string }{{"WORKER_ADMIN_ADDR", "0.0.0.0"}})
+	for _, addr := range []string{":8080", "127.0.0.1:0", "[::1]:8080", "localhost:http"} {
+		t.Run(addr+" is fine", func(t *testing.T) {
+			t.Setenv("API_ADDR", addr)
+			_, err := config.Load[config.API]()
+			require.NoError(t, err)
+		})
+	}
+}
+
 // A rate limit that is not a number, or infinite, is not one a person
 // meant: it must not start an API whose limit is whatever the limiter
 // makes of it.
@@ -200,7 +220,8 @@ func TestLoadAPIRefusesANonFiniteRateLimit(t *testing.T) {
 // one must stop the start, not refuse every token later.
 func TestLoadAPIRefusesAMalformedOIDCIssuerURL(t *testing.T) {
 	t.Setenv("OIDC_AUDIENCE", "conveyor")
-	for _, value := range []string{"not a url", "accounts.example.com", "ftp://issuer.example.com", "https://"} {
+	for _, value := range []string{"not a url", "accounts.example.com", "ftp://issuer.example.com", "https://",
+		"https://issuer.example.com:99999", "https://:443"} {
 		t.Run(value, func(t *testing.T) {
 			t.Setenv("OIDC_ISSUER_URL", value)
 			_, err := config.Load[config.API]()
@@ -210,6 +231,11 @@ func TestLoadAPIRefusesAMalformedOIDCIssuerURL(t *testing.T) {
 	t.Setenv("OIDC_ISSUER_URL", "https://issuer.example.com/realms/acme")
 	_, err := config.Load[config.API]()
 	require.NoError(t, err)
+
+	// Tokens carry their audience exactly: a padded one refused them all.
+	requireLoadNamesTheBadVariable[config.API](t, []struct{ name, value string }{
+		{"OIDC_AUDIENCE", " conveyor"}, {"OIDC_AUDIENCE", "conveyor\n"}, {"OIDC_AUDIENCE", " "},
+	})
 }
 
 // Every live stream allocates its buffer when it opens: an unbounded
@@ -282,4 +308,77 @@ func TestLoadNamesTheBadOTELVariable(t *testing.T) {
 			require.NoError(t, err)
 		})
 	}
+}
+
+// The scheduler waits SCHEDULER_MIN_INTERVAL after each pass: a minimum
+// longer than SCHEDULER_INTERVAL spaces every pass by it, and a
+// CRON_CATCH_UP checked against SCHEDULER_INTERVAL alone would have a job
+// that skips missed ticks lose ordinary ones.
+func TestLoadWorkerRefusesASchedulerMinimumPastItsInterval(t *testing.T) {
+	t.Setenv("SCHEDULER_INTERVAL", "500ms")
+	t.Setenv("SCHEDULER_MIN_INTERVAL", "2m")
+	_, err := config.Load[config.Worker]()
+	require.ErrorContains(t, err, "SCHEDULER_MIN_INTERVAL")
+	t.Setenv("SCHEDULER_MIN_INTERVAL", "500ms")
+	_, err = config.Load[config.Worker]()
+	require.NoError(t, err, "a minimum equal to the interval")
+
+	// A failover's delay includes the minimum, waited before the interval.
+	t.Setenv("LEADER_TTL", "15s")
+	t.Setenv("MAINTENANCE_INTERVAL", "5s")
+	t.Setenv("SCHEDULER_INTERVAL", "10s")
+	t.Setenv("SCHEDULER_MIN_INTERVAL", "10s")
+	t.Setenv("CRON_CATCH_UP", "35s")
+	_, err = config.Load[config.Worker]()
+	require.ErrorContains(t, err, "CRON_CATCH_UP")
+	t.Setenv("CRON_CATCH_UP", "41s")
+	_, err = config.Load[config.Worker]()
+	require.NoError(t, err)
+}
+
+// Durations of a few million hours overflow when doubled or added: the
+// interplay checks must still refuse them, not see a negative sum.
+func TestLoadInterplayChecksDoNotOverflow(t *testing.T) {
+	t.Setenv("WORKER_DEAD_AFTER", "2500000h")
+	requireLoadNamesTheBadVariable[config.Worker](t, []struct{ name, value string }{
+		{"HEARTBEAT_INTERVAL", "2000000h"}, // doubled, past the largest duration
+	})
+	t.Setenv("LEADER_TTL", "2000000h")
+	t.Setenv("MAINTENANCE_INTERVAL", "1000000h")
+	_, err := config.Load[config.Worker]()
+	require.ErrorContains(t, err, "CRON_CATCH_UP")
+	t.Setenv("RELAY_CONFIRM_TIMEOUT", "2562047h")
+	_, err = config.Load[config.Relay]()
+	require.ErrorContains(t, err, "DATABASE_IDLE_IN_TRANSACTION_TIMEOUT")
+}
+
+// PostgreSQL takes its timeouts in whole milliseconds up to INT_MAX: past
+// it every connection failed with the server's parameter named, not the
+// variable, and an API_REQUEST_TIMEOUT under 1ms set no statement timeout.
+func TestLoadBoundsTheServersTimeouts(t *testing.T) {
+	requireLoadNamesTheBadVariable[config.Relay](t, []struct{ name, value string }{
+		{"DATABASE_IDLE_IN_TRANSACTION_TIMEOUT", "600h"},
+	})
+	t.Setenv("API_WRITE_TIMEOUT", "1000h")
+	requireLoadNamesTheBadVariable[config.API](t, []struct{ name, value string }{
+		{"API_REQUEST_TIMEOUT", "600h"},
+		{"API_REQUEST_TIMEOUT", "500us"},
+	})
+	t.Setenv("DATABASE_IDLE_IN_TRANSACTION_TIMEOUT", "596h")
+	t.Setenv("API_REQUEST_TIMEOUT", "596h")
+	_, err := config.Load[config.API]()
+	require.NoError(t, err)
+}
+
+// JAEGER_UI_URL is the base of every task's trace_url: an empty or
+// relative one made links to the API's own /trace/ paths, and a malformed
+// one links that lead nowhere, instead of stopping the start.
+func TestLoadAPIRefusesAMalformedJaegerUIURL(t *testing.T) {
+	requireLoadNamesTheBadVariable[config.API](t, []struct{ name, value string }{
+		{"JAEGER_UI_URL", ""}, {"JAEGER_UI_URL", "jaeger:16686"}, {"JAEGER_UI_URL", "::not a url"},
+		{"JAEGER_UI_URL", " http://jaeger:16686"}, {"JAEGER_UI_URL", "/jaeger"}, {"JAEGER_UI_URL", "http://jaeger:166860"},
+	})
+	t.Setenv("JAEGER_UI_URL", "https://jaeger.example.com/")
+	_, err := config.Load[config.API]()
+	require.NoError(t, err)
 }

@@ -45,8 +45,8 @@ func (c Relay) Validate() error {
 	if err := validAMQPURL(c.AMQPURL); err != nil {
 		return err
 	}
-	if c.AdminAddr == "" {
-		return fmt.Errorf("RELAY_ADMIN_ADDR: must not be empty")
+	if err := validAddr("RELAY_ADMIN_ADDR", c.AdminAddr); err != nil {
+		return err
 	}
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
 		return fmt.Errorf("RELAY_BATCH_SIZE: must be between 1 and 10000, got %d", c.BatchSize)
@@ -69,7 +69,7 @@ func (c Relay) Validate() error {
 	// A pass holds its transaction open while it publishes (a socket
 	// write may take up to 15 s on a blocked connection) and waits for the
 	// confirms: the server must not end it meanwhile.
-	if least := c.ConfirmTimeout + relayPublishWrite; c.DatabaseIdleTxTimeout != 0 && c.DatabaseIdleTxTimeout <= least {
+	if least := saturatingSum(c.ConfirmTimeout, relayPublishWrite); c.DatabaseIdleTxTimeout != 0 && c.DatabaseIdleTxTimeout <= least {
 		return fmt.Errorf("DATABASE_IDLE_IN_TRANSACTION_TIMEOUT: must be longer than a relay pass may wait on the broker, "+
 			"RELAY_CONFIRM_TIMEOUT + 15s (%s), got %s", least, c.DatabaseIdleTxTimeout)
 	}

@@ -127,8 +127,8 @@ func (c Worker) Validate() error {
 	if err := validTasksPerMessage(c.TasksPerMessage); err != nil {
 		return err
 	}
-	if c.AdminAddr == "" {
-		return fmt.Errorf("WORKER_ADMIN_ADDR: must not be empty")
+	if err := validAddr("WORKER_ADMIN_ADDR", c.AdminAddr); err != nil {
+		return err
 	}
 	if c.Concurrency < 1 || c.Concurrency > 10000 {
 		return fmt.Errorf("WORKER_CONCURRENCY: must be between 1 and 10000, got %d", c.Concurrency)
@@ -159,19 +159,28 @@ func (c Worker) Validate() error {
 	if c.AdmissionMinWindow < 1 || c.AdmissionMinWindow > 1000000 {
 		return fmt.Errorf("ADMISSION_MIN_WINDOW: must be between 1 and 1000000, got %d", c.AdmissionMinWindow)
 	}
-	if c.HeartbeatInterval*2 > c.LeaseDuration {
+	// Halving the lease, not doubling the interval: a doubled interval of
+	// a few million hours overflows and would pass.
+	if c.HeartbeatInterval > c.LeaseDuration/2 {
 		return fmt.Errorf("HEARTBEAT_INTERVAL: must be at most half of LEASE_DURATION (%s), got %s", c.LeaseDuration, c.HeartbeatInterval)
 	}
 	if c.MaintenanceInterval >= c.LeaderTTL {
 		return fmt.Errorf("MAINTENANCE_INTERVAL: must be shorter than LEADER_TTL (%s), got %s", c.LeaderTTL, c.MaintenanceInterval)
 	}
-	if gap := c.LeaderTTL + c.MaintenanceInterval + c.SchedulerInterval; c.CronCatchUp <= gap {
+	// The scheduler waits SCHEDULER_MIN_INTERVAL after a pass, then up to
+	// SCHEDULER_INTERVAL for a wake-up: a minimum longer than the longest
+	// would space every pass by it, unchecked against CRON_CATCH_UP.
+	if c.SchedulerMinInterval > c.SchedulerInterval {
+		return fmt.Errorf("SCHEDULER_MIN_INTERVAL: must be at most SCHEDULER_INTERVAL (%s), got %s", c.SchedulerInterval, c.SchedulerMinInterval)
+	}
+	if gap := saturatingSum(c.LeaderTTL, c.MaintenanceInterval, c.SchedulerInterval, c.SchedulerMinInterval); c.CronCatchUp <= gap {
 		// A leader's failover delays ticks by up to that much: its lease
 		// runs out, the next worker to try an election (they try once a
 		// maintenance interval) takes over, and its scheduler's next pass
-		// makes the ticks. With less catch-up, a job that skips missed
-		// ticks would lose ordinary ones.
-		return fmt.Errorf("CRON_CATCH_UP: must be longer than LEADER_TTL + MAINTENANCE_INTERVAL + SCHEDULER_INTERVAL (%s), got %s",
+		// (up to SCHEDULER_MIN_INTERVAL + SCHEDULER_INTERVAL after its
+		// last) makes the ticks. With less catch-up, a job that skips
+		// missed ticks would lose ordinary ones.
+		return fmt.Errorf("CRON_CATCH_UP: must be longer than LEADER_TTL + MAINTENANCE_INTERVAL + SCHEDULER_INTERVAL + SCHEDULER_MIN_INTERVAL (%s), got %s",
 			gap, c.CronCatchUp)
 	}
 	if c.WorkerDeadAfter <= c.HeartbeatInterval {

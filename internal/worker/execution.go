@@ -1014,6 +1014,10 @@ func (e *execution) done(ctx context.Context, outcome string, err error) {
 func retryDelay(attempt int, base, limit time.Duration) time.Duration {
 	d := base
 	for i := 1; i < attempt && d < limit; i++ {
+		if d > limit/2 { // doubled, it would pass the cap (or overflow)
+			d = limit
+			break
+		}
 		d *= 2
 	}
 	d = min(d, limit)

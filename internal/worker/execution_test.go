@@ -42,6 +42,19 @@ func TestRetryDelayDoublesWithJitterUpToTheCap(t *testing.T) {
 	}
 }
 
+// RETRY_BACKOFF_MAX takes durations of millions of hours: doubling the
+// delay toward such a cap must not overflow into a negative one, which
+// made the jitter panic and the worker crash at a task's fifth failure.
+func TestRetryDelayDoesNotOverflowTowardAHugeCap(t *testing.T) {
+	t.Parallel()
+	base, limit := 200000*time.Hour, 2500000*time.Hour
+	for attempt := 1; attempt <= 70; attempt++ {
+		d := retryDelay(attempt, base, limit)
+		require.GreaterOrEqual(t, d, base/2, "attempt %d", attempt)
+		require.LessOrEqual(t, d, limit, "attempt %d", attempt)
+	}
+}
+
 // A progress report whose write misses its fence only because an earlier
 // write of the worker landed unbeknown to it (a renewal whose commit reply
 // was lost) is not dropped: the task is found still the worker's, and the
