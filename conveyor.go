@@ -62,7 +62,9 @@ type Task struct {
 // error.
 type Reporter interface {
 	// Progress sets the percentage done (0 to 100) and a human label of the
-	// current step, such as "Resizing 3/10". It returns the context's cause
+	// current step, such as "Resizing 3/10". The percentage never goes
+	// down within an attempt: a report lower than an earlier one keeps the
+	// higher percentage, with its own label. It returns the context's cause
 	// once the task was cancelled or lost, and an error for a percentage out
 	// of range. Each report is also a heartbeat: a task with a heartbeat
 	// timeout fails when its handler reports nothing for that long.

@@ -222,6 +222,14 @@ func (e *execution) Progress(_ context.Context, percent int, state string) error
 	}
 	state = task.CleanText(state, task.MaxStateLen)
 	e.mu.Lock()
+	if e.returned.Load() {
+		// The handler returned meanwhile (a goroutine of its reports):
+		// the outcome's last flush may have run already, and a report
+		// kept now would be accepted and never stored. Checked under mu,
+		// which that flush takes after the handler returned.
+		e.mu.Unlock()
+		return errReporterDone
+	}
 	stored := percent
 	if e.latest != nil {
 		// Progress never goes backwards within an attempt: a higher
@@ -653,6 +661,13 @@ func (e *execution) Gather(ctx context.Context, children ...conveyor.Child) ([]c
 		}
 		sub.OrgID, sub.Visibility, sub.ParentID, sub.ChildKey = e.task.OrgID, e.task.Visibility, &e.task.ID, c.Key
 		subs[i] = sub
+	}
+	// Encoding the payloads runs the caller's code (MarshalJSON), for as
+	// long as it takes: a handler that returned meanwhile has its outcome
+	// being stored, and children spawned now would run for a task that is
+	// ending.
+	if err := e.usable(); err != nil {
+		return nil, err
 	}
 	tctx := ctx
 	if !trace.SpanContextFromContext(ctx).IsValid() {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -412,6 +413,83 @@ func TestReporterRefusesUseAfterTheHandlerReturned(t *testing.T) {
 	require.Equal(t, "completed", b.finished(t, id))
 	require.Error(t, receive(t, errs), "a report after the handler returned was accepted")
 	require.Error(t, receive(t, errs))
+	require.Zero(t, b.store.spawns.Load(), "Gather spawned children after the handler returned")
+}
+
+// A report made by a goroutine of the handler while the handler returns
+// either lands before the outcome or is refused: it is never accepted and
+// then dropped. A long state text (cleaned before the report is kept)
+// widens the moment between the report's check and its keeping, in which
+// the handler returned and its outcome was stored.
+func TestReporterNeverAcceptsAReportItDrops(t *testing.T) {
+	long := strings.Repeat("x", 32<<20) + "\xff"
+	errs := make(chan error, 1)
+	b := setup(t, testConfig{handlers: []conveyor.Handler{
+		conveyor.Handle("t.late", func(ctx context.Context, _ conveyor.Task, r conveyor.Reporter) (any, error) {
+			require.NoError(t, r.Progress(ctx, 10, "Step 1"))
+			reporting := make(chan struct{})
+			go func() {
+				close(reporting)
+				errs <- r.Progress(ctx, 50, long)
+			}()
+			<-reporting
+			return nil, conveyor.Permanent(errors.New("given up"))
+		}),
+	}})
+	id := b.store.add("t.late", 3)
+	b.deliver(t, id)
+	require.Equal(t, "failed", b.finished(t, id))
+	if err := receive(t, errs); err == nil {
+		require.Equal(t, 50, b.store.get(id).Progress, "a report accepted while the handler returned was dropped")
+	}
+}
+
+// slowPayload is a child's payload whose encoding waits for a signal.
+type slowPayload struct{ wait <-chan struct{} }
+
+func (p slowPayload) MarshalJSON() ([]byte, error) {
+	<-p.wait
+	return []byte(`{}`), nil
+}
+
+// A Gather a goroutine of the handler started as the handler returned
+// spawns no children once the handler has returned: its outcome is being
+// stored, and children spawned now would run for a task that is ending.
+func TestGatherSpawnsNothingOnceTheHandlerReturnedDuringIt(t *testing.T) {
+	finishing := make(chan struct{})
+	errs := make(chan error, 1)
+	b := setup(t, testConfig{handlers: []conveyor.Handler{
+		conveyor.Handle("t.late", func(ctx context.Context, _ conveyor.Task, r conveyor.Reporter) (any, error) {
+			gathering := make(chan struct{})
+			go func() {
+				close(gathering)
+				_, err := r.Gather(ctx, conveyor.Child{Key: "c", Type: "t.child", Payload: slowPayload{wait: finishing}})
+				errs <- err
+			}()
+			<-gathering
+			return 1, nil
+		}),
+	}})
+	var once sync.Once
+	b.store.mu.Lock()
+	b.store.refuse = func(c task.Change) error {
+		if c.Transition == task.Complete {
+			// The outcome is being stored; Gather's encoding goes on,
+			// and its spawn is answered before the outcome lands.
+			once.Do(func() {
+				close(finishing)
+				deadline := time.Now().Add(waitLimit)
+				for b.store.spawns.Load() == 0 && len(errs) == 0 && time.Now().Before(deadline) {
+					time.Sleep(time.Millisecond)
+				}
+			})
+		}
+		return nil
+	}
+	b.store.mu.Unlock()
+	id := b.store.add("t.late", 3)
+	b.deliver(t, id)
+	require.Equal(t, "completed", b.finished(t, id))
 	require.Zero(t, b.store.spawns.Load(), "Gather spawned children after the handler returned")
 }
 
