@@ -177,13 +177,10 @@ func TestTaskEventsPageThroughTheWholeHistory(t *testing.T) {
 	require.Equal(t, []int{50, 50, 21}, sizes)
 	require.Equal(t, want, got, "every event once, newest first")
 
-	// A full last page has a cursor, whose page is empty.
+	// A full last page has no cursor: none that would read an empty page.
 	last := read("limit=61&cursor=" + url.QueryEscape(read("limit=61").NextCursor))
 	require.Len(t, last.Events, 61)
-	require.NotEmpty(t, last.NextCursor)
-	empty := read("limit=61&cursor=" + url.QueryEscape(last.NextCursor))
-	require.Empty(t, empty.Events)
-	require.Empty(t, empty.NextCursor)
+	require.Empty(t, last.NextCursor)
 
 	// Without a limit, the default page (50) also says where to go on.
 	require.NotEmpty(t, read("").NextCursor)
@@ -192,10 +189,76 @@ func TestTaskEventsPageThroughTheWholeHistory(t *testing.T) {
 
 	// A cursor that is not one of this endpoint's is a 422 naming it; a
 	// listing's cursor is no events cursor.
+	b.submitTask(t, `{"type":"ev.page","payload":{"n":2}}`) // a second task, for a listing's cursor
 	listCursor := b.get(t, "/v1/tasks?limit=1").json(t)["next_cursor"].(string)
 	for _, c := range []string{"zzz", listCursor, "AAAAAAAAAAA"} {
 		resp := b.get(t, "/v1/tasks/"+id+"/events?cursor="+url.QueryEscape(c))
 		require.Equal(t, http.StatusUnprocessableEntity, resp.status, c+": "+string(resp.body))
 		require.Equal(t, "cursor", resp.json(t)["field"])
 	}
+}
+
+// A page that holds the listing's last rows has no next_cursor, even when
+// it is full: a cursor is given only when more rows remain, so that a
+// client (the CLI's "more:" line, the dashboard's button) never offers a
+// page that comes back empty.
+func TestListingsGiveNoCursorOnTheLastPage(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	first := b.submitTask(t, `{"type":"lp.a","payload":{"n":1}}`)
+	b.submitTask(t, `{"type":"lp.a","payload":{"n":2}}`)
+	require.Equal(t, http.StatusCreated, b.post(t, "/v1/roles", `{"slug":"ops"}`).status)
+	for i := range 2 {
+		u := b.post(t, "/v1/users", `{"external_id":"lp|`+string(rune('a'+i))+`","role":"reader"}`)
+		require.Equal(t, http.StatusCreated, u.status, string(u.body))
+		require.Equal(t, http.StatusNoContent,
+			b.do(t, http.MethodPut, "/v1/roles/ops/members/"+u.json(t)["id"].(string), "", "").status)
+	}
+	require.Equal(t, http.StatusCreated, b.post(t, "/v1/keys", `{"name":"lp","role":"reader"}`).status)
+
+	// Each listing has two rows: a page of one says more remain, a page of
+	// two, and the page after the first, hold the last and say none do.
+	for _, path := range []string{"/v1/tasks", "/v1/tasks/" + first + "/events", "/v1/keys", "/v1/users",
+		"/v1/roles/ops/members"} {
+		if path == "/v1/tasks/"+first+"/events" {
+			b.exec(t, `INSERT INTO task_events (task_id, org_id, status, state, progress, actor)
+				SELECT id, org_id, 'PENDING', 'again', 0, 'WORKER' FROM tasks WHERE id = $1`, first)
+		}
+		one := b.get(t, path+"?limit=1")
+		require.Equal(t, http.StatusOK, one.status, string(one.body))
+		cursor, _ := one.json(t)["next_cursor"].(string)
+		require.NotEmpty(t, cursor, "%s: more remain after the first", path)
+
+		last := b.get(t, path+"?limit=1&cursor="+url.QueryEscape(cursor))
+		require.Equal(t, http.StatusOK, last.status, string(last.body))
+		require.NotContains(t, last.json(t), "next_cursor", "%s: the second row is the last: %s", path, last.body)
+
+		whole := b.get(t, path+"?limit=2")
+		require.Equal(t, http.StatusOK, whole.status, string(whole.body))
+		require.NotContains(t, whole.json(t), "next_cursor", "%s: a full page of the last rows: %s", path, whole.body)
+	}
+}
+
+// An events cursor reads on only the history of the task it came from:
+// given with another task's id, it would answer a page of that task cut at
+// a place in the first one's history (here: none at all, all of the second
+// task's events being newer), and look like the whole of it.
+func TestTaskEventsRefuseAnotherTasksCursor(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	a := b.submitTask(t, `{"type":"ev.other","payload":{"n":1}}`)
+	b.exec(t, `INSERT INTO task_events (task_id, org_id, status, state, progress, actor)
+		SELECT id, org_id, 'PENDING', 'again', 0, 'WORKER' FROM tasks WHERE id = $1`, a)
+	other := b.submitTask(t, `{"type":"ev.other","payload":{"n":2}}`)
+	cursor, _ := b.get(t, "/v1/tasks/"+a+"/events?limit=1").json(t)["next_cursor"].(string)
+	require.NotEmpty(t, cursor)
+
+	resp := b.get(t, "/v1/tasks/"+other+"/events?cursor="+url.QueryEscape(cursor))
+	require.Equal(t, http.StatusUnprocessableEntity, resp.status, string(resp.body))
+	require.Equal(t, "cursor", resp.json(t)["field"])
+
+	// Its own task reads on with it.
+	resp = b.get(t, "/v1/tasks/"+a+"/events?cursor="+url.QueryEscape(cursor))
+	require.Equal(t, http.StatusOK, resp.status, string(resp.body))
+	require.Len(t, resp.json(t)["events"], 1)
 }

@@ -202,14 +202,19 @@ func (s *server) handleListKeys() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
-		keys, err := s.Admin.ListKeys(r.Context(), principal(r), after, limit)
+		keys, err := s.Admin.ListKeys(r.Context(), principal(r), after, limit+1)
 		if err != nil {
 			s.writeError(w, r, err)
 			return
 		}
+		var next string
+		if len(keys) > limit {
+			keys = keys[:limit]
+			next = encodeCursor(keys[limit-1].ID)
+		}
 		resp := map[string]any{"keys": mapSlice(keys, toKeyView)}
-		if len(keys) == limit {
-			resp["next_cursor"] = encodeCursor(keys[len(keys)-1].ID)
+		if next != "" {
+			resp["next_cursor"] = next
 		}
 		s.respond(w, r, http.StatusOK, resp)
 	}
@@ -217,6 +222,8 @@ func (s *server) handleListKeys() http.HandlerFunc {
 
 // adminPage reads the limit and cursor of a listing of keys, users or
 // members; the cursor is a task listing's kind, the last id of a page.
+// The listing is asked for one row more than limit, which says whether
+// another page follows.
 func adminPage(r *http.Request) (uuid.UUID, int, error) {
 	q := r.URL.Query()
 	limit, err := limitParam(q, defaultListLimit, maxListLimit)
@@ -232,10 +239,17 @@ func adminPage(r *http.Request) (uuid.UUID, int, error) {
 	return after, limit, nil
 }
 
+// userPage is a page of at most limit users, of a listing asked for one
+// more: that one says another page follows.
 func userPage(field string, users []auth.User, limit int) map[string]any {
+	var next string
+	if len(users) > limit {
+		users = users[:limit]
+		next = encodeCursor(users[limit-1].ID)
+	}
 	resp := map[string]any{field: mapSlice(users, toUserView)}
-	if len(users) == limit {
-		resp["next_cursor"] = encodeCursor(users[len(users)-1].ID)
+	if next != "" {
+		resp["next_cursor"] = next
 	}
 	return resp
 }
@@ -302,7 +316,7 @@ func (s *server) handleListUsers() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
-		users, err := s.Admin.ListUsers(r.Context(), principal(r), after, limit)
+		users, err := s.Admin.ListUsers(r.Context(), principal(r), after, limit+1)
 		if err != nil {
 			s.writeError(w, r, err)
 			return
@@ -425,7 +439,7 @@ func (s *server) handleListMembers() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
-		users, err := s.Admin.ListMembers(r.Context(), principal(r), slug, after, limit)
+		users, err := s.Admin.ListMembers(r.Context(), principal(r), slug, after, limit+1)
 		if err != nil {
 			s.writeError(w, r, err)
 			return

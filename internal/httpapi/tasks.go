@@ -224,15 +224,21 @@ func (s *server) handleList() http.HandlerFunc {
 				return
 			}
 		}
+		// One row more than the page says whether another page follows: a
+		// full last page has no cursor, whose page would come back empty.
+		limit := f.Limit
+		f.Limit++
 		tasks, err := s.Store.List(r.Context(), principal(r), f)
 		if err != nil {
 			s.writeError(w, r, err)
 			return
 		}
-		resp := response{Tasks: toTaskSummaries(tasks)}
-		if len(tasks) == f.Limit {
-			resp.NextCursor = encodeCursor(tasks[len(tasks)-1].ID)
+		var next string
+		if len(tasks) > limit {
+			tasks = tasks[:limit]
+			next = encodeCursor(tasks[limit-1].ID)
 		}
+		resp := response{Tasks: toTaskSummaries(tasks), NextCursor: next}
 		s.respond(w, r, http.StatusOK, resp)
 	}
 }
@@ -261,15 +267,18 @@ func (s *server) handleEvents() http.HandlerFunc {
 				return
 			}
 		}
-		events, err := s.Store.Events(r.Context(), principal(r), id, limit, before)
+		// One event more than the page says whether older ones remain.
+		events, err := s.Store.Events(r.Context(), principal(r), id, limit+1, before)
 		if err != nil {
 			s.writeError(w, r, err)
 			return
 		}
-		resp := response{Events: toEventViews(events)}
-		if len(events) == limit {
-			resp.NextCursor = encodeEventCursor(events[len(events)-1].ID)
+		var next string
+		if len(events) > limit {
+			events = events[:limit]
+			next = encodeEventCursor(events[limit-1].ID)
 		}
+		resp := response{Events: toEventViews(events), NextCursor: next}
 		s.respond(w, r, http.StatusOK, resp)
 	}
 }

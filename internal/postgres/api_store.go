@@ -69,9 +69,11 @@ var summaryColumns = strings.Replace(taskColumns, "payload, metadata",
 
 // sqlTaskEvents answers no row at all when the task is not there (or not
 // the caller's to see), and a row with a NULL event id when it has no
-// events before $4.
+// events before $4. Its last column says whether $4 is one of the task's
+// events (or no cursor at all): a task's events go only with the task.
 var sqlTaskEvents = statement("task_events.list", `SELECT e.id, t.id, e.status, e.state, e.progress,
-		coalesce(e.error, ''), e.detail, e.actor, e.principal, e.created_at
+		coalesce(e.error, ''), e.detail, e.actor, e.principal, e.created_at,
+		$4 = 9223372036854775807 OR EXISTS (SELECT 1 FROM task_events c WHERE c.id = $4 AND c.task_id = t.id)
 	FROM tasks t LEFT JOIN LATERAL (
 		SELECT * FROM task_events WHERE task_id = t.id AND org_id = $3 AND id < $4
 		ORDER BY id DESC LIMIT $2) e ON true
@@ -457,6 +459,7 @@ func (s *APIStore) Events(ctx context.Context, p auth.Principal, id uuid.UUID, l
 	if before <= 0 {
 		before = math.MaxInt64
 	}
+	cursorOK := true
 	events, err := scopedRows(ctx, s.pool, p.Scope(), func(row pgx.CollectableRow) (task.Event, error) {
 		var e task.Event
 		var eventID *int64
@@ -465,7 +468,9 @@ func (s *APIStore) Events(ctx context.Context, p auth.Principal, id uuid.UUID, l
 		var progress *int
 		var errText *string
 		var createdAt *time.Time
-		err := row.Scan(&eventID, &e.TaskID, &status, &state, &progress, &errText, &e.Detail, &actor, &e.By, &createdAt)
+		var ok bool
+		err := row.Scan(&eventID, &e.TaskID, &status, &state, &progress, &errText, &e.Detail, &actor, &e.By, &createdAt, &ok)
+		cursorOK = cursorOK && ok
 		if eventID != nil {
 			e.ID, e.Status, e.State, e.Progress, e.Actor = *eventID, task.Status(*status), *state, *progress, task.Actor(*actor)
 			e.Error, e.CreatedAt = *errText, *createdAt
@@ -477,6 +482,11 @@ func (s *APIStore) Events(ctx context.Context, p auth.Principal, id uuid.UUID, l
 	}
 	if len(events) == 0 {
 		return nil, task.ErrNotFound
+	}
+	if !cursorOK {
+		// Another task's cursor would cut this task's history at a place
+		// in that one's, and the page look like the whole of it.
+		return nil, task.Invalid("cursor", "is not a cursor of this task's events")
 	}
 	if events[0].ID == 0 {
 		return []task.Event{}, nil
