@@ -59,9 +59,16 @@ ORDER BY next_run_at LIMIT $2`)
 // of earlier runs, whose result a node of a running run memoized: the
 // nodes below it read that result when they are released. So do the
 // children of a parent task not ended: its handler reads them by key when
-// it runs again, and would spawn a deleted one again.
+// it runs again, and would spawn a deleted one again. So do the tasks an
+// Idempotency-Key was bound to within retention: a key goes with its task,
+// and a key bound just now to a task found by its input (finished long
+// ago) would otherwise be gone at once, and the same request sent again
+// would make a second task. The batch is taken as an array of ids, which
+// are then deleted by their key: as an IN, the planner joined the batch to
+// every expired task (the re-check's terms match the index of terminal
+// tasks), reading the whole backlog again for each batch of it.
 var sqlDeleteExpired = statement("tasks.delete_expired", `
-DELETE FROM tasks WHERE id IN (
+DELETE FROM tasks WHERE id = ANY (ARRAY(
 	SELECT id FROM tasks t WHERE `+isTerminal+` AND completed_at < now() - $1 * interval '1 millisecond'
 		AND (t.run_id IS NULL OR NOT EXISTS (SELECT 1 FROM workflow_runs r
 			WHERE r.id = t.run_id AND r.status = '`+job.RunRunning+`'))
@@ -69,7 +76,11 @@ DELETE FROM tasks WHERE id IN (
 			WHERE n.task_id = t.id AND n.state = '`+job.NodeMemoized+`' AND r.status = '`+job.RunRunning+`')
 		AND (t.parent_id IS NULL OR NOT EXISTS (SELECT 1 FROM tasks p WHERE p.id = t.parent_id
 			AND p.status IN (`+inFlight+`)))
-	LIMIT $2)
+		-- A scalar subquery, read per task through the keys' index: as a
+		-- NOT EXISTS it may be planned as a scan of every key.
+		AND coalesce((SELECT max(k.created_at) FROM task_idempotency_keys k WHERE k.task_id = t.id), '-infinity')
+			< now() - $1 * interval '1 millisecond'
+	LIMIT $2))
 	-- Checked again on the row as it is when it is locked: a task retried
 	-- meanwhile is PENDING again, and stays.
 	AND `+isTerminal+` AND completed_at < now() - $1 * interval '1 millisecond'`)

@@ -217,6 +217,25 @@ func TestReaperReadsRunningTasksEntryByEntry(t *testing.T) {
 	}
 }
 
+// A batch of retention deletes its tasks by their key: joined to the
+// expired tasks instead, each batch read the whole backlog again, and a
+// large one (retention switched on, a burst finished) took hours to work
+// off, a batch at a time. Nor does a batch read every idempotency key.
+func TestRetentionDeletesABatchByKey(t *testing.T) {
+	b := setupStores(t)
+	b.exec(t, `INSERT INTO tasks (id, org_id, type, status, completed_at)
+		SELECT gen_random_uuid(), `+testdb.OrgSQL+`, 'demo.noop', 'COMPLETED', now() - interval '10 days'
+		FROM generate_series(1, 20000)`)
+	b.exec(t, `INSERT INTO task_idempotency_keys (org_id, type, key, task_id, created_at)
+		SELECT org_id, type, id::text, id, now() - interval '10 days' FROM tasks`)
+	b.exec(t, `ANALYZE tasks`)
+	b.exec(t, `ANALYZE task_idempotency_keys`)
+	plan := b.explain(t, statementSQL(t, "tasks.delete_expired"), int64(7*24*time.Hour/time.Millisecond), 1000)
+	require.Contains(t, plan, "Index Cond: (id = ANY", plan)
+	require.NotContains(t, plan, "Semi Join", plan)
+	require.NotContains(t, plan, "Seq Scan on task_idempotency_keys", plan)
+}
+
 func TestRetentionDeletesOldTerminalTasksWithTheirHistory(t *testing.T) {
 	b := setupStores(t)
 	ctx := context.Background()
@@ -268,6 +287,48 @@ func TestRetentionFreesTheInputHash(t *testing.T) {
 	require.True(t, after.Created, "the same input after retention")
 	require.NotEqual(t, first.Task.ID, after.Task.ID)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM task_input_hashes WHERE task_id = $1`, after.Task.ID))
+}
+
+// An Idempotency-Key is kept for RETENTION after it was bound, though the
+// task it names (found by its input) finished longer ago: the same request
+// sent again meanwhile gets that task, not a second one.
+func TestRetentionKeepsAKeyBoundWithinIt(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	submit := func(key string) task.Submitted {
+		t.Helper()
+		sub, err := task.NewSubmission(task.SubmitInput{Type: "demo.noop", Payload: json.RawMessage(`{"n": 1}`),
+			IdempotencyKey: key}, task.Defaults{MaxAttempts: 3}, "")
+		require.NoError(t, err)
+		out, err := b.api.Submit(ctx, b.admin, sub, nil)
+		require.NoError(t, err)
+		return out
+	}
+	first := submit("")
+	l := b.claim(t, first.Task.ID, "w")
+	b.apply(t, task.Change{TaskID: first.Task.ID, Version: l.Version, Transition: task.Complete, Result: json.RawMessage(`{}`)})
+	// Finished almost RETENTION ago when the keyed request finds it.
+	b.exec(t, `UPDATE tasks SET completed_at = now() - interval '6 days 23 hours' WHERE id = $1`, first.Task.ID)
+	keyed := submit("order-7")
+	require.False(t, keyed.Created)
+	require.Equal(t, first.Task.ID, keyed.Task.ID)
+
+	// Two hours later the task is past retention; the key is not.
+	b.exec(t, `UPDATE tasks SET completed_at = completed_at - interval '2 hours' WHERE id = $1`, first.Task.ID)
+	b.exec(t, `UPDATE task_idempotency_keys SET created_at = created_at - interval '2 hours'`)
+	n, err := b.maint.DeleteExpired(ctx, 7*24*time.Hour, 100)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	again := submit("order-7")
+	require.False(t, again.Created, "the keyed request sent again")
+	require.Equal(t, first.Task.ID, again.Task.ID)
+
+	// Once the key is past retention too, both go.
+	b.exec(t, `UPDATE task_idempotency_keys SET created_at = created_at - interval '7 days'`)
+	n, err = b.maint.DeleteExpired(ctx, 7*24*time.Hour, 100)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM task_idempotency_keys`))
 }
 
 // Every task is listed, however it was written (here one plain INSERT of
