@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/conveyorhq/conveyor/internal/config"
+	"github.com/conveyorhq/conveyor/internal/task"
 	"github.com/conveyorhq/conveyor/internal/testenv"
 )
 
@@ -352,4 +353,42 @@ func TestDuplicateOfACompletedTaskCarriesItsResult(t *testing.T) {
 		require.Equal(t, "duplicate", r.Result)
 		require.Equal(t, map[string]any{"answer": float64(42)}, r.Task["result"], "batch entry %d", i)
 	}
+}
+
+// A keyed request that leaves max_attempts out is the same request whatever
+// default the instance answering it has: an operator changing
+// TASK_DEFAULT_MAX_ATTEMPTS, or two instances of a rolling deploy that
+// differ in it, must not turn a client's retry into a 422.
+func TestIdempotencyKeyOutlivesAChangedDefaultMaxAttempts(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	first := b.post(t, "/v1/tasks", `{"type":"rv.m","payload":{"n":1}}`, "Idempotency-Key", "M")
+	require.Equal(t, http.StatusCreated, first.status, string(first.body))
+	batch := b.post(t, "/v1/tasks/batch", `{"tasks":[{"type":"rv.m","payload":{"n":2},"idempotency_key":"B"}]}`)
+	require.Equal(t, http.StatusOK, batch.status, string(batch.body))
+
+	other := serve(t, b.db, func(c *config.API) { c.DefaultMaxAttempts = 5 })
+	other.token = b.token
+	again := other.post(t, "/v1/tasks", `{"type":"rv.m","payload":{"n":1}}`, "Idempotency-Key", "M")
+	require.Equal(t, http.StatusOK, again.status, string(again.body))
+	require.Equal(t, first.json(t)["id"], again.json(t)["id"])
+	require.EqualValues(t, 3, again.json(t)["max_attempts"], "the task the key names, as it was made")
+	againBatch := other.post(t, "/v1/tasks/batch", `{"tasks":[{"type":"rv.m","payload":{"n":2},"idempotency_key":"B"}]}`)
+	require.Equal(t, http.StatusOK, againBatch.status, string(againBatch.body))
+	require.Contains(t, string(againBatch.body), `"result":"duplicate"`)
+
+	// Stating max_attempts is still part of the request.
+	stated := other.post(t, "/v1/tasks", `{"type":"rv.m","payload":{"n":1},"max_attempts":7}`, "Idempotency-Key", "M")
+	require.Equal(t, http.StatusUnprocessableEntity, stated.status, string(stated.body))
+
+	// A key bound before, whose request was hashed with the default
+	// filled in, still answers its request.
+	sub, err := task.NewSubmission(task.SubmitInput{Type: "rv.m", Payload: json.RawMessage(`{"n":1}`), IdempotencyKey: "M"},
+		task.Defaults{MaxAttempts: 3}, "")
+	require.NoError(t, err)
+	require.NotEqual(t, sub.RequestHash, sub.DefaultedRequestHash)
+	b.exec(t, `UPDATE task_idempotency_keys SET request_hash = $1 WHERE key = 'M'`, sub.DefaultedRequestHash)
+	old := b.post(t, "/v1/tasks", `{"type":"rv.m","payload":{"n":1}}`, "Idempotency-Key", "M")
+	require.Equal(t, http.StatusOK, old.status, string(old.body))
+	require.Equal(t, first.json(t)["id"], old.json(t)["id"])
 }

@@ -287,7 +287,8 @@ func submitAll(ctx context.Context, tx pgx.Tx, by *task.Principal, subs []task.S
 				return nil, false, err
 			}
 			sub := subs[first[k]]
-			same := requestHash == sub.RequestHash || (requestHash == "" && samePayload)
+			same := requestHash == sub.RequestHash || requestHash == sub.DefaultedRequestHash ||
+				(requestHash == "" && samePayload)
 			if !same {
 				rows.Close()
 				return nil, false, keyMismatch(first[k], dest.ID)

@@ -55,8 +55,14 @@ type Submission struct {
 	// RequestHash identifies the whole submission (type, payload,
 	// metadata, priority, max_attempts, dedupe, run_at or delay, after
 	// defaults): an idempotency key answers the same only for the same
-	// request.
+	// request. A max_attempts left out is hashed as left out, not as the
+	// default, which the operator may change between a request and its
+	// retry.
 	RequestHash string
+	// DefaultedRequestHash is RequestHash with the default max_attempts
+	// filled in, as keys bound by earlier versions recorded it: such a
+	// key still answers its request.
+	DefaultedRequestHash string
 	// RunAt, when set, is when the task becomes due; else Delay after
 	// the database's now (zero: at once).
 	RunAt *time.Time
@@ -136,7 +142,9 @@ func NewSubmission(in SubmitInput, d Defaults, field string) (Submission, error)
 		}
 		s.Priority = *in.Priority
 	}
+	statedAttempts := 0 // left out
 	if in.MaxAttempts != nil {
+		statedAttempts = *in.MaxAttempts
 		if *in.MaxAttempts < 1 || *in.MaxAttempts > MaxMaxAttempts {
 			return Submission{}, Invalid(field+"max_attempts", "must be between 1 and %d, got %d", MaxMaxAttempts, *in.MaxAttempts)
 		}
@@ -168,21 +176,24 @@ func NewSubmission(in SubmitInput, d Defaults, field string) (Submission, error)
 		sum := sha256.Sum256([]byte(s.InputHash + "\x00" + strings.Join(s.Visibility, ",")))
 		s.InputHash = hex.EncodeToString(sum[:])
 	}
-	if s.RequestHash, err = requestHash(s); err != nil {
+	if s.RequestHash, err = requestHash(s, statedAttempts); err != nil {
+		return Submission{}, Invalid(field+"metadata", "%v", err)
+	}
+	if s.DefaultedRequestHash, err = requestHash(s, s.MaxAttempts); err != nil {
 		return Submission{}, Invalid(field+"metadata", "%v", err)
 	}
 	return s, nil
 }
 
 // requestHash is the hex sha256 of everything the client asked for, each
-// JSON document in its canonical form.
-func requestHash(s Submission) (string, error) {
+// JSON document in its canonical form, with maxAttempts for max_attempts.
+func requestHash(s Submission, maxAttempts int) (string, error) {
 	metadata, err := Canonical(s.Metadata)
 	if err != nil {
 		return "", err
 	}
 	h := sha256.New()
-	fmt.Fprintf(h, "%s\x00%s\x00%d\x00%d\x00%t\x00", s.InputHash, metadata, s.Priority, s.MaxAttempts, s.Dedupe)
+	fmt.Fprintf(h, "%s\x00%s\x00%d\x00%d\x00%t\x00", s.InputHash, metadata, s.Priority, maxAttempts, s.Dedupe)
 	if s.RunAt != nil || s.Delay != 0 {
 		// Only when asked for, so that requests recorded before delays
 		// existed keep their hashes.

@@ -116,6 +116,26 @@ func TestVisibilityIsPartOfTheInput(t *testing.T) {
 	require.Equal(t, restricted.RequestHash, same.RequestHash)
 }
 
+// A request that leaves max_attempts out hashes the same whatever default
+// fills it in, and unlike one that states a value; its defaulted hash is
+// the one earlier versions recorded.
+func TestRequestHashKeepsMaxAttemptsAsSent(t *testing.T) {
+	t.Parallel()
+	in := task.SubmitInput{Type: "demo.sleep", Payload: json.RawMessage(`{"n":1}`)}
+	three, err := task.NewSubmission(in, task.Defaults{MaxAttempts: 3}, "")
+	require.NoError(t, err)
+	five, err := task.NewSubmission(in, task.Defaults{MaxAttempts: 5}, "")
+	require.NoError(t, err)
+	require.Equal(t, three.RequestHash, five.RequestHash)
+	require.NotEqual(t, three.DefaultedRequestHash, five.DefaultedRequestHash)
+
+	in.MaxAttempts = new(3)
+	stated, err := task.NewSubmission(in, task.Defaults{MaxAttempts: 5}, "")
+	require.NoError(t, err)
+	require.NotEqual(t, three.RequestHash, stated.RequestHash)
+	require.Equal(t, three.DefaultedRequestHash, stated.RequestHash)
+}
+
 func TestNewSubmissionPrefixesBatchFields(t *testing.T) {
 	t.Parallel()
 	_, err := task.NewSubmission(task.SubmitInput{Type: "BAD"}, task.Defaults{MaxAttempts: 1}, "tasks[7].")
