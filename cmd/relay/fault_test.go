@@ -468,3 +468,40 @@ func TestAFrozenRelaysRowsArePublishedByAnother(t *testing.T) {
 	dups := b.requireAllDelivered(t, ids)
 	t.Logf("frozen with %d rows in the outbox; duplicates: %d", held, dups)
 }
+
+// A database that stops answering (a host gone without closing its
+// sockets) must not hold /readyz open past a probe's patience: the probe
+// reads 503, not a timeout of its own.
+func TestRelayAnswersAndStopsInTimeWhenPostgresHangs(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	b := sharedBundle(t)
+	u, err := url.Parse(b.dbURL)
+	require.NoError(t, err)
+	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
+	proxy := toxiproxy.NewProxy(srv, "postgres", "127.0.0.1:0", u.Host)
+	require.NoError(t, proxy.Start())
+	t.Cleanup(proxy.Stop)
+	u.Host = proxy.Listen
+	b.dbURL = u.String()
+	relay := b.startRelay(t, "relay", "SHUTDOWN_TIMEOUT=3s")
+	testenv.Eventually(t, 30*time.Second, func() error { return testenv.WantStatus("http://"+b.admin+"/readyz", http.StatusOK) })
+
+	_, err = proxy.Toxics.AddToxicJson(strings.NewReader(
+		`{"name": "hang", "type": "timeout", "stream": "upstream", "attributes": {"timeout": 0}}`))
+	require.NoError(t, err)
+	client := &http.Client{Timeout: 30 * time.Second}
+	start := time.Now()
+	resp, err := client.Get("http://" + b.admin + "/readyz")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	took := time.Since(start)
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, string(body))
+	require.Less(t, took, 3*time.Second, "readyz took %s", took)
+	require.False(t, relay.Exited(), relay.Output())
+
+	// Nor does it hold a stopping relay much past its shutdown timeout.
+	relay.Signal(syscall.SIGTERM)
+	relay.Wait(t, 15*time.Second)
+}

@@ -41,7 +41,26 @@ func Listen(ctx context.Context, addr string, reg *prometheus.Registry, ready Ch
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		ok, details := ready(ctx)
+		// A check stuck on a dependency that stops answering (the pool
+		// waits 5 s past a statement's context before it drops the
+		// connection) is not waited for: the probe reads 503 in time.
+		type answer struct {
+			ok      bool
+			details map[string]any
+		}
+		answers := make(chan answer, 1)
+		go func() {
+			ok, details := ready(ctx)
+			answers <- answer{ok, details}
+		}()
+		var ok bool
+		var details map[string]any
+		select {
+		case a := <-answers:
+			ok, details = a.ok, a.details
+		case <-ctx.Done():
+			details = map[string]any{"error": "readiness check timed out: " + ctx.Err().Error()}
+		}
 		if details == nil {
 			details = map[string]any{}
 		}

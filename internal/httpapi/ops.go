@@ -34,12 +34,35 @@ func (s *server) handleHealthz() http.HandlerFunc {
 
 func (s *server) handleReadyz() http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if err := s.Store.Ping(r.Context()); err != nil {
+		if err := pingWithin(r.Context(), s.Store.Ping, readyTimeout); err != nil {
 			s.Log.WarnContext(r.Context(), "not ready", "error", err)
 			s.writeError(w, r, task.Errorf(task.ErrCodeUnavailable, "database unreachable"))
 			return
 		}
 		s.respond(w, r, http.StatusOK, map[string]string{"status": "ready"})
+	}
+}
+
+// readyTimeout bounds /readyz, as on the relay's and the worker's admin
+// servers: a probe gives up after a few seconds, and should read why.
+const readyTimeout = 2 * time.Second
+
+// pingWithin returns ping's answer, or a timeout once d has passed. A
+// database that stops answering holds a statement past its context by the
+// pool's cancel delay (5 s more), so the ping is not waited for: it ends
+// on its own.
+func pingWithin(ctx context.Context, ping func(context.Context) error, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	errc := make(chan error, 1)
+	go func() {
+		defer cancel()
+		errc <- ping(ctx)
+	}()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 

@@ -158,15 +158,33 @@ func (r *Runtime) connect(ctx context.Context, cfg config.Common, o Options, max
 // one pass at a time each.
 const backgroundConns = 4
 
-// Close closes the pool and flushes the traces, for at most
-// traceFlushTimeout: a collector that does not answer must not hold a
-// stopping process past its shutdown timeout.
+// Close closes the pools, for at most poolCloseTimeout, and flushes the
+// traces, for at most traceFlushTimeout: a database or a collector that
+// does not answer must not hold a stopping process past its shutdown
+// timeout.
 func (r *Runtime) Close(ctx context.Context) {
-	closePools(r.TenantPool, r.BackgroundPool, r.Pool)
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		closePools(r.TenantPool, r.BackgroundPool, r.Pool)
+	}()
+	t := time.NewTimer(poolCloseTimeout)
+	select {
+	case <-closed:
+		t.Stop()
+	case <-t.C:
+		r.Log.WarnContext(ctx, "database connections not closed in time; leaving them to the exit", "timeout", poolCloseTimeout)
+	}
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), traceFlushTimeout)
 	defer cancel()
 	_ = r.shutdownTracing(fctx)
 }
+
+// poolCloseTimeout bounds the closing of the pools at exit. pgx waits for
+// every connection in use to come back, and closes each with up to 15 s of
+// cancel request and goodbye: a database that stopped answering (a host
+// gone without closing its sockets) held a stopped api for as long.
+const poolCloseTimeout = 5 * time.Second
 
 // traceFlushTimeout bounds the flush of the last spans at exit.
 const traceFlushTimeout = 5 * time.Second
