@@ -354,7 +354,9 @@ func (a *app) rolesCommand() *cobra.Command {
 				if member {
 					return a.done("user %s is a member of %s", args[1], args[0])
 				}
-				return a.done("user %s is not a member of %s", args[1], args[0])
+				// The API answers alike whether or not the user was a
+				// member: the removal is said, not claimed to have happened.
+				return a.done("user %s is not a member of %s now", args[1], args[0])
 			},
 		}
 	}

@@ -748,6 +748,7 @@ func TestUsersAndRoles(t *testing.T) {
 	api.json("POST /v1/roles", 201, `{"id":"r1","slug":"finance","name":"Finance","created_at":"2026-11-23T12:00:00Z"}`)
 	api.json("GET /v1/roles/{slug}/members", 200, `{"members":[`+user+`]}`)
 	api.mux.HandleFunc("PUT /v1/roles/{slug}/members/{user}", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	api.mux.HandleFunc("DELETE /v1/roles/{slug}/members/{user}", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	c := newCLI(t, api)
 
 	for _, step := range []struct {
@@ -761,6 +762,8 @@ func TestUsersAndRoles(t *testing.T) {
 		{[]string{"roles", "create", "finance", "--name", "Finance"}, "finance\n"},
 		{[]string{"roles", "add-member", "finance", "u1"}, "user u1 is a member of finance\n"},
 		{[]string{"roles", "members", "finance"}, "ID  EXTERNAL ID  EMAIL            ROLE    ORG ROLES  CREATED\nu1  auth0|1      ana@example.com  reader  finance    2026-11-23T12:00:00.000Z\n"},
+		// Said as done, not as the state it was already in.
+		{[]string{"roles", "remove-member", "finance", "u1"}, "user u1 is not a member of finance now\n"},
 	} {
 		r := c.run(step.args...)
 		require.Equal(t, 0, r.code, "%v: %s", step.args, r.stderr)
@@ -778,6 +781,7 @@ func TestUsersAndRoles(t *testing.T) {
 		`POST /v1/roles {"name":"Finance","slug":"finance"}`,
 		"PUT /v1/roles/finance/members/u1 ",
 		"GET /v1/roles/finance/members ",
+		"DELETE /v1/roles/finance/members/u1 ",
 	}, calls)
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -51,7 +52,7 @@ func serviceArgs(prog string, args []string, usage string, stdout, stderr io.Wri
 // 200: a container healthcheck for images that hold no curl.
 func Main[C interface{ Validate() error }](name string, run func(context.Context, C, io.Writer) error) {
 	if len(os.Args) > 1 && os.Args[1] == "healthcheck" {
-		os.Exit(healthcheck(os.Args[2:]))
+		os.Exit(healthcheck(os.Args[2:], os.Stdout, os.Stderr))
 	}
 	cfg, err := config.Load[C]()
 	if err != nil {
@@ -69,27 +70,45 @@ func Main[C interface{ Validate() error }](name string, run func(context.Context
 	os.Exit(0)
 }
 
+// healthcheckUsage is what `healthcheck -h` prints, and what a wrong call
+// of it is answered with.
+const healthcheckUsage = "usage: healthcheck URL (such as http://localhost:8080/readyz)\n"
+
 // healthcheck GETs the one URL it is given and returns the exit code.
-func healthcheck(args []string) int {
+func healthcheck(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 1 {
+		switch args[0] {
+		case "-h", "-help", "--help", "help":
+			_, _ = fmt.Fprint(stdout, healthcheckUsage)
+			return 0
+		}
+	}
 	if len(args) != 1 {
-		fmt.Fprintln(os.Stderr, "usage: healthcheck URL (such as http://localhost:8080/readyz)")
+		_, _ = fmt.Fprint(stderr, healthcheckUsage)
+		return 2
+	}
+	// Anything but an http(s) URL is a wrong call (exit 2), not a service
+	// that failed to answer (exit 1).
+	u, err := url.Parse(args[0])
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		fmt.Fprintf(stderr, "healthcheck: %q is not an http(s) URL\n%s", args[0], healthcheckUsage)
 		return 2
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, args[0], nil)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "healthcheck:", err)
+		fmt.Fprintln(stderr, "healthcheck:", err)
 		return 2
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "healthcheck:", err)
+		fmt.Fprintln(stderr, "healthcheck:", err)
 		return 1
 	}
 	_ = resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		fmt.Fprintln(os.Stderr, "healthcheck:", resp.Status)
+		fmt.Fprintln(stderr, "healthcheck:", resp.Status)
 		return 1
 	}
 	return 0

@@ -167,9 +167,10 @@ func (c Worker) Validate() error {
 	if c.MaintenanceInterval >= c.LeaderTTL {
 		return fmt.Errorf("MAINTENANCE_INTERVAL: must be shorter than LEADER_TTL (%s), got %s", c.LeaderTTL, c.MaintenanceInterval)
 	}
-	// The scheduler waits SCHEDULER_MIN_INTERVAL after a pass, then up to
-	// SCHEDULER_INTERVAL for a wake-up: a minimum longer than the longest
-	// would space every pass by it, unchecked against CRON_CATCH_UP.
+	// The scheduler waits SCHEDULER_MIN_INTERVAL after a pass, then for a
+	// wake-up until SCHEDULER_INTERVAL after the pass: a minimum longer
+	// than the longest would space every pass by it, unchecked against
+	// CRON_CATCH_UP.
 	if c.SchedulerMinInterval > c.SchedulerInterval {
 		return fmt.Errorf("SCHEDULER_MIN_INTERVAL: must be at most SCHEDULER_INTERVAL (%s), got %s", c.SchedulerInterval, c.SchedulerMinInterval)
 	}
@@ -177,9 +178,10 @@ func (c Worker) Validate() error {
 		// A leader's failover delays ticks by up to that much: its lease
 		// runs out, the next worker to try an election (they try once a
 		// maintenance interval) takes over, and its scheduler's next pass
-		// (up to SCHEDULER_MIN_INTERVAL + SCHEDULER_INTERVAL after its
-		// last) makes the ticks. With less catch-up, a job that skips
-		// missed ticks would lose ordinary ones.
+		// (up to SCHEDULER_INTERVAL after its last; SCHEDULER_MIN_INTERVAL
+		// counts too, as a margin for a slow pass) makes the ticks. With
+		// less catch-up, a job that skips missed ticks would lose ordinary
+		// ones.
 		return fmt.Errorf("CRON_CATCH_UP: must be longer than LEADER_TTL + MAINTENANCE_INTERVAL + SCHEDULER_INTERVAL + SCHEDULER_MIN_INTERVAL (%s), got %s",
 			gap, c.CronCatchUp)
 	}

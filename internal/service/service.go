@@ -204,8 +204,10 @@ func closePools(pools ...*pgxpool.Pool) {
 // a busy worker's CPU. Four times the live heap is still little memory.
 const gcPercent = 400
 
+// tuneGC sets gcPercent when GOGC is unset or empty: the runtime reads an
+// empty GOGC as its default of 100, as if it were unset.
 func tuneGC() {
-	if _, set := os.LookupEnv("GOGC"); !set {
+	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(gcPercent)
 	}
 }

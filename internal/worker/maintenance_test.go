@@ -323,3 +323,75 @@ func gaugeValue(t *testing.T, g prometheus.Gauge) float64 {
 	require.NoError(t, g.Write(&m))
 	return m.GetGauge().GetValue()
 }
+
+// timedStore records when each admission pass ran.
+type timedStore struct {
+	cronStore
+	passes chan time.Time
+	takes  time.Duration // how long a pass takes
+}
+
+func (s *timedStore) Admit(context.Context, job.AdmitConfig) (job.AdmitStats, error) {
+	s.passes <- time.Now()
+	time.Sleep(s.takes)
+	return job.AdmitStats{}, nil
+}
+
+// An idle scheduler passes every SCHEDULER_INTERVAL, as the README says,
+// not every SCHEDULER_MIN_INTERVAL + SCHEDULER_INTERVAL: the minimum's wait
+// after a pass is part of the interval, not added to it.
+func TestAnIdleSchedulerPassesEveryInterval(t *testing.T) {
+	t.Parallel()
+	const interval, minInterval = 400 * time.Millisecond, 300 * time.Millisecond
+	store := &timedStore{cronStore: cronStore{idle: true}, passes: make(chan time.Time, 16)}
+	s := NewScheduler(SchedulerConfig{Interval: interval, MinInterval: minInterval, CronEvery: time.Hour,
+		Admit: job.AdmitConfig{MaxAdmit: 100}}, store,
+		func() bool { return true }, slog.New(slog.NewTextHandler(io.Discard, nil)), NewMetrics(prometheus.NewRegistry()),
+		sdktrace.NewTracerProvider())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	var at []time.Time
+	for range 4 {
+		select {
+		case p := <-store.passes:
+			at = append(at, p)
+		case <-time.After(5 * interval):
+			t.Fatal("no pass within five intervals")
+		}
+	}
+	for i := 1; i < len(at); i++ {
+		gap := at[i].Sub(at[i-1])
+		require.GreaterOrEqual(t, gap, interval-20*time.Millisecond, "pass %d", i)
+		require.Less(t, gap, interval+minInterval/2, "pass %d came %s after the one before", i, gap)
+	}
+}
+
+// A pass slower than the interval is followed by a minimum's rest, not by
+// the next pass at once: a slow database does not get passes back to back.
+func TestASlowSchedulerPassIsFollowedByARest(t *testing.T) {
+	t.Parallel()
+	const interval, minInterval, takes = 100 * time.Millisecond, 150 * time.Millisecond, 300 * time.Millisecond
+	store := &timedStore{cronStore: cronStore{idle: true}, passes: make(chan time.Time, 16), takes: takes}
+	s := NewScheduler(SchedulerConfig{Interval: interval, MinInterval: minInterval, CronEvery: time.Hour,
+		Admit: job.AdmitConfig{MaxAdmit: 100}}, store,
+		func() bool { return true }, slog.New(slog.NewTextHandler(io.Discard, nil)), NewMetrics(prometheus.NewRegistry()),
+		sdktrace.NewTracerProvider())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	var at []time.Time
+	for range 3 {
+		select {
+		case p := <-store.passes:
+			at = append(at, p)
+		case <-time.After(10 * takes):
+			t.Fatal("no pass within ten passes' time")
+		}
+	}
+	for i := 1; i < len(at); i++ {
+		require.GreaterOrEqual(t, at[i].Sub(at[i-1]), takes+minInterval-20*time.Millisecond, "pass %d", i)
+	}
+}

@@ -85,14 +85,23 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		}
 		// A pass that admitted a full batch runs again at once (after the
 		// minimum interval); otherwise the next wake-up or the interval.
-		if rest := s.cfg.MinInterval - time.Since(start); rest > 0 {
+		took := time.Since(start)
+		if rest := s.cfg.MinInterval - took; rest > 0 {
 			select {
 			case <-ctx.Done():
 				return nil
 			case <-time.After(rest):
 			}
 		}
-		next := s.cfg.Interval
+		// The interval counts from the pass's start, the minimum's wait
+		// included: an idle scheduler passes every Interval, not every
+		// MinInterval + Interval. A pass slower than the interval is still
+		// followed by a minimum's rest, so that a slow database does not
+		// get passes back to back.
+		next := max(s.cfg.Interval-time.Since(start), 0)
+		if took >= s.cfg.Interval {
+			next = s.cfg.MinInterval
+		}
 		if more {
 			next = 0
 		}
