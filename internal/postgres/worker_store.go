@@ -326,15 +326,19 @@ FROM tasks c WHERE c.parent_id = $1 ORDER BY c.child_key`)
 // sqlSpawnHeld locks the parent of a Spawn while the attempt that spawns
 // still holds it, for the rest of the transaction: a parent that was lost
 // meanwhile (its lease expired, and it was ended or taken over) spawns
-// nothing, as none of its handler's other writes lands.
+// nothing, as none of its handler's other writes lands. Nor does one whose
+// cancel was requested and whose worker has not heard of it yet: its
+// children would start work after the cancel was accepted.
 var sqlSpawnHeld = statement("tasks.spawn_held", `
 SELECT 1 FROM tasks WHERE id = $1 AND status = `+lit(task.StatusInProgress)+` AND worker_id = $2 AND attempt = $3
+	AND cancel_requested_at IS NULL
 FOR SHARE`)
 
 // Spawn submits the children of parent that it has not spawned yet (a
 // child is unique per parent and key, so spawning again submits nothing),
 // then reads where all its children stand. It answers task.ErrFenced, and
-// spawns nothing, when the parent's attempt no longer holds the task.
+// spawns nothing, when the parent's attempt no longer holds the task or
+// its cancel was requested.
 func (s *WorkerStore) Spawn(ctx context.Context, parent task.Task, children []task.Submission, trace task.Carrier) ([]task.ChildState, error) {
 	var rows submitRows
 	for _, sub := range children {

@@ -425,6 +425,30 @@ func TestSpawnOfALostParentSpawnsNothing(t *testing.T) {
 	require.Zero(t, children, "a lost parent's handler spawned children")
 }
 
+// A handler whose task's cancel was accepted (202) but has not reached its
+// worker yet spawns nothing either: its children would start work after
+// the cancel, and could even complete before a sweep stopped them.
+func TestSpawnOfACancelledParentSpawnsNothing(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	ctx := context.Background()
+	w := postgres.NewWorkerStore(db.Pool, nil)
+	p := claimedParent(t, db, admin, w)
+	_, outcome, err := postgres.NewAPIStore(db.Pool, nil).Cancel(ctx, admin, p.ID, nil)
+	require.NoError(t, err)
+	require.Equal(t, task.CancelRequested, outcome)
+
+	sub, err := task.NewSubmission(task.SubmitInput{Type: "fan.child", Dedupe: new(bool)}, task.Defaults{MaxAttempts: 3}, "")
+	require.NoError(t, err)
+	sub.OrgID, sub.ParentID, sub.ChildKey = p.OrgID, &p.ID, "k1"
+	_, err = w.Spawn(ctx, p, []task.Submission{sub}, nil)
+	require.ErrorIs(t, err, task.ErrFenced)
+	var children int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE parent_id = $1`, p.ID).Scan(&children))
+	require.Zero(t, children, "a cancelled parent's handler spawned children")
+}
+
 // A parent that went to wait after its last child had settled (a race the
 // row lock cannot order) is woken by the scheduler's sweep.
 func TestWakeParentsSweep(t *testing.T) {
