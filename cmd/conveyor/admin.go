@@ -63,11 +63,13 @@ and is never shown again (only its SHA-256 is stored).`,
 		Args: exactArgs(1, "NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			in.Name = args[0]
+			inGiven := cmd.Flags().Changed("expires-in")
 			switch {
-			case expiresIn != 0 && expiresAt != "":
+			case inGiven && expiresAt != "":
 				return usagef("give --expires-in or --expires-at, not both")
-			case expiresIn < 0:
-				return usagef("--expires-in must be positive")
+			case inGiven && expiresIn <= 0:
+				// 0 would send no expiry at all: a key that never expires.
+				return usagef("--expires-in must be positive, got %s", expiresIn)
 			case expiresIn > 0:
 				in.ExpiresAt = new(a.now().Add(expiresIn).UTC())
 			case expiresAt != "":

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -42,7 +43,7 @@ Applying needs the admin role.`,
   generate-jobs | conveyor apply -f -`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			name, data, err := a.readJobsFile(file)
+			name, data, err := a.readJobsFile(cmd.Context(), file)
 			if err != nil {
 				return err
 			}
@@ -81,15 +82,15 @@ Applying needs the admin role.`,
 
 // readJobsFile reads the file -f names, or standard input for -, and
 // returns the name its mistakes are shown under.
-func (a *app) readJobsFile(file string) (string, []byte, error) {
+func (a *app) readJobsFile(ctx context.Context, file string) (string, []byte, error) {
 	var data []byte
 	var err error
 	name := file
 	if file == "-" {
 		name = stdinName
-		data, err = io.ReadAll(a.stdin)
+		data, err = readAll(ctx, func() ([]byte, error) { return io.ReadAll(a.stdin) })
 	} else {
-		data, err = os.ReadFile(file)
+		data, err = readAll(ctx, func() ([]byte, error) { return os.ReadFile(file) })
 	}
 	if err != nil {
 		return name, nil, fmt.Errorf("read the jobs file: %w", err)

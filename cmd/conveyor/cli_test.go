@@ -177,6 +177,7 @@ func TestConfigPrecedence(t *testing.T) {
 		"--config missing": {args: []string{"--config", "MISSING"}, wantErr: "no such file"},
 		"unknown key":      {file: "url: http://file:1\ntokn: typo\n", wantErr: `line 2: unknown key "tokn" (the keys are url and token)`},
 		"not a mapping":    {file: "- url\n", wantErr: "line 1: want the keys url and token"},
+		"not a string":     {file: "url: http://file:1\ntoken:\n  - a\n", wantErr: "line 3: token must be a string, such as token: cvk_…"},
 		"only a comment":   {file: "# nothing yet\n", want: config{URL: defaultURL}},
 		"empty file":       {file: "\n", want: config{URL: defaultURL}},
 	} {
@@ -873,6 +874,32 @@ func TestGroupCommandsRefuseAnUnknownSubcommand(t *testing.T) {
 	require.Contains(t, r.stdout, "Available Commands:")
 }
 
+// cobra's own commands refuse what they do not know, as the others do: a
+// misspelt shell is not the usage on standard output, which would be
+// redirected into the completion file, with exit 0.
+func TestBuiltinCommandsRefuseAnUnknownArgument(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"completion", "zhs"}, `unknown command "zhs" for "conveyor completion"`},
+		{[]string{"help", "sumbit"}, `unknown help topic "sumbit"`},
+	} {
+		r := newCLI(t, nil).run(c.args...)
+		require.Equal(t, 2, r.code, "%v: %s", c.args, r.stdout)
+		require.Contains(t, r.stderr, c.says, "%v", c.args)
+		require.Empty(t, r.stdout, "%v", c.args)
+	}
+	// What they know still works.
+	r := newCLI(t, nil).run("help", "submit")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "conveyor submit TYPE")
+	r = newCLI(t, nil).run("completion")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "Available Commands:")
+}
+
 // A page size out of its range is a command used wrongly, as runs --limit
 // says, not silently the API's default page.
 func TestListLimitOutOfRange(t *testing.T) {
@@ -923,6 +950,7 @@ func TestFlagsThatWouldDoNothingAreRefused(t *testing.T) {
 		{[]string{"runs", "--timeout", "-1s"}, "--timeout must be positive"},
 		{[]string{"runs", "--timeout", "0s"}, "--timeout must be positive"},
 		{[]string{"runs", "start", "etl", "--interval", "2s"}, "--interval applies only with --wait"},
+		{[]string{"keys", "create", "ci", "--role", "writer", "--expires-in", "0s"}, "--expires-in must be positive, got 0s"},
 	} {
 		r := newCLI(t, api).run(c.args...)
 		require.Equal(t, 2, r.code, "%v: %s", c.args, r.stdout)
@@ -1075,4 +1103,41 @@ func TestWatchUnreachableSaysWhereTheAddressComesFrom(t *testing.T) {
 	require.Equal(t, 1, r.code)
 	require.Equal(t, "conveyor: task a: cannot reach the API at http://127.0.0.1:1: dial tcp 127.0.0.1:1: connect: connection refused\n"+
 		"conveyor: is the API running at that address? --url, CONVEYOR_URL or url: in the config file names another\n", r.stderr)
+}
+
+// A payload or a jobs file read from a pipe that stays open does not keep
+// the command waiting once interrupted: Ctrl-C, which the command catches,
+// ends it (130), and nothing is sent.
+func TestReadingStandardInputInterrupted(t *testing.T) {
+	t.Parallel()
+	api := newFakeAPI(t)
+	for _, args := range [][]string{
+		{"submit", "demo.sleep"},
+		{"submit", "demo.sleep", "--payload-file", "-"},
+		{"jobs", "trigger", "nightly", "-f", "-"},
+		{"apply", "-f", "-"},
+	} {
+		c := newCLI(t, api)
+		stdin, writer := io.Pipe()
+		t.Cleanup(func() { _ = writer.Close() })
+		waiting := &firstRead{r: stdin, reading: make(chan struct{})}
+		c.stdin = waiting
+
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan result)
+		go func() { done <- c.runContext(ctx, &testenv.SyncBuffer{}, args...) }()
+		select {
+		case <-waiting.reading:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%v: standard input was not read", args)
+		}
+		cancel()
+		select {
+		case r := <-done:
+			require.Equal(t, 130, r.code, "%v: %s", args, r.stderr)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%v: still reading standard input after the interrupt", args)
+		}
+	}
+	require.Empty(t, api.recorded())
 }

@@ -85,8 +85,16 @@ func readConfigFile(path string) (config, error) {
 		return config{}, fmt.Errorf("config file %s: line %d: want the keys url and token, such as url: http://localhost:8080", path, m.Line)
 	}
 	for i := 0; i < len(m.Content); i += 2 {
-		if k := m.Content[i]; k.Value != "url" && k.Value != "token" {
+		k, v := m.Content[i], m.Content[i+1]
+		if k.Value != "url" && k.Value != "token" {
 			return config{}, fmt.Errorf("config file %s: line %d: unknown key %q (the keys are url and token)", path, k.Line, k.Value)
+		}
+		if v.Kind != yaml.ScalarNode {
+			example := "url: " + defaultURL
+			if k.Value == "token" {
+				example = "token: cvk_…"
+			}
+			return config{}, fmt.Errorf("config file %s: line %d: %s must be a string, such as %s", path, v.Line, k.Value, example)
 		}
 	}
 	var c config

@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -65,6 +66,9 @@ func run(ctx context.Context, args []string, e env) error {
 	root.SetIn(e.stdin)
 	root.SetOut(e.stdout)
 	root.SetErr(e.stderr)
+	// After SetOut: the completion command writes where the root's output
+	// went when it is made.
+	strictBuiltins(root)
 	cmd, err := root.ExecuteContextC(ctx)
 	return classify(cmd, err)
 }
@@ -133,6 +137,30 @@ ends with Ctrl-C and exits 0).`,
 	root.AddCommand(a.whoamiCommand())
 	markRunErrors(root)
 	return root
+}
+
+// strictBuiltins makes cobra's own commands refuse what they do not know,
+// as the others do: left alone, `completion zhs` writes the usage on
+// standard output (into the file a shell's completion was redirected to)
+// and `help sumbit` the root's, both with exit 0.
+func strictBuiltins(root *cobra.Command) {
+	root.InitDefaultHelpCmd()
+	root.InitDefaultCompletionCmd()
+	for _, c := range root.Commands() {
+		switch c.Name() {
+		case "completion":
+			groupCommand(c)
+		case "help":
+			help := c.Run
+			c.RunE = func(cmd *cobra.Command, args []string) error {
+				if found, _, err := cmd.Root().Find(args); found == nil || err != nil {
+					return usagef("unknown help topic %q", strings.Join(args, " "))
+				}
+				help(cmd, args)
+				return nil
+			}
+		}
+	}
 }
 
 // buildVersion is version, or the module's version when the binary was

@@ -174,13 +174,14 @@ func (a *app) readPayload(cmd *cobra.Command, payload, file string) (json.RawMes
 		b = []byte(payload)
 	case file == "-":
 		source = "standard input"
-		b, err = io.ReadAll(a.stdin)
+		b, err = readAll(cmd.Context(), func() ([]byte, error) { return io.ReadAll(a.stdin) })
 	case file != "":
 		source = file
-		b, err = os.ReadFile(file)
+		b, err = readAll(cmd.Context(), func() ([]byte, error) { return os.ReadFile(file) })
 	case a.stdin != nil && !a.stdinTerminal:
 		source = "standard input"
-		if b, err = io.ReadAll(a.stdin); err == nil && len(bytes.TrimSpace(b)) == 0 {
+		b, err = readAll(cmd.Context(), func() ([]byte, error) { return io.ReadAll(a.stdin) })
+		if err == nil && len(bytes.TrimSpace(b)) == 0 {
 			return nil, nil
 		}
 	default:
@@ -190,6 +191,28 @@ func (a *app) readPayload(cmd *cobra.Command, payload, file string) (json.RawMes
 		return nil, fmt.Errorf("read the payload: %w", err)
 	}
 	return jsonObject("the payload ("+source+")", b)
+}
+
+// readAll calls read, which reads a file or standard input to its end,
+// and returns what it read, or ctx's error once ctx is done: a pipe left
+// open, or a FIFO nothing writes to, would otherwise keep the command
+// waiting, deaf to Ctrl-C, which the command catches.
+func readAll(ctx context.Context, read func() ([]byte, error)) ([]byte, error) {
+	type result struct {
+		b   []byte
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		b, err := read()
+		got <- result{b, err}
+	}()
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case r := <-got:
+		return r.b, r.err
+	}
 }
 
 // jsonObject checks that b is one JSON object and returns it unparsed, so
