@@ -85,6 +85,47 @@ DELETE FROM tasks WHERE id = ANY (ARRAY(
 	-- meanwhile is PENDING again, and stays.
 	AND `+isTerminal+` AND completed_at < now() - $1 * interval '1 millisecond'`)
 
+// sqlDeleteExpiredRuns removes workflow runs that ended longer ago than
+// retention, with their nodes (ON DELETE CASCADE), unless a task of theirs
+// is still in flight: a task of a stopped run may still be running, and
+// the run is its record. Only a run that ended has finished_at set; the
+// search walks workflow_runs_finished up to the cut-off and reads each
+// run's tasks in flight by key (tasks_run_open). As for tasks, the batch is
+// taken as an array of ids, deleted by their key, and checked again on the
+// row as it is when it is locked: a run retried meanwhile is RUNNING, and
+// stays.
+var sqlDeleteExpiredRuns = statement("workflow_runs.delete_expired", `
+DELETE FROM workflow_runs WHERE id = ANY (ARRAY(
+	SELECT id FROM workflow_runs r WHERE r.finished_at < now() - $1 * interval '1 millisecond'
+		AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = r.id AND t.status IN (`+inFlight+`))
+	LIMIT $2))
+	AND status <> '`+job.RunRunning+`' AND finished_at < now() - $1 * interval '1 millisecond'
+	AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = workflow_runs.id AND t.status IN (`+inFlight+`))`)
+
+// sqlDeleteExpiredVersions removes the dataset versions older than
+// retention that nothing reads any more. The newest version of a dataset
+// stays whatever its age: a node released reads it, and its id is part of
+// the node's memo key. So does a version whose task is the task of a
+// remaining node: memoization reuses that task only while the versions it
+// wrote are there, and a retried run checks them too. So does a version a
+// remaining task read (task_inputs): every task of a running run remains.
+// A run is deleted only once it ended longer ago than retention, so the
+// versions its nodes wrote are older than that, and go here unless another
+// run's node memoized their task. The versions kept past retention (each
+// dataset's newest, those still referenced) are passed over again at
+// each batch; they are as many as the datasets and the runs kept.
+var sqlDeleteExpiredVersions = statement("dataset_versions.delete_expired", `
+DELETE FROM dataset_versions WHERE id = ANY (ARRAY(
+	SELECT v.id FROM dataset_versions v WHERE v.created_at < now() - $1 * interval '1 millisecond'
+		-- Scalar subqueries, read per version through dataset_versions_latest,
+		-- run_nodes_task and task_inputs_version: as EXISTS or NOT EXISTS
+		-- they may be planned as a scan of every version or node at every
+		-- batch.
+		AND v.id < (SELECT max(l.id) FROM dataset_versions l WHERE l.org_id = v.org_id AND l.dataset = v.dataset)
+		AND (SELECT n.task_id FROM run_nodes n WHERE n.task_id = v.task_id LIMIT 1) IS NULL
+		AND (SELECT i.input_version FROM task_inputs i WHERE i.input_version = v.id LIMIT 1) IS NULL
+	LIMIT $2))`)
+
 // sqlReleaseParked is the backstop of WorkerStore.TypesReady: messages
 // parked for a type that a live worker consumes are released, and parked
 // messages of tasks no longer PENDING are dropped.
@@ -220,6 +261,27 @@ func (s *MaintenanceStore) Apply(ctx context.Context, changes []task.Change) ([]
 // results and keys) that finished longer ago than retention.
 func (s *MaintenanceStore) DeleteExpired(ctx context.Context, retention time.Duration, limit int) (int, error) {
 	tag, err := s.pool.Exec(ctx, sqlDeleteExpired, retention.Milliseconds(), limit)
+	if err != nil {
+		return 0, translate(err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// DeleteExpiredRuns deletes up to limit workflow runs (with their nodes)
+// that ended longer ago than retention and have no task in flight.
+func (s *MaintenanceStore) DeleteExpiredRuns(ctx context.Context, retention time.Duration, limit int) (int, error) {
+	tag, err := s.pool.Exec(ctx, sqlDeleteExpiredRuns, retention.Milliseconds(), limit)
+	if err != nil {
+		return 0, translate(err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// DeleteExpiredVersions deletes up to limit dataset versions older than
+// retention that are not their dataset's newest and that no remaining run
+// node or task refers to.
+func (s *MaintenanceStore) DeleteExpiredVersions(ctx context.Context, retention time.Duration, limit int) (int, error) {
+	tag, err := s.pool.Exec(ctx, sqlDeleteExpiredVersions, retention.Milliseconds(), limit)
 	if err != nil {
 		return 0, translate(err)
 	}

@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/conveyorhq/conveyor/internal/job"
 	"github.com/conveyorhq/conveyor/internal/postgres"
 	"github.com/conveyorhq/conveyor/internal/task"
 	"github.com/conveyorhq/conveyor/internal/testdb"
@@ -446,4 +448,225 @@ func TestRetentionKeepsATaskRetriedMeanwhile(t *testing.T) {
 	require.NoError(t, got.err)
 	require.Zero(t, got.n, "the retried task is not expired any more")
 	require.Equal(t, "PENDING", b.text(t, `SELECT status FROM tasks WHERE id = $1`, id))
+}
+
+// completeRun runs the diamond with params to its end, every node
+// completing.
+func (h *wfHarness) completeRun(params string) uuid.UUID {
+	h.t.Helper()
+	run, err := h.store.StartRun(context.Background(), h.p, "diamond", job.RunRequest{Params: json.RawMessage(params)})
+	require.NoError(h.t, err)
+	for _, node := range []string{"a", "b", "c", "d"} {
+		if tk := h.nodeTasks(run.ID)[node]; tk.ID != uuid.Nil && tk.Status == task.StatusPending {
+			h.settle(tk.ID, task.Complete, `{"`+node+`": 1}`)
+		}
+	}
+	require.Equal(h.t, job.RunCompleted, h.run(run.ID).Status)
+	return run.ID
+}
+
+// age backdates runs' ends, and every dataset version, past retention,
+// and the ends of those runs' tasks, which retention then deletes.
+func (h *wfHarness) age(runs ...uuid.UUID) {
+	h.t.Helper()
+	h.exec(`UPDATE workflow_runs SET finished_at = now() - interval '8 days' WHERE id = ANY ($1)`, runs)
+	h.exec(`UPDATE dataset_versions SET created_at = now() - interval '8 days'`)
+	h.exec(`UPDATE tasks SET completed_at = now() - interval '8 days' WHERE run_id = ANY ($1) AND completed_at IS NOT NULL`, runs)
+	_, err := postgres.NewMaintenanceStore(h.db.Pool, nil).DeleteExpired(context.Background(), 7*24*time.Hour, 1000)
+	require.NoError(h.t, err)
+}
+
+func (h *wfHarness) deleteExpiredRuns(limit int) int {
+	h.t.Helper()
+	n, err := postgres.NewMaintenanceStore(h.db.Pool, nil).DeleteExpiredRuns(context.Background(), 7*24*time.Hour, limit)
+	require.NoError(h.t, err)
+	return n
+}
+
+func (h *wfHarness) deleteExpiredVersions() int {
+	h.t.Helper()
+	n, err := postgres.NewMaintenanceStore(h.db.Pool, nil).DeleteExpiredVersions(context.Background(), 7*24*time.Hour, 100)
+	require.NoError(h.t, err)
+	return n
+}
+
+func (h *wfHarness) count(sql string, args ...any) int {
+	h.t.Helper()
+	var n int
+	require.NoError(h.t, h.db.Pool.QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
+}
+
+// Retention deletes a run that ended longer ago than RETENTION, with its
+// nodes, a batch at a time; a run still running, one that ended within
+// RETENTION and one with a task still in flight stay. Before, runs and
+// their nodes were never deleted.
+func TestRetentionDeletesRunsEndedLongAgo(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailStop)
+	ctx := context.Background()
+	old1, old2 := h.completeRun(`{"day": 1}`), h.completeRun(`{"day": 2}`)
+	recent := h.completeRun(`{"day": 3}`)
+	running, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{Params: json.RawMessage(`{"day": 4}`)})
+	require.NoError(t, err)
+	// b fails while c is still pending: the run fails with c in flight.
+	stopped, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{Params: json.RawMessage(`{"day": 5}`)})
+	require.NoError(t, err)
+	h.settle(h.nodeTasks(stopped.ID)["a"].ID, task.Complete, `{}`)
+	h.settle(h.nodeTasks(stopped.ID)["b"].ID, task.Fail, "")
+	require.Equal(t, job.RunFailed, h.run(stopped.ID).Status)
+	c := h.nodeTasks(stopped.ID)["c"]
+	require.Equal(t, task.StatusPending, c.Status)
+	h.age(old1, old2, stopped.ID)
+
+	require.Equal(t, 1, h.deleteExpiredRuns(1), "a batch is bounded")
+	require.Equal(t, 1, h.deleteExpiredRuns(1))
+	require.Equal(t, 0, h.deleteExpiredRuns(1))
+	for _, id := range []uuid.UUID{old1, old2} {
+		require.Zero(t, h.count(`SELECT count(*) FROM workflow_runs WHERE id = $1`, id))
+		require.Zero(t, h.count(`SELECT count(*) FROM run_nodes WHERE run_id = $1`, id))
+	}
+	for _, id := range []uuid.UUID{recent, running.ID, stopped.ID} {
+		require.Equal(t, 1, h.count(`SELECT count(*) FROM workflow_runs WHERE id = $1`, id))
+		require.Equal(t, 4, h.count(`SELECT count(*) FROM run_nodes WHERE run_id = $1`, id))
+	}
+
+	// Once its last task ends, the stopped run goes too.
+	h.settle(c.ID, task.Fail, "")
+	require.Equal(t, 1, h.deleteExpiredRuns(100))
+	require.Zero(t, h.count(`SELECT count(*) FROM workflow_runs WHERE id = $1`, stopped.ID))
+}
+
+func (h *wfHarness) exec(sql string, args ...any) {
+	h.t.Helper()
+	_, err := h.db.Pool.Exec(context.Background(), sql, args...)
+	require.NoError(h.t, err)
+}
+
+// A dataset's older versions go once they are past RETENTION and nothing
+// reads them; its newest stays whatever its age, and so does a version
+// whose task a remaining run's node memoized.
+func TestRetentionDeletesOldDatasetVersionsNothingReads(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailStop)
+	first := h.completeRun(`{"day": 1}`)
+	// The same params: every node is memoized from the first run.
+	memo := h.completeRun(`{"day": 1}`)
+	require.Equal(t, "MEMOIZED", nodeStatus(h.run(memo))["a"])
+	second := h.completeRun(`{"day": 2}`)
+	third := h.completeRun(`{"day": 3}`)
+	versions := func() []int64 {
+		rows, err := h.db.Pool.Query(context.Background(), `SELECT id FROM dataset_versions ORDER BY id`)
+		require.NoError(t, err)
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		require.NoError(t, err)
+		return ids
+	}
+	all := versions()
+	require.Len(t, all, 3, "the first, second and third runs each wrote raw")
+
+	// Within RETENTION nothing goes; past it, the runs kept keep theirs.
+	require.Zero(t, h.deleteExpiredVersions())
+	h.age()
+	require.Zero(t, h.deleteExpiredVersions())
+
+	// The first run is gone, but the memoized run's node a still reads
+	// the task that wrote its version; the second's version is read by
+	// nothing.
+	h.age(first, second)
+	require.Equal(t, 2, h.deleteExpiredRuns(100))
+	require.Equal(t, 1, h.deleteExpiredVersions())
+	require.Equal(t, []int64{all[0], all[2]}, versions())
+
+	// Once the memoized run is gone too, only the newest version is left,
+	// though its run is gone as well.
+	h.age(memo, third)
+	require.Equal(t, 2, h.deleteExpiredRuns(100))
+	require.Equal(t, 1, h.deleteExpiredVersions())
+	require.Equal(t, []int64{all[2]}, versions())
+
+	// A running run's task that read a version keeps it, once newer ones
+	// are written and the run that wrote it is gone.
+	applyFile(t, h.db, h.p, fmt.Sprintf(diamondFile, job.FailStop)+`
+  - name: reader
+    nodes:
+      - {job: b, input_datasets: [raw]}
+`)
+	reader, err := h.store.StartRun(context.Background(), h.p, "reader", job.RunRequest{})
+	require.NoError(t, err)
+	fourth := h.completeRun(`{"day": 4}`)
+	h.age(third, fourth)
+	require.Equal(t, 1, h.deleteExpiredRuns(100), "the third run goes")
+	require.Zero(t, h.deleteExpiredVersions())
+	require.Equal(t, job.RunRunning, h.run(reader.ID).Status)
+	require.Len(t, versions(), 2)
+}
+
+// A node whose task retention deleted shows how that task ended, not
+// SUBMITTED as if it never ran.
+func TestRetentionKeepsHowANodeEnded(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailContinue)
+	ctx := context.Background()
+	run, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{})
+	require.NoError(t, err)
+	h.settle(h.nodeTasks(run.ID)["a"].ID, task.Complete, `{}`)
+	tasks := h.nodeTasks(run.ID)
+	h.settle(tasks["b"].ID, task.Fail, "")
+	h.settle(tasks["c"].ID, task.Complete, `{}`)
+	want := map[string]string{"a": "COMPLETED", "b": "FAILED", "c": "COMPLETED", "d": "SKIPPED"}
+	r := h.run(run.ID)
+	require.Equal(t, job.RunFailed, r.Status)
+	require.Equal(t, want, nodeStatus(r))
+
+	h.expire(tasks["a"].ID, tasks["b"].ID, tasks["c"].ID)
+	require.Empty(t, h.nodeTasks(run.ID), "retention deleted the run's tasks")
+	require.Equal(t, want, nodeStatus(h.run(run.ID)))
+}
+
+// Retention of runs and dataset versions reads those past RETENTION
+// through an index, however many ended within it: a scan of every run (or
+// version) at every pass would grow with the history retention keeps. And
+// a batch of a backlog deletes its rows by their key: joined to all the
+// expired ones again, each batch would read the whole backlog.
+func TestRunRetentionReadsOnlyWhatExpired(t *testing.T) {
+	b := setupStores(t)
+	// expired makes n runs that ended ago, each with a task and a version
+	// of one dataset, and returns the plans of both retention statements.
+	expired := func(n int, ago string) []string {
+		b.exec(t, `INSERT INTO workflow_runs (id, org_id, workflow, status, on_failure, memoize, finished_at)
+			SELECT gen_random_uuid(), `+testdb.OrgSQL+`, 'w', 'COMPLETED', 'stop', false, now() - $2::interval
+			FROM generate_series(1, $1)`, n, ago)
+		b.exec(t, `INSERT INTO dataset_versions (org_id, dataset, run_id, node, task_id, created_at)
+			SELECT org_id, 'raw', id, 'a', gen_random_uuid(), finished_at FROM workflow_runs
+			WHERE NOT EXISTS (SELECT 1 FROM dataset_versions v WHERE v.run_id = workflow_runs.id)`)
+		b.exec(t, `INSERT INTO tasks (id, org_id, type, status, completed_at, run_id, node)
+			SELECT task_id, org_id, 'demo.noop', 'COMPLETED', now(), run_id, node FROM dataset_versions
+			WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = dataset_versions.task_id)`)
+		b.exec(t, `INSERT INTO run_nodes (run_id, node, org_id, position, job, state, task_id)
+			SELECT run_id, node, org_id, 0, 'a', 'SUBMITTED', task_id FROM dataset_versions
+			WHERE NOT EXISTS (SELECT 1 FROM run_nodes n WHERE n.task_id = dataset_versions.task_id)`)
+		// Versions of another dataset that the tasks read.
+		b.exec(t, `INSERT INTO task_inputs (task_id, org_id, input_dataset, input_version)
+			SELECT task_id, org_id, 'other', -id FROM dataset_versions
+			WHERE NOT EXISTS (SELECT 1 FROM task_inputs i WHERE i.task_id = dataset_versions.task_id)`)
+		for _, table := range []string{"workflow_runs", "dataset_versions", "tasks", "run_nodes", "task_inputs"} {
+			b.exec(t, `ANALYZE `+table)
+		}
+		retention := int64(7 * 24 * time.Hour / time.Millisecond)
+		var plans []string
+		for _, name := range []string{"workflow_runs.delete_expired", "dataset_versions.delete_expired"} {
+			plans = append(plans, name+"\n"+b.explain(t, statementSQL(t, name), retention, 1000))
+		}
+		return plans
+	}
+	for i, plan := range expired(20000, "1 hour") {
+		require.Contains(t, plan, []string{"using workflow_runs_finished", "using dataset_versions_created"}[i], plan)
+		require.NotContains(t, plan, "Seq Scan", plan)
+	}
+	for _, plan := range expired(20000, "10 days") {
+		require.Contains(t, plan, "Index Cond: (id = ANY", plan)
+		require.NotContains(t, plan, "Seq Scan on run_nodes", plan)
+		require.NotContains(t, plan, "Seq Scan on dataset_versions", plan)
+	}
 }

@@ -90,9 +90,13 @@ const nameRunsList = "workflow_runs.list"
 
 var _ = statement(nameRunsList, widest(runsListSQL(uuid.Max, "w", uuid.Max, 1)))
 
+// sqlRunGraph reads a run's nodes with their tasks. A submitted node whose
+// task retention has deleted shows the status its task ended with, which
+// the node kept (migration 020), not SUBMITTED as if it never ran.
 var sqlRunGraph = statement("run_nodes.graph", `
 SELECT n.node, n.job, n.depends_on, n.input_datasets, n.output_datasets, n.state, n.task_id, n.memoized_from,
-	coalesce(t.status, ''), coalesce(t.state, ''), coalesce(t.progress, 0), coalesce(t.attempt, 0)
+	coalesce(t.status, CASE WHEN n.state = '`+job.NodeSubmitted+`' THEN n.task_status END, ''),
+	coalesce(t.state, ''), coalesce(t.progress, 0), coalesce(t.attempt, 0)
 FROM run_nodes n LEFT JOIN tasks t ON t.id = n.task_id
 WHERE n.run_id = $1 ORDER BY n.position`)
 

@@ -21,6 +21,14 @@ type MaintenanceStore interface {
 	StalePending(ctx context.Context, after time.Duration, limit int, skip []string) ([]task.Standing, error)
 	Apply(ctx context.Context, changes []task.Change) ([]task.Applied, []error, error)
 	DeleteExpired(ctx context.Context, retention time.Duration, limit int) (int, error)
+	// DeleteExpiredRuns deletes up to limit workflow runs, with their
+	// nodes, that ended longer ago than retention and have no task in
+	// flight.
+	DeleteExpiredRuns(ctx context.Context, retention time.Duration, limit int) (int, error)
+	// DeleteExpiredVersions deletes up to limit dataset versions older
+	// than retention that are not their dataset's newest and that nothing
+	// left refers to.
+	DeleteExpiredVersions(ctx context.Context, retention time.Duration, limit int) (int, error)
 	ReleaseParked(ctx context.Context, deadAfter time.Duration) (int, error)
 	ReapWorkers(ctx context.Context, deadAfter time.Duration) (int, error)
 	CountWorkers(ctx context.Context) (int, error)
@@ -143,6 +151,18 @@ func (m *Maintainer) RunOnce(ctx context.Context) {
 	m.repeat(ctx, "delete expired tasks", func(ctx context.Context) (int, error) {
 		n, err := m.store.DeleteExpired(ctx, m.cfg.Retention, m.cfg.BatchSize)
 		m.record(ctx, "deleted_expired", n)
+		return n, err
+	})
+	// Runs after their tasks, and dataset versions after their runs: a
+	// version is kept while a node of a run kept refers to it.
+	m.repeat(ctx, "delete expired runs", func(ctx context.Context) (int, error) {
+		n, err := m.store.DeleteExpiredRuns(ctx, m.cfg.Retention, m.cfg.BatchSize)
+		m.record(ctx, "deleted_expired_runs", n)
+		return n, err
+	})
+	m.repeat(ctx, "delete expired dataset versions", func(ctx context.Context) (int, error) {
+		n, err := m.store.DeleteExpiredVersions(ctx, m.cfg.Retention, m.cfg.BatchSize)
+		m.record(ctx, "deleted_expired_dataset_versions", n)
 		return n, err
 	})
 	m.count(ctx, "dead_workers_removed", func() (int, error) { return m.store.ReapWorkers(ctx, m.cfg.DeadAfter) })
@@ -295,7 +315,7 @@ func (m *Maintainer) count(ctx context.Context, action string, duty func() (int,
 func (m *Maintainer) record(ctx context.Context, action string, n int) {
 	if n > 0 {
 		m.metrics.maintenance.WithLabelValues(action).Add(float64(n))
-		m.log.InfoContext(ctx, "maintenance", "action", action, "tasks", n)
+		m.log.InfoContext(ctx, "maintenance", "action", action, "count", n)
 	}
 }
 

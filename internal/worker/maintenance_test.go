@@ -60,6 +60,12 @@ func (s *fakeMaintenanceStore) Apply(_ context.Context, changes []task.Change) (
 func (s *fakeMaintenanceStore) DeleteExpired(context.Context, time.Duration, int) (int, error) {
 	return 0, nil
 }
+func (s *fakeMaintenanceStore) DeleteExpiredRuns(context.Context, time.Duration, int) (int, error) {
+	return 0, nil
+}
+func (s *fakeMaintenanceStore) DeleteExpiredVersions(context.Context, time.Duration, int) (int, error) {
+	return 0, nil
+}
 func (s *fakeMaintenanceStore) ReleaseParked(context.Context, time.Duration) (int, error) {
 	return 0, nil
 }
