@@ -22,5 +22,8 @@ COPY --from=build /out/ /usr/local/bin/
 # distroless sets this PATH already; spelled out because the commands above
 # rely on it.
 ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-USER nonroot:nonroot
+# distroless's nonroot user, by number: Kubernetes' runAsNonRoot (as in
+# deployments/kubernetes) cannot check a user given by name and refuses to
+# start the container ("image has non-numeric user").
+USER 65532:65532
 CMD ["api"]

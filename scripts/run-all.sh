@@ -24,6 +24,17 @@ esac
 key=""
 for bin in "$@"; do
   if [ "$(basename "$bin")" = api ]; then
+    # Another process on API_ADDR (a second `make run`, one left over)
+    # would answer the /readyz below in place of this API, which then
+    # fails to listen: stop here rather than report a pipeline that is not
+    # there. curl's 7 is a refused connection: the address is free.
+    curl -s -o /dev/null --noproxy "*" --max-time 2 "$api_url/readyz" 2>/dev/null
+    case $? in
+      0 | 8 | 28 | 52 | 56)
+        echo "$api_url is already in use (another make run?): stop that process or set API_ADDR" >&2
+        exit 1
+        ;;
+    esac
     "$bin" migrate 2>&1 | sed -u "s/^/[migrate] /" || { echo "api migrate failed" >&2; exit 1; }
     key=$("$bin" bootstrap --org "${CONVEYOR_ORG:-local}" --name "make run" 2> >(sed -u "s/^/[bootstrap] /" >&2)) ||
       { echo "api bootstrap failed" >&2; exit 1; }
@@ -35,7 +46,11 @@ for bin in "$@"; do
   name=$(basename "$bin")
   # The binary itself runs in the background (its output goes through sed
   # by a process substitution), so $! is its pid and stop() reaches it.
-  "$bin" > >(sed -u "s/^/[$name] /") 2>&1 &
+  # sed ignores Ctrl-C's SIGINT (sent to the whole process group) and
+  # SIGTERM, and ends when the binary closes its output: a sed killed first
+  # left the binary logging its shutdown into a closed pipe, and a Go
+  # binary dies of SIGPIPE there, before a worker has handed its tasks back.
+  "$bin" > >(trap '' INT TERM; exec sed -u "s/^/[$name] /") 2>&1 &
   pids+=($!)
   # The API migrates the database; give it a head start so the others find
   # the schema ready. An API that exits meanwhile (its port taken, a bad
