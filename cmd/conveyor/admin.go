@@ -160,7 +160,9 @@ func (a *app) keysRevokeCommand() *cobra.Command {
 			if a.output == outputJSON {
 				return writeJSON(a.stdout, k.JSON())
 			}
-			_, err = fmt.Fprintf(a.stdout, "revoked key %s (%s, %s)\n", k.ID, k.Name, k.Prefix)
+			// The name is the org's text: as in the table, an escape
+			// sequence in it must not reach the terminal.
+			_, err = fmt.Fprintf(a.stdout, "revoked key %s (%s, %s)\n", k.ID, oneLine(k.Name), k.Prefix)
 			return err
 		},
 	}
@@ -229,7 +231,7 @@ func (a *app) usersCommand() *cobra.Command {
 			if a.output == outputJSON {
 				return writeJSON(a.stdout, u.JSON())
 			}
-			_, err = fmt.Fprintf(a.stdout, "user %s (%s) is now %s\n", u.ID, u.ExternalID, u.Role)
+			_, err = fmt.Fprintf(a.stdout, "user %s (%s) is now %s\n", u.ID, oneLine(u.ExternalID), u.Role)
 			return err
 		},
 	}

@@ -526,12 +526,22 @@ func TestErrors(t *testing.T) {
 		fmt.Fprintf(w, "<html>bad gateway</html>")
 	})
 
+	// A config file's mistake is the caller's, as a bad --url is: exit 2.
+	dir := t.TempDir()
+	typo := filepath.Join(dir, "typo.yaml")
+	require.NoError(t, os.WriteFile(typo, []byte("url: http://x:1\ntokn: cvk_x\n"), 0o600))
+	missing := filepath.Join(dir, "missing.yaml")
+
 	for name, tc := range map[string]struct {
 		args   []string
 		env    map[string]string
 		code   int
 		stderr string
 	}{
+		"--config missing": {args: []string{"get", "x", "--config", missing}, code: 2,
+			stderr: "conveyor: config file: open " + missing + ": no such file or directory\nRun 'conveyor get --help' for usage.\n"},
+		"unknown config key": {args: []string{"get", "x", "--config", typo}, code: 2,
+			stderr: "conveyor: config file " + typo + ": line 2: unknown key \"tokn\" (the keys are url and token)\nRun 'conveyor get --help' for usage.\n"},
 		"not found": {args: []string{"get", "0193a2b4-0000-7000-8000-00000000000f"}, code: 1,
 			stderr: "conveyor: no task 0193a2b4-0000-7000-8000-00000000000f (HTTP 404)\n"},
 		"invalid":       {args: []string{"submit", "demo.sleep", "--priority", "12"}, code: 1, stderr: "conveyor: priority: must be an integer from 0 to 9 (HTTP 422)\n"},
@@ -1140,4 +1150,58 @@ func TestReadingStandardInputInterrupted(t *testing.T) {
 		}
 	}
 	require.Empty(t, api.recorded())
+}
+
+// A key's name and a user's external id are the org's text; the lines that
+// confirm a revoke or a role change strip escape sequences from them as the
+// tables do.
+func TestAdminConfirmationsStripControlCharacters(t *testing.T) {
+	t.Parallel()
+	api := newFakeAPI(t)
+	api.json("DELETE /v1/keys/{id}", 200, `{"id":"k2","name":"bill\u001b[2Jing","role":"writer","prefix":"cvk_abcdefghijklmnop","org_roles":[],"created_at":"2026-11-23T12:00:00Z","revoked_at":"2026-11-23T12:00:01Z"}`)
+	api.json("PATCH /v1/users/{id}", 200, `{"id":"u1","external_id":"auth0|1\u001b]0;pwned\u0007\n","email":"ana@example.com","role":"writer","org_roles":[],"created_at":"2026-11-23T12:00:00Z"}`)
+	c := newCLI(t, api)
+
+	r := c.run("keys", "revoke", "k2")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, "revoked key k2 (bill [2Jing, cvk_abcdefghijklmnop)\n", r.stdout)
+
+	r = c.run("users", "update", "u1", "--role", "writer")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, "user u1 (auth0|1 ]0;pwned  ) is now writer\n", r.stdout)
+}
+
+// An API that answers the cursor it was sent would have ls --all and
+// events --all read forever; they stop with an error, as the admin listings
+// do. (This fake gives up after a few pages, so that a loop ends.)
+func TestAllStopsWhenTheAPIRepeatsTheCursor(t *testing.T) {
+	t.Parallel()
+	api := newFakeAPI(t)
+	repeat := func(field string) http.HandlerFunc {
+		var mu sync.Mutex
+		pages := 0
+		return func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			mu.Lock()
+			pages++
+			last := pages > 5
+			mu.Unlock()
+			next := "c1"
+			if last {
+				next = ""
+			}
+			fmt.Fprintf(w, `{%q:[],"next_cursor":%q}`, field, next)
+		}
+	}
+	api.mux.HandleFunc("GET /v1/tasks", repeat("tasks"))
+	api.mux.HandleFunc("GET /v1/tasks/{id}/events", repeat("events"))
+	c := newCLI(t, api)
+
+	r := c.run("ls", "--all")
+	require.Equal(t, exitFailure, r.code, r.stdout)
+	require.Contains(t, r.stderr, "the API answered the cursor it was sent")
+	r = c.run("events", "a", "--all")
+	require.Equal(t, exitFailure, r.code, r.stdout)
+	require.Contains(t, r.stderr, "the API answered the cursor it was sent")
+	require.Len(t, api.recorded(), 4, "two pages each")
 }

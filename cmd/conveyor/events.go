@@ -97,6 +97,11 @@ the org's events from now on, one line each, until Ctrl-C; --type and
 					return fmt.Errorf("the API's events: %w", err)
 				}
 				docs = append(docs, raw.Events...)
+				if all && page.NextCursor != "" && page.NextCursor == cursor {
+					// A server that answers the cursor it was sent would be
+					// read forever.
+					return fmt.Errorf("GET /v1/tasks/%s/events: the API answered the cursor it was sent", args[0])
+				}
 				cursor = page.NextCursor
 				if cursor == "" || !all {
 					break

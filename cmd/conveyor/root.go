@@ -180,7 +180,9 @@ func buildVersion() string {
 func (a *app) api(cmd *cobra.Command) (*apiclient.Client, error) {
 	cfg, err := loadConfig(cmd.Flags(), a.flags, a.getenv, a.userConfigDir)
 	if err != nil {
-		return nil, err
+		// A config file that is missing or wrong is the caller's mistake,
+		// as a bad URL is: exit 2.
+		return nil, usagef("%v", err)
 	}
 	c, err := apiclient.New(apiclient.Config{URL: cfg.URL, Token: cfg.Token, Timeout: a.timeout,
 		UserAgent: "conveyor-cli/" + buildVersion()})

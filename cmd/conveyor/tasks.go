@@ -355,6 +355,11 @@ key with that value, compared as text).`,
 					return fmt.Errorf("the API's listing: %w", err)
 				}
 				docs = append(docs, raw.Tasks...)
+				if all && page.NextCursor != "" && page.NextCursor == f.Cursor {
+					// A server that answers the cursor it was sent would be
+					// read forever.
+					return fmt.Errorf("GET /v1/tasks: the API answered the cursor it was sent")
+				}
 				f.Cursor = page.NextCursor
 				if f.Cursor == "" || !all {
 					break

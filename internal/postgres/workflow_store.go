@@ -483,12 +483,31 @@ const maxRunCancel = 1000
 // cancelStopped cancels up to limit tasks in flight of run (or, with run
 // nil, of every stopped run and of every parent that ended without
 // completing), each with the transition a client's cancel would apply,
-// fenced at the version read. It returns how many changed and whether it
-// wrote outbox messages.
+// fenced at the version read. A task that another writer moved meanwhile
+// (a worker writing progress) is read again, as a task's cancel does,
+// rather than left to the next sweep. It returns how many changed and
+// whether it wrote outbox messages.
 func cancelStopped(ctx context.Context, q querier, run *uuid.UUID, limit int, trace task.Carrier, by *task.Principal) (int, bool, error) {
+	n, queued := 0, false
+	for range 20 {
+		changed, fenced, q1, err := cancelStoppedOnce(ctx, q, run, limit-n, trace, by)
+		if err != nil {
+			return 0, false, err
+		}
+		n, queued = n+changed, queued || q1
+		if fenced == 0 || n >= limit {
+			break
+		}
+	}
+	return n, queued, nil
+}
+
+// cancelStoppedOnce is one pass of cancelStopped: it answers how many
+// tasks changed and how many were fenced.
+func cancelStoppedOnce(ctx context.Context, q querier, run *uuid.UUID, limit int, trace task.Carrier, by *task.Principal) (int, int, bool, error) {
 	rows, err := q.Query(ctx, sqlStoppedRunTasks, run, limit)
 	if err != nil {
-		return 0, false, err
+		return 0, 0, false, err
 	}
 	var changes []task.Change
 	var st task.Standing
@@ -501,25 +520,27 @@ func cancelStopped(ctx context.Context, q querier, run *uuid.UUID, limit int, tr
 		}
 		return nil
 	}); err != nil {
-		return 0, false, err
+		return 0, 0, false, err
 	}
 	if len(changes) == 0 {
-		return 0, false, nil
+		return 0, 0, false, nil
 	}
 	applied, errs, queued, err := apply(ctx, q, changes)
 	if err != nil {
-		return 0, false, err
+		return 0, 0, false, err
 	}
-	n := 0
+	n, fenced := 0, 0
 	for i, e := range errs {
 		if e != nil {
-			return 0, false, e
+			return 0, 0, false, e
 		}
-		if !applied[i].Fenced {
+		if applied[i].Fenced {
+			fenced++
+		} else {
 			n++
 		}
 	}
-	return n, queued, nil
+	return n, fenced, queued, nil
 }
 
 // RetryRun resumes a failed or cancelled run whose tasks have all ended:

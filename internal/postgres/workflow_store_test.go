@@ -1350,3 +1350,80 @@ func TestWorkflowCancelOfAFailedRunStopsItsTasks(t *testing.T) {
 	require.Equal(t, task.ErrCodeConflict, task.ErrorCode(err))
 	require.ErrorContains(t, err, "asked to stop")
 }
+
+// whileBumped runs f while another transaction holds task id with its
+// version raised, as a worker's progress write does, and commits that
+// transaction once f waits for the row: f then finds the version it read
+// gone.
+func whileBumped[T any](t *testing.T, db *testdb.DB, id uuid.UUID, f func() (T, error)) (T, error) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `UPDATE tasks SET progress = 50, version = version + 1 WHERE id = $1`, id)
+	require.NoError(t, err)
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		v, err := f()
+		done <- result{v, err}
+	}()
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n))
+		return n == 1
+	}, 10*time.Second, 10*time.Millisecond, "f waits for the row")
+	require.NoError(t, tx.Commit(ctx))
+	got := <-done
+	return got.v, got.err
+}
+
+// A run's cancel that meets a running node's progress write between its
+// read and its change reads the node again, as a task's cancel does: the
+// node is asked to stop now, not at the scheduler's next sweep.
+func TestWorkflowCancelRetriesANodeThatChangedMeanwhile(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailStop)
+	ctx := context.Background()
+	run, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{})
+	require.NoError(t, err)
+	h.settle(h.nodeTasks(run.ID)["a"].ID, task.Complete, `{}`)
+	tasks := h.nodeTasks(run.ID)
+	_, err = postgres.NewWorkerStore(h.db.Pool, nil).Claim(ctx, []uuid.UUID{tasks["b"].ID}, "w1", time.Minute)
+	require.NoError(t, err)
+
+	r, err := whileBumped(t, h.db, tasks["b"].ID, func() (job.Run, error) { return h.store.CancelRun(ctx, h.p, run.ID, nil) })
+	require.NoError(t, err)
+	require.Equal(t, job.RunCancelled, r.Status)
+	require.Equal(t, "CANCELLED", nodeStatus(r)["c"])
+	require.Equal(t, task.StateCancelRequested, r.Nodes[1].TaskState, "b is asked to stop")
+}
+
+// So does the scheduler's sweep.
+func TestCancelStoppedRetriesATaskThatChangedMeanwhile(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailStop)
+	ctx := context.Background()
+	run, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{})
+	require.NoError(t, err)
+	h.settle(h.nodeTasks(run.ID)["a"].ID, task.Complete, `{}`)
+	tasks := h.nodeTasks(run.ID)
+	_, err = postgres.NewWorkerStore(h.db.Pool, nil).Claim(ctx, []uuid.UUID{tasks["c"].ID}, "w1", time.Minute)
+	require.NoError(t, err)
+	h.settle(tasks["b"].ID, task.Fail, "")
+	require.Equal(t, job.RunFailed, h.run(run.ID).Status)
+
+	s := postgres.NewSchedulerStore(h.db.Pool, nil)
+	n, err := whileBumped(t, h.db, tasks["c"].ID, func() (int, error) { return s.CancelStopped(ctx, 100) })
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	var requested bool
+	require.NoError(t, h.db.Pool.QueryRow(ctx, `SELECT cancel_requested_at IS NOT NULL FROM tasks WHERE id = $1`,
+		tasks["c"].ID).Scan(&requested))
+	require.True(t, requested, "c is asked to stop")
+}

@@ -868,7 +868,6 @@ func (e *execution) finish(ctx context.Context, out outcome) {
 	switch {
 	case e.cancelled || errors.Is(cause, conveyor.ErrCancelled):
 		e.store(ctx, "cancelled", task.Change{Transition: task.HonourCancel})
-		e.w.metrics.cancelLatency.Observe(time.Since(e.cancelledAt).Seconds())
 	case errors.Is(out.cause, conveyor.ErrShutdown) && out.err != nil, errors.Is(out.cause, errNoSlot):
 		// A handler that returns a result as the grace period ends has
 		// done its work: it completes below rather than running again.
@@ -955,6 +954,13 @@ func (e *execution) store(ctx context.Context, outcome string, c task.Change) {
 		err := e.write(ctx, c)
 		switch {
 		case err == nil:
+			if outcome == "cancelled" {
+				// Here, not where the outcome was chosen: a cancel the
+				// worker learns of only as this write misses its fence
+				// ends here too, and one whose task was lost meanwhile
+				// was never stored CANCELLED.
+				e.w.metrics.cancelLatency.Observe(time.Since(e.cancelledAt).Seconds())
+			}
 			e.done(ctx, outcome, nil)
 			return
 		case errors.Is(err, task.ErrFenced):

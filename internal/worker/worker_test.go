@@ -15,6 +15,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
@@ -1271,4 +1272,22 @@ func TestWorkerIsNotReadyWhileItDrains(t *testing.T) {
 		"ready while draining, though it consumes nothing")
 	require.Equal(t, task.StatusInProgress, b.store.get(id).Status, "the handler still has its grace period")
 	require.Equal(t, "handed_back", b.finished(t, id))
+}
+
+// A cancel the worker learns of only when storing the outcome misses its
+// fence (no broadcast, no heartbeat yet) still ends the task CANCELLED, and
+// is counted in the cancel latency as one heard of by a broadcast is.
+func TestWorkerRecordsTheLatencyOfACancelFoundAsItStoresTheOutcome(t *testing.T) {
+	h := newBlocking()
+	b := setup(t, testConfig{heartbeat: time.Minute, handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
+	id := b.store.add("t.block", 3)
+	b.deliver(t, id)
+	receive(t, h.entered)
+	b.store.requestCancel(id) // what the API does; its broadcast is lost
+	close(h.release)
+	require.Equal(t, "cancelled", b.finished(t, id))
+	require.Equal(t, task.StatusCancelled, b.store.get(id).Status)
+	var m dto.Metric
+	require.NoError(t, b.w.metrics.cancelLatency.Write(&m))
+	require.Equal(t, uint64(1), m.GetHistogram().GetSampleCount())
 }
