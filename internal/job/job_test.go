@@ -533,9 +533,10 @@ func TestScheduleRefuses(t *testing.T) {
 	}
 }
 
-// On the day New York springs forward, 02:30 does not exist and robfig/cron
-// skips that day's tick; on the day it falls back, 01:30 happens twice and
-// the schedule fires at both. Neither loops nor panics.
+// On the day New York springs forward, 02:30 does not exist: the tick
+// comes as the clocks jump past it, at 03:30. On the day it falls back,
+// 01:30 happens twice: the tick is the first one only. A schedule that runs
+// every hour keeps real hours: none in the gap, both of the repeated one.
 func TestScheduleDaylightSaving(t *testing.T) {
 	t.Parallel()
 	ny, err := time.LoadLocation("America/New_York")
@@ -545,12 +546,63 @@ func TestScheduleDaylightSaving(t *testing.T) {
 	require.NoError(t, err)
 	ticks, more := job.Ticks(s, time.Date(2024, 3, 9, 12, 0, 0, 0, ny), time.Date(2024, 3, 12, 12, 0, 0, 0, ny), 10)
 	require.False(t, more)
-	require.Equal(t, []time.Time{utc("2024-03-11T06:30:00Z"), utc("2024-03-12T06:30:00Z")}, inUTC(ticks))
+	require.Equal(t, []time.Time{utc("2024-03-10T07:30:00Z"), utc("2024-03-11T06:30:00Z"), utc("2024-03-12T06:30:00Z")}, inUTC(ticks))
+	latest, ok := job.Latest(s, utc("2024-03-10T07:30:00Z"), utc("2024-03-10T12:00:00Z"))
+	require.True(t, ok)
+	require.Equal(t, utc("2024-03-10T07:30:00Z"), latest.UTC())
 
 	s, err = job.Schedule("30 1 * * *", "America/New_York")
 	require.NoError(t, err)
-	ticks, _ = job.Ticks(s, time.Date(2024, 11, 2, 12, 0, 0, 0, ny), time.Date(2024, 11, 3, 12, 0, 0, 0, ny), 10)
-	require.Equal(t, []time.Time{utc("2024-11-03T05:30:00Z"), utc("2024-11-03T06:30:00Z")}, inUTC(ticks))
+	ticks, _ = job.Ticks(s, time.Date(2024, 11, 2, 12, 0, 0, 0, ny), time.Date(2024, 11, 4, 12, 0, 0, 0, ny), 10)
+	require.Equal(t, []time.Time{utc("2024-11-03T05:30:00Z"), utc("2024-11-04T06:30:00Z")}, inUTC(ticks))
+	// From inside the repeated hour, as a cursor stored before may stand.
+	require.Equal(t, utc("2024-11-04T06:30:00Z"), s.Next(utc("2024-11-03T06:00:00Z")).UTC())
+
+	// Seconds first, and several hours a day.
+	s, err = job.Schedule("0 30 1,2,3 * * *", "America/New_York")
+	require.NoError(t, err)
+	ticks, _ = job.Ticks(s, time.Date(2024, 3, 10, 0, 0, 0, 0, ny), time.Date(2024, 3, 10, 12, 0, 0, 0, ny), 10)
+	require.Equal(t, []time.Time{utc("2024-03-10T06:30:00Z"), utc("2024-03-10T07:30:00Z")}, inUTC(ticks),
+		"02:30 and 03:30 are the same moment that day: one tick")
+	ticks, _ = job.Ticks(s, time.Date(2024, 11, 3, 0, 0, 0, 0, ny), time.Date(2024, 11, 3, 12, 0, 0, 0, ny), 10)
+	require.Equal(t, []time.Time{utc("2024-11-03T05:30:00Z"), utc("2024-11-03T07:30:00Z"), utc("2024-11-03T08:30:00Z")}, inUTC(ticks))
+
+	s, err = job.Schedule("30 * * * *", "America/New_York")
+	require.NoError(t, err)
+	ticks, _ = job.Ticks(s, utc("2024-11-03T04:00:00Z"), utc("2024-11-03T08:00:00Z"), 10)
+	require.Equal(t, []time.Time{utc("2024-11-03T04:30:00Z"), utc("2024-11-03T05:30:00Z"), utc("2024-11-03T06:30:00Z"),
+		utc("2024-11-03T07:30:00Z")}, inUTC(ticks))
+	ticks, _ = job.Ticks(s, utc("2024-03-10T05:00:00Z"), utc("2024-03-10T08:00:00Z"), 10)
+	require.Equal(t, []time.Time{utc("2024-03-10T05:30:00Z"), utc("2024-03-10T06:30:00Z"), utc("2024-03-10T07:30:00Z")}, inUTC(ticks))
+}
+
+// Through a year of clock changes in zones that change at 02:00, at
+// midnight (Santiago) or by half an hour (Lord Howe), a daily schedule
+// ticks once on each local date, and its ticks keep their order.
+func TestScheduleDailyTicksOncePerDay(t *testing.T) {
+	t.Parallel()
+	for _, tz := range []string{"America/New_York", "Europe/Paris", "America/Santiago", "Australia/Lord_Howe"} {
+		loc, err := time.LoadLocation(tz)
+		require.NoError(t, err)
+		for _, spec := range []string{"0 0 * * *", "30 1 * * *", "30 2 * * *", "15 0 2 * * *"} {
+			s, err := job.Schedule(spec, tz)
+			require.NoError(t, err)
+			from := time.Date(2024, 1, 1, 12, 0, 0, 0, loc)
+			ticks, more := job.Ticks(s, from, from.AddDate(1, 0, 0), 1000)
+			require.False(t, more)
+			days := map[string]int{}
+			for i, tk := range ticks {
+				days[tk.In(loc).Format(time.DateOnly)]++
+				if i > 0 {
+					require.True(t, tk.After(ticks[i-1]))
+				}
+			}
+			require.Len(t, days, 366, "%s in %s: a tick every day", spec, tz)
+			for d, n := range days {
+				require.Equal(t, 1, n, "%s in %s on %s", spec, tz, d)
+			}
+		}
+	}
 }
 
 func inUTC(ts []time.Time) []time.Time {
@@ -594,8 +646,8 @@ func TestTicks(t *testing.T) {
 	ticks, more = job.Ticks(daily, utc("2024-03-30T00:00:00Z"), utc("2024-04-01T00:00:00Z"), 10)
 	require.False(t, more)
 	// Paris springs forward at 02:00 on 31 March: that day has no 02:00,
-	// and no tick.
-	require.Equal(t, []time.Time{utc("2024-03-30T01:00:00Z"), utc("2024-04-01T00:00:00Z")}, inUTC(ticks))
+	// and ticks as the clocks jump, at 03:00.
+	require.Equal(t, []time.Time{utc("2024-03-30T01:00:00Z"), utc("2024-03-31T01:00:00Z"), utc("2024-04-01T00:00:00Z")}, inUTC(ticks))
 }
 
 func TestHash(t *testing.T) {
@@ -824,15 +876,15 @@ func TestResumeCursor(t *testing.T) {
 	require.Equal(t, utc("2024-11-03T12:00:00Z"), job.ResumeCursor(secondly, cursor, now, job.MissedRunOnce))
 	require.Equal(t, utc("2024-11-03T12:00:01Z"), job.ResumeCursor(secondly, cursor, now, job.MissedSkip))
 
-	// New York's 01:30 happens twice on 3 November: the latest is the
-	// second, in standard time.
+	// New York's 01:30 happens twice on 3 November: it ticks at the
+	// first, in daylight time.
 	ny, err := job.Schedule("30 1 * * *", "America/New_York")
 	require.NoError(t, err)
-	require.Equal(t, utc("2024-11-03T06:30:00Z"), job.ResumeCursor(ny, cursor, now, job.MissedRunOnce).UTC())
+	require.Equal(t, utc("2024-11-03T05:30:00Z"), job.ResumeCursor(ny, cursor, now, job.MissedRunOnce).UTC())
 	require.Equal(t, utc("2024-11-04T06:30:00Z"), job.ResumeCursor(ny, cursor, now, job.MissedSkip).UTC())
 
 	// Only one tick passed: the cursor stays; none passed: likewise.
-	require.Equal(t, utc("2024-11-03T06:30:00Z"), job.ResumeCursor(ny, utc("2024-11-03T06:30:00Z"), now, job.MissedRunOnce).UTC())
+	require.Equal(t, utc("2024-11-03T05:30:00Z"), job.ResumeCursor(ny, utc("2024-11-03T05:30:00Z"), now, job.MissedRunOnce).UTC())
 	ahead := now.Add(time.Hour)
 	require.Equal(t, ahead, job.ResumeCursor(ny, ahead, now, job.MissedSkip))
 }

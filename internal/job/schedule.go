@@ -63,8 +63,114 @@ func Schedule(spec, timezone string) (s cron.Schedule, err error) {
 		if ss.Next(time.Now()).IsZero() {
 			return nil, fmt.Errorf("invalid schedule %q: it never fires", spec)
 		}
+		if ss.Hour&allHours != allHours {
+			wall := *ss
+			wall.Location = time.UTC
+			return wallClock{wall: &wall, loc: loc}, nil
+		}
 	}
 	return s, nil
+}
+
+// allHours is a cron hour field that names every hour.
+const allHours = 1<<24 - 1
+
+// dstSlack is more than any change of a time zone's clocks.
+const dstSlack = 3 * time.Hour
+
+// wallClock is a schedule at set hours of the day: it fires once at each
+// local time its spec names, even on the days the clocks change. A time
+// that a spring-forward skips fires as the clocks jump past it (02:30
+// becomes 03:30); a time that a fall-back repeats fires at its first
+// occurrence only. robfig/cron would fire such a time on no day and on two,
+// losing a nightly job's run or doubling it (and it loses a day's tick
+// where the clocks move by half an hour). A schedule that runs every hour
+// keeps robfig's real-time ticks: its repeated hour is another hour of
+// work, and its skipped one is no time at all.
+type wallClock struct {
+	// wall is the spec on wall-clock times written as UTC.
+	wall *cron.SpecSchedule
+	loc  *time.Location
+}
+
+// wallTime is t's local time in loc, written as UTC.
+func wallTime(t time.Time, loc *time.Location) time.Time {
+	l := t.In(loc)
+	return time.Date(l.Year(), l.Month(), l.Day(), l.Hour(), l.Minute(), l.Second(), 0, time.UTC)
+}
+
+// at returns when the wall-clock time w first happens in the schedule's
+// zone, or, when the clocks jumped over it, false and the wall-clock time
+// the jump landed on.
+func (s wallClock) at(w time.Time) (time.Time, bool, time.Time) {
+	_, before := w.Add(-24 * time.Hour).In(s.loc).Zone()
+	_, after := w.Add(24 * time.Hour).In(s.loc).Zone()
+	c1 := w.Add(-time.Duration(before) * time.Second)
+	c2 := w.Add(-time.Duration(after) * time.Second)
+	ok1, ok2 := wallTime(c1, s.loc).Equal(w), wallTime(c2, s.loc).Equal(w)
+	switch {
+	case ok1 && (!ok2 || c1.Before(c2)):
+		return c1, true, time.Time{}
+	case ok2:
+		return c2, true, time.Time{}
+	}
+	jump, _ := c1.In(s.loc).ZoneBounds()
+	return time.Time{}, false, wallTime(jump, s.loc)
+}
+
+// Next returns the first time after t the schedule fires.
+func (s wallClock) Next(t time.Time) time.Time {
+	// The first wall-clock tick after t's that happens after t: a time the
+	// clocks jumped over is left to the loop below, and past a repeated
+	// stretch's first occurrence the search goes on after the stretch.
+	var best time.Time
+	for n := s.wall.Next(wallTime(t, s.loc)); !n.IsZero(); {
+		r, ok, landed := s.at(n)
+		if ok && r.After(t) {
+			best = r
+			break
+		}
+		from := n
+		if !ok && landed.After(from) {
+			from = landed.Add(-time.Second)
+		} else if ok {
+			if start, _ := t.In(s.loc).ZoneBounds(); !start.IsZero() {
+				if end := wallTime(start.Add(-time.Second), s.loc); end.After(from) {
+					from = end
+				}
+			}
+		}
+		n = s.wall.Next(from)
+	}
+	// A time inside a gap the clocks jumped over, from a gap that may still
+	// hold one after t up to the tick above, fires that far after the jump.
+	at := t.Add(-dstSlack).In(s.loc)
+	for {
+		_, jump := at.ZoneBounds()
+		if jump.IsZero() || (!best.IsZero() && jump.After(best)) || jump.Sub(t) > 5*366*24*time.Hour {
+			break
+		}
+		_, before := jump.Add(-time.Second).Zone()
+		_, after := jump.Zone()
+		if gap := time.Duration(after-before) * time.Second; gap > 0 {
+			// The wall-clock times [w0, w0+gap) never happened.
+			w0 := wallTime(jump.Add(-time.Second), s.loc).Add(time.Second)
+			from := w0.Add(-time.Second)
+			if d := t.Sub(jump); d >= 0 {
+				from = w0.Add(d)
+			}
+			if g := s.wall.Next(from); !g.IsZero() && g.Before(w0.Add(gap)) {
+				if c := jump.Add(g.Sub(w0)); best.IsZero() || c.Before(best) {
+					best = c
+				}
+			}
+		}
+		at = jump
+	}
+	if best.IsZero() {
+		return best
+	}
+	return best.In(t.Location())
 }
 
 // Ticks returns the times s fires in (after, until], in order, at most

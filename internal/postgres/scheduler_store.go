@@ -823,7 +823,7 @@ func dueTicks(sched cron.Schedule, next, now time.Time, missedPolicy string, cfg
 // isTick reports whether sched fires at t. An "@every" schedule's ticks
 // follow on from wherever its cursor stands, so any time is one of them.
 func isTick(sched cron.Schedule, t time.Time) bool {
-	if _, ok := sched.(*cron.SpecSchedule); !ok {
+	if _, ok := sched.(cron.ConstantDelaySchedule); ok {
 		return true
 	}
 	return sched.Next(t.Add(-time.Second)).Equal(t)

@@ -303,6 +303,59 @@ func TestCronMakesEachTickOnce(t *testing.T) {
 	require.Equal(t, n, distinct)
 }
 
+// A nightly job at 02:30 New York time runs once on the night the clocks
+// spring forward over 02:30, and once on the night they fall back over
+// 01:30-02:00 and a 01:30 job's time happens twice.
+func TestCronNightlyJobRunsOnceOnTheDaysTheClocksChange(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	ctx := context.Background()
+	applyFile(t, db, admin, `jobs:
+  - name: spring
+    type: cron.t
+    source: {kind: cron, schedule: "30 2 * * *", timezone: America/New_York}
+  - name: fall
+    type: cron.t
+    source: {kind: cron, schedule: "30 1 * * *", timezone: America/New_York}
+`)
+	_, err := db.Pool.Exec(ctx, `UPDATE jobs SET next_tick_at = CASE name WHEN 'spring' THEN timestamptz '2024-03-09T07:30:00Z'
+		ELSE timestamptz '2024-11-02T05:30:00Z' END`)
+	require.NoError(t, err)
+	s := postgres.NewSchedulerStore(db.Pool, nil)
+	cfg := job.CronConfig{CatchUp: time.Hour, MaxJobs: 100, MaxTicks: 1000}
+	// A pass every ten minutes through both days.
+	for _, day := range []time.Time{time.Date(2024, 3, 9, 7, 0, 0, 0, time.UTC), time.Date(2024, 11, 2, 5, 0, 0, 0, time.UTC)} {
+		for now := day; now.Before(day.Add(50 * time.Hour)); now = now.Add(10 * time.Minute) {
+			_, err := s.Cron(ctx, cfg, now)
+			require.NoError(t, err)
+		}
+	}
+	ticks := func(name string, month time.Month) (out []time.Time) {
+		rows, err := db.Pool.Query(ctx, `SELECT t.scheduled_at FROM tasks t JOIN jobs j ON j.id = t.job_id
+			WHERE j.name = $1 AND extract(month FROM t.scheduled_at AT TIME ZONE 'UTC') = $2 ORDER BY 1`, name, int(month))
+		require.NoError(t, err)
+		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (time.Time, error) {
+			var at time.Time
+			return at, r.Scan(&at)
+		})
+		require.NoError(t, err)
+		for i := range out {
+			out[i] = out[i].UTC()
+		}
+		return out
+	}
+	utc := func(s string) time.Time {
+		at, err := time.Parse(time.RFC3339, s)
+		require.NoError(t, err)
+		return at
+	}
+	require.Equal(t, []time.Time{utc("2024-03-09T07:30:00Z"), utc("2024-03-10T07:30:00Z"), utc("2024-03-11T06:30:00Z")}, ticks("spring", time.March),
+		"02:30 did not exist on 10 March: the tick comes as the clocks jump past it")
+	require.Equal(t, []time.Time{utc("2024-11-02T05:30:00Z"), utc("2024-11-03T05:30:00Z"), utc("2024-11-04T06:30:00Z")}, ticks("fall", time.November),
+		"01:30 happened twice on 3 November: one tick")
+}
+
 // After a downtime with more missed ticks than one pass reads (MaxTicks),
 // missed: run_once still makes a single task for the missed ticks (the
 // latest), not one per pass.
