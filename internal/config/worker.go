@@ -55,7 +55,8 @@ type Worker struct {
 	// RepublishAfter is how long a PENDING task may wait, unclaimed and with
 	// no message in the outbox, before maintenance publishes it again.
 	RepublishAfter time.Duration `envconfig:"REPUBLISH_AFTER" default:"10m"`
-	// Retention is how long terminal tasks and their events are kept.
+	// Retention is how long terminal tasks (with their events, results and
+	// keys), ended workflow runs and unread dataset versions are kept.
 	Retention time.Duration `envconfig:"RETENTION" default:"168h"`
 	// WorkerDeadAfter is how long a silent worker stays in the registry.
 	WorkerDeadAfter time.Duration `envconfig:"WORKER_DEAD_AFTER" default:"1m"`

@@ -79,15 +79,19 @@ var sqlTaskEvents = statement("task_events.list", `SELECT e.id, t.id, e.status, 
 		ORDER BY id DESC LIMIT $2) e ON true
 	WHERE t.id = $1 AND t.org_id = $3`)
 
+// sqlTaskStanding reads the task's run only while the run is there:
+// retention deletes a run that ended, and a task of it that ended later
+// (asked to stop) may outlive it; nothing is left for such a task to move.
 var sqlTaskStanding = statement("tasks.standing", `SELECT status, version, cancel_requested_at IS NOT NULL,
-	run_id, coalesce(node, ''), coalesce(traceparent, '')
-	FROM tasks WHERE id = $1 AND org_id = $2`)
+	(SELECT r.id FROM workflow_runs r WHERE r.id = t.run_id), coalesce(node, ''), coalesce(traceparent, '')
+	FROM tasks t WHERE id = $1 AND org_id = $2`)
 
 // standing is where a task stands, as a single-task action reads it.
 type standing struct {
 	status        task.Status
 	cancelPending bool
-	// run and node name the workflow run and node the task is of.
+	// run and node name the workflow run and node the task is of; run is
+	// nil once retention has deleted the run.
 	run  *uuid.UUID
 	node string
 	// traceparent is the task's trace before the action.
@@ -511,7 +515,8 @@ func (s *APIStore) Cancel(ctx context.Context, p auth.Principal, id uuid.UUID, t
 // Retry puts a FAILED or CANCELLED task back to PENDING with attempt 0 and
 // queues it again, under the retrying request's trace. A task of a
 // workflow run is retried with its run: its run has already skipped the
-// nodes below it, and would not release them when it completed.
+// nodes below it, and would not release them when it completed. Once
+// retention has deleted the run, the task is retried on its own.
 //
 // The task's trace becomes the request's, as a retry after a failure starts
 // a new trace: the request's span links to the trace it replaces, where the

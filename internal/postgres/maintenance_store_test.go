@@ -670,3 +670,37 @@ func TestRunRetentionReadsOnlyWhatExpired(t *testing.T) {
 		require.NotContains(t, plan, "Seq Scan on dataset_versions", plan)
 	}
 }
+
+// A task of a run that retention deleted (the run ended, and the task,
+// asked to stop, ended after it) is retried on its own: its own retry
+// answered 409, telling to retry the run, which is gone (404).
+func TestTaskOfADeletedRunIsRetriedAlone(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailStop)
+	ctx := context.Background()
+	run, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{})
+	require.NoError(t, err)
+	h.settle(h.nodeTasks(run.ID)["a"].ID, task.Complete, `{"a": 1}`)
+	tasks := h.nodeTasks(run.ID)
+	h.settle(tasks["b"].ID, task.Fail, "")
+	h.settle(tasks["c"].ID, task.Fail, "")
+	require.Equal(t, job.RunFailed, h.run(run.ID).Status)
+	api := postgres.NewAPIStore(h.db.Pool, nil)
+	_, err = api.Retry(ctx, h.p, tasks["c"].ID, nil)
+	require.Equal(t, task.ErrCodeConflict, task.ErrorCode(err), "while the run is there, it is retried with its run")
+	h.exec(`UPDATE workflow_runs SET finished_at = now() - interval '8 days' WHERE id = $1`, run.ID)
+	require.Equal(t, 1, h.deleteExpiredRuns(100))
+	_, err = h.store.RetryRun(ctx, h.p, run.ID, nil)
+	require.Equal(t, task.ErrCodeNotFound, task.ErrorCode(err), "the run is gone")
+
+	got, err := api.Get(ctx, h.p, tasks["c"].ID)
+	require.NoError(t, err)
+	require.Equal(t, run.ID, *got.RunID, "the task still names its run")
+	retried, err := api.Retry(ctx, h.p, tasks["c"].ID, nil)
+	require.NoError(t, err)
+	require.Equal(t, task.StatusPending, retried.Status)
+	// It runs and ends as any task: no run moves, no version is written.
+	h.settle(tasks["c"].ID, task.Complete, `{"c": 2}`)
+	require.Equal(t, task.StatusCompleted, h.nodeTasks(run.ID)["c"].Status)
+	require.Zero(t, h.count(`SELECT count(*) FROM dataset_versions WHERE task_id = $1`, tasks["c"].ID))
+}

@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
 
@@ -147,4 +149,70 @@ func TestMigrateOutlastsThePoolsStatementTimeout(t *testing.T) {
 	var timeout string
 	require.NoError(t, pool.QueryRow(ctx, "SHOW statement_timeout").Scan(&timeout))
 	require.Equal(t, "100ms", timeout, "the pool's statements are bounded again")
+}
+
+// Migration 020 on a database that already has runs of every status: a
+// submitted node of a completed run whose task retention had deleted
+// completed; no other node gets a status of its own, the others' being
+// unknown (a failed or cancelled run) or read from their task.
+func TestRunRetentionMigrationBackfill(t *testing.T) {
+	t.Parallel()
+	url := testdb.NewEmpty(t)
+	ctx := context.Background()
+	require.NoError(t, postgres.EnsureDatabaseURL(ctx, url))
+	// Not postgres.Open: it prepares the statements of the schema as it is
+	// now.
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	defer pool.Close()
+	all, err := postgres.Migrations()
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL,
+		applied_at timestamptz NOT NULL DEFAULT now())`)
+	require.NoError(t, err)
+	for _, m := range all {
+		if m.Version >= 20 {
+			break
+		}
+		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, m.SQL); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", m.Version, m.Name)
+			return err
+		}), "migration %d", m.Version)
+	}
+	_, err = pool.Exec(ctx, `INSERT INTO orgs (slug, name) VALUES ('o', 'o')`)
+	require.NoError(t, err)
+	for _, status := range []string{"RUNNING", "COMPLETED", "FAILED", "CANCELLED"} {
+		run, kept := uuid.New(), uuid.New()
+		_, err = pool.Exec(ctx, `INSERT INTO workflow_runs (id, org_id, workflow, status, on_failure, memoize, finished_at)
+			VALUES ($1, (SELECT id FROM orgs), 'w', $2, 'stop', true, CASE WHEN $2 <> 'RUNNING' THEN now() END)`, run, status)
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, `INSERT INTO tasks (id, org_id, type, status, completed_at, run_id, node)
+			VALUES ($1, (SELECT id FROM orgs), 'x', 'COMPLETED', now(), $2, 'kept')`, kept, run)
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, `INSERT INTO run_nodes (run_id, node, org_id, position, job, state, task_id) VALUES
+			($1, 'gone', (SELECT id FROM orgs), 0, 'a', 'SUBMITTED', $2),
+			($1, 'kept', (SELECT id FROM orgs), 1, 'a', 'SUBMITTED', $3),
+			($1, 'memo', (SELECT id FROM orgs), 2, 'a', 'MEMOIZED', $4),
+			($1, 'wait', (SELECT id FROM orgs), 3, 'a', 'WAITING', NULL),
+			($1, 'skip', (SELECT id FROM orgs), 4, 'a', 'SKIPPED', NULL)`, run, uuid.New(), kept, uuid.New())
+		require.NoError(t, err)
+	}
+	ran, err := postgres.Migrate(ctx, pool, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.NoError(t, err)
+	require.Contains(t, ran, 20)
+
+	rows, err := pool.Query(ctx, `SELECT r.status || ' ' || n.node FROM run_nodes n JOIN workflow_runs r ON r.id = n.run_id
+		WHERE n.task_status IS NOT NULL`)
+	require.NoError(t, err)
+	set, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"COMPLETED gone"}, set)
+	require.Equal(t, "COMPLETED", func() string {
+		var s string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT task_status FROM run_nodes WHERE task_status IS NOT NULL`).Scan(&s))
+		return s
+	}())
 }
