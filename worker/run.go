@@ -82,6 +82,7 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 		ReadAhead:           base,
 		ReadAheadMax:        most,
 		TasksPerMessage:     cfg.TasksPerMessage,
+		CreditPerConsumer:   cfg.AMQPQueueType == rabbitmq.Quorum,
 		WriteFlights:        cfg.WriteFlights,
 		LongAfter:           time.Second,
 		ReconnectBackoffMax: cfg.ReconnectBackoffMax,

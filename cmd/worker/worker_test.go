@@ -750,3 +750,24 @@ func TestWorkerShortTaskDoesNotWaitBehindALongOne(t *testing.T) {
 	}
 	require.Equal(t, "IN_PROGRESS", b.task(t, long).Status, "the short tasks did not wait for the long one")
 }
+
+// A worker that cannot declare its queues (one of its types' queues
+// exists with other arguments) is registered with its types all the same:
+// the messages parked for its other types must stay parked, not be
+// published again at every maintenance pass.
+func TestParkedMessagesStayParkedWhileTheirWorkerCannotDeclare(t *testing.T) {
+	b := setup(t)
+	b.declare(t, "demo.fanout") // classic, as a worker at the default declares
+	w := b.startWorker(t, "w1", "AMQP_QUEUE_TYPE=quorum")
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if !strings.Contains(w.Output(), "AMQP_QUEUE_TYPE") {
+			return fmt.Errorf("no hint yet")
+		}
+		return nil
+	})
+	id := b.submit(t, "demo.noop", nil, 1)
+	time.Sleep(5 * time.Second)
+	var attempts int
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT attempts FROM outbox WHERE task_id = $1`, id).Scan(&attempts))
+	require.LessOrEqual(t, attempts, 2, "the parked message was published %d times", attempts)
+}

@@ -126,17 +126,23 @@ DELETE FROM dataset_versions WHERE id = ANY (ARRAY(
 		AND (SELECT i.input_version FROM task_inputs i WHERE i.input_version = v.id LIMIT 1) IS NULL
 	LIMIT $2))`)
 
+// sqlParkedTypes lists the types of parked messages that a live worker
+// consumes: maintenance releases those whose queue exists.
+var sqlParkedTypes = statement("outbox.parked_types", `
+SELECT DISTINCT o.task_type FROM outbox o
+WHERE o.available_at = 'infinity' AND o.task_type IN (
+	SELECT unnest(types) FROM workers WHERE last_heartbeat_at > now() - $1 * interval '1 millisecond')`)
+
 // sqlReleaseParked is the backstop of WorkerStore.TypesReady: messages
-// parked for a type that a live worker consumes are released, and parked
-// messages of tasks no longer PENDING are dropped.
+// parked for the given types are released, and parked messages of tasks no
+// longer PENDING are dropped.
 var sqlReleaseParked = statement("outbox.release_parked", `
 WITH dropped AS (
 	DELETE FROM outbox o WHERE o.available_at = 'infinity'
 		AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = o.task_id AND t.`+isPending+`)
 )
 UPDATE outbox o SET available_at = now()
-WHERE o.available_at = 'infinity' AND o.task_type IN (
-		SELECT unnest(types) FROM workers WHERE last_heartbeat_at > now() - $1 * interval '1 millisecond')
+WHERE o.available_at = 'infinity' AND o.task_type = ANY($1)
 	AND EXISTS (SELECT 1 FROM tasks t WHERE t.id = o.task_id AND t.`+isPending+`)`)
 
 // sqlHeartbeatExpired finds running tasks whose handler has not sent a
@@ -288,11 +294,25 @@ func (s *MaintenanceStore) DeleteExpiredVersions(ctx context.Context, retention 
 	return int(tag.RowsAffected()), nil
 }
 
-// ReleaseParked releases parked messages of types that a worker heard from
-// within deadAfter consumes, and drops parked messages of tasks that are no
-// longer PENDING. It returns how many it released.
-func (s *MaintenanceStore) ReleaseParked(ctx context.Context, deadAfter time.Duration) (int, error) {
-	tag, err := s.pool.Exec(ctx, sqlReleaseParked, deadAfter.Milliseconds())
+// ParkedTypes lists the types of parked messages that a worker heard from
+// within deadAfter consumes.
+func (s *MaintenanceStore) ParkedTypes(ctx context.Context, deadAfter time.Duration) ([]string, error) {
+	rows, err := s.pool.Query(ctx, sqlParkedTypes, deadAfter.Milliseconds())
+	if err != nil {
+		return nil, translate(err)
+	}
+	types, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, translate(err)
+	}
+	return types, nil
+}
+
+// ReleaseParked releases the parked messages of types, and drops parked
+// messages of tasks that are no longer PENDING. It returns how many it
+// released.
+func (s *MaintenanceStore) ReleaseParked(ctx context.Context, types []string) (int, error) {
+	tag, err := s.pool.Exec(ctx, sqlReleaseParked, types)
 	if err != nil {
 		return 0, translate(err)
 	}

@@ -404,7 +404,10 @@ func TestReleaseParked(t *testing.T) {
 	_, _, err := b.api.Cancel(ctx, b.admin, gone, nil)
 	require.NoError(t, err)
 
-	n, err := b.maint.ReleaseParked(ctx, time.Minute)
+	types, err := b.maint.ParkedTypes(ctx, time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, []string{"demo.noop"}, types)
+	n, err := b.maint.ReleaseParked(ctx, types)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE task_id = $1 AND available_at <= now()`, served))

@@ -31,11 +31,11 @@ func NewInspector(url, name string) *Inspector {
 }
 
 // QueueReady says how many messages of taskType's queues (single and
-// packed) are ready (not delivered to a consumer), and whether they exist
-// at all: a missing
-// queue is not an error but exists=false, for no worker of the type has
-// declared it. It asks with a passive declare, which neither creates the
-// queue nor changes it.
+// packed) are ready (not delivered to a consumer), and whether both exist,
+// as a worker of the type declares them: a missing queue is not an error
+// but exists=false, for no worker of the type has declared it (the
+// messages parked for want of it must wait). It asks with a passive
+// declare, which neither creates the queue nor changes it.
 //
 // When ctx ends before the broker answers, the connection is closed (the
 // next call dials again) and ctx's error returned. Dialling itself is bounded
@@ -60,6 +60,7 @@ func (i *Inspector) QueueReady(ctx context.Context, taskType string) (ready int,
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
 	defer stop()
 
+	exists = true
 	for _, q := range []string{QueueName(taskType), PackedQueueName(taskType)} {
 		ch, err := conn.Channel()
 		if err != nil {
@@ -71,7 +72,9 @@ func (i *Inspector) QueueReady(ctx context.Context, taskType string) (ready int,
 			var ae *amqp.Error
 			if errors.As(err, &ae) && ae.Code == amqp.NotFound {
 				if q == PackedQueueName(taskType) {
-					// Declared by workers older than packing: none ready.
+					// Declared by workers older than packing, or deleted:
+					// none ready.
+					exists = false
 					continue
 				}
 				return 0, false, nil
@@ -81,7 +84,7 @@ func (i *Inspector) QueueReady(ctx context.Context, taskType string) (ready int,
 		_ = ch.Close()
 		ready += st.Messages
 	}
-	return ready, true, nil
+	return ready, exists, nil
 }
 
 // ctxOr is ctx's error once ctx has ended (the failure came from closing the

@@ -43,6 +43,16 @@ func TestQueueReady(t *testing.T) {
 		return err
 	})
 
+	// A type whose packed queue is missing has its ready messages
+	// counted, but is not declared: a packed message parked for want of
+	// that queue must wait.
+	_, err = channel(t, v).QueueDelete(rabbitmq.PackedQueueName("three"), false, false, false)
+	require.NoError(t, err)
+	ready, exists, err = in.QueueReady(ctx, "three")
+	require.NoError(t, err)
+	require.False(t, exists)
+	require.Equal(t, 3, ready)
+
 	canceled, cancel := context.WithCancel(ctx)
 	cancel()
 	_, _, err = in.QueueReady(canceled, "three")

@@ -389,22 +389,31 @@ func (p *Publisher) bindAgain(exchange, key string) bool {
 	return ch.QueueBind(queue, key, exchange, false, nil) == nil
 }
 
-// HasQueue reports whether the queue of taskType's messages exists: a
-// worker of the type has declared it. Like bindAgain it asks on a channel
-// of its own, which the broker closes when the queue is missing. A broker
-// that blocked the connection reads nothing from it and would never
-// answer: it gives up when ctx ends.
+// HasQueue reports whether the queues of taskType's messages exist, that
+// of single messages and the packed one: a worker of the type has declared
+// them. Both are asked for: a packed message parked for want of the packed
+// queue, released because the other queue exists, would be published and
+// parked again at once, over and over. Like bindAgain it asks on a channel
+// of its own for each, which the broker closes when the queue is missing.
+// A broker that blocked the connection reads nothing from it and would
+// never answer: it gives up when ctx ends.
 func (p *Publisher) HasQueue(ctx context.Context, taskType string) bool {
 	found := make(chan bool, 1)
 	go func() {
-		ch, err := p.conn.Channel()
-		if err != nil {
-			found <- false
-			return
+		for _, q := range []string{QueueName(taskType), PackedQueueName(taskType)} {
+			ch, err := p.conn.Channel()
+			if err != nil {
+				found <- false
+				return
+			}
+			_, err = ch.QueueDeclarePassive(q, true, false, false, false, nil)
+			_ = ch.Close()
+			if err != nil {
+				found <- false
+				return
+			}
 		}
-		defer func() { _ = ch.Close() }()
-		_, err = ch.QueueDeclarePassive(QueueName(taskType), true, false, false, false, nil)
-		found <- err == nil
+		found <- true
 	}()
 	select {
 	case ok := <-found:

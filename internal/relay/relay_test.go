@@ -960,3 +960,38 @@ func (p *laneBlockedPublisher) Blocked() bool {
 	p.answers.Add(1)
 	return p.blocked
 }
+
+// A type whose queue of single messages exists but whose packed queue does
+// not (deleted by an operator between the two queues of a switch, or
+// declared by a worker older than packing) parks its packed messages: they
+// wait for a worker to declare the packed queue, and are not released at
+// once because the other queue exists, published again, and parked again
+// in a loop.
+func TestPackedMessagesWithoutAPackedQueueStayParked(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.declare(t, "demo.noop")
+	conn, err := amqp.Dial(b.amqpURL)
+	require.NoError(t, err)
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDelete(rabbitmq.PackedQueueName("demo.noop"), false, false, false)
+	require.NoError(t, err)
+
+	b.fillOutbox(t, 3, "demo.noop") // packed together
+	b.startRelay(t, relayOpts{pack: 4})
+	testenv.Eventually(t, 10*time.Second, func() error {
+		var n int
+		require.NoError(t, b.db.Pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM outbox WHERE available_at = 'infinity'`).Scan(&n))
+		if n != 3 {
+			return fmtErr("%d of 3 rows parked", n)
+		}
+		return nil
+	})
+	time.Sleep(time.Second)
+	var most int
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT max(attempts) FROM outbox`).Scan(&most))
+	require.LessOrEqual(t, most, 2, "the packed message was published and parked %d times", most)
+}

@@ -29,7 +29,11 @@ type MaintenanceStore interface {
 	// than retention that are not their dataset's newest and that nothing
 	// left refers to.
 	DeleteExpiredVersions(ctx context.Context, retention time.Duration, limit int) (int, error)
-	ReleaseParked(ctx context.Context, deadAfter time.Duration) (int, error)
+	// ParkedTypes lists the types of parked messages that a worker heard
+	// from within deadAfter consumes; ReleaseParked releases the parked
+	// messages of types and drops those of tasks no longer PENDING.
+	ParkedTypes(ctx context.Context, deadAfter time.Duration) ([]string, error)
+	ReleaseParked(ctx context.Context, types []string) (int, error)
 	ReapWorkers(ctx context.Context, deadAfter time.Duration) (int, error)
 	CountWorkers(ctx context.Context) (int, error)
 }
@@ -147,7 +151,7 @@ func (m *Maintainer) RunOnce(ctx context.Context) {
 	m.repeat(ctx, "reap silent handlers", m.reapHeartbeats)
 	_, err := m.republish(ctx)
 	m.failed(ctx, "republish lost messages", err)
-	m.count(ctx, "parked_released", func() (int, error) { return m.store.ReleaseParked(ctx, m.cfg.DeadAfter) })
+	m.count(ctx, "parked_released", func() (int, error) { return m.releaseParked(ctx) })
 	m.repeat(ctx, "delete expired tasks", func(ctx context.Context) (int, error) {
 		n, err := m.store.DeleteExpired(ctx, m.cfg.Retention, m.cfg.BatchSize)
 		m.record(ctx, "deleted_expired", n)
@@ -267,6 +271,30 @@ func (m *Maintainer) republish(ctx context.Context) (int, error) {
 			return total, nil
 		}
 	}
+}
+
+// releaseParked releases the parked messages of the types a live worker
+// consumes whose queue exists. A worker registers its types before it
+// declares their queues, and one may never manage to (one of its types'
+// queues exists with other arguments, its broker URL is wrong): the
+// messages of its types would be published and parked again at every
+// pass.
+func (m *Maintainer) releaseParked(ctx context.Context) (int, error) {
+	types, err := m.store.ParkedTypes(ctx, m.cfg.DeadAfter)
+	if err != nil {
+		return 0, err
+	}
+	var declared []string
+	for _, t := range types {
+		_, exists, err := m.queues.Ready(ctx, t)
+		if err != nil {
+			return 0, err
+		}
+		if exists {
+			declared = append(declared, t)
+		}
+	}
+	return m.store.ReleaseParked(ctx, declared)
 }
 
 // apply applies the leader's changes and counts those that landed.

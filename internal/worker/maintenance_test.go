@@ -30,6 +30,10 @@ type fakeMaintenanceStore struct {
 	stale   []task.Standing
 	expired []task.Standing
 	applied []task.Change
+	// parked are the types of the parked messages; released those
+	// ReleaseParked was given.
+	parked   []string
+	released []string
 }
 
 func (s *fakeMaintenanceStore) Elect(context.Context, string, string, time.Duration) (bool, error) {
@@ -66,8 +70,12 @@ func (s *fakeMaintenanceStore) DeleteExpiredRuns(context.Context, time.Duration,
 func (s *fakeMaintenanceStore) DeleteExpiredVersions(context.Context, time.Duration, int) (int, error) {
 	return 0, nil
 }
-func (s *fakeMaintenanceStore) ReleaseParked(context.Context, time.Duration) (int, error) {
-	return 0, nil
+func (s *fakeMaintenanceStore) ParkedTypes(context.Context, time.Duration) ([]string, error) {
+	return s.parked, nil
+}
+func (s *fakeMaintenanceStore) ReleaseParked(_ context.Context, types []string) (int, error) {
+	s.released = append(s.released, types...)
+	return len(types), nil
 }
 func (s *fakeMaintenanceStore) ReapWorkers(context.Context, time.Duration) (int, error) {
 	return 0, nil
@@ -100,6 +108,19 @@ func TestMaintenanceRepublishesOnlyBehindAnEmptyQueue(t *testing.T) {
 		require.Equal(t, task.Republish, c.Transition)
 		require.NotEqual(t, busy, c.TaskID)
 	}
+}
+
+// Parked messages are released only for types whose queue exists: a live
+// worker that could not declare its queues (one of them exists with other
+// arguments) would have them published and parked again at every pass.
+func TestMaintenanceReleasesParkedMessagesOnlyOfDeclaredQueues(t *testing.T) {
+	t.Parallel()
+	store := &fakeMaintenanceStore{parked: []string{"t.declared", "t.missing"}}
+	m := newTestMaintainer(store, QueuesFunc(func(_ context.Context, typ string) (int, bool, error) {
+		return 0, typ == "t.declared", nil
+	}))
+	m.RunOnce(context.Background())
+	require.Equal(t, []string{"t.declared"}, store.released)
 }
 
 // A backlog of stale tasks of one type, waiting behind its non-empty queue,

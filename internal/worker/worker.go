@@ -129,6 +129,11 @@ type Config struct {
 	// WriteFlights is how many of the worker's writes (a batch of outcomes
 	// and claims, one commit) may be in flight at once; 0 or 1: one.
 	WriteFlights int
+	// CreditPerConsumer says that the source's credit is per consumer,
+	// fixed when it starts (quorum queues): a single message that arrives
+	// while every slot is taken waits for a place in the window instead of
+	// going back (see serve).
+	CreditPerConsumer bool
 }
 
 // writeJoin is how many calls must wait before a write starts beside one
@@ -554,6 +559,10 @@ func (w *Worker) serve(ctx, runCtx context.Context, src Source, applied int) boo
 				w.dispatch(runCtx, d)
 				continue
 			}
+			if !d.Packed && w.cfg.CreditPerConsumer && w.placeHeld(ctx, src, &applied) {
+				w.dispatch(runCtx, d)
+				continue
+			}
 			_ = d.Requeue()
 			w.metrics.dropped.WithLabelValues("requeued_behind_long_tasks").Inc()
 			continue
@@ -619,6 +628,29 @@ func (w *Worker) placePacked(ctx context.Context, src Source, applied *int) bool
 			if w.allLong() {
 				return false
 			}
+		case <-src.Done():
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// placeHeld waits for a place in the window for a single message that
+// came while every slot was taken, from a source whose credit is per
+// consumer: each type's consumer of a quorum queue has the whole prefetch,
+// and keeps its credit while the tasks of other types hold the slots. Sent
+// back, the message would come straight back, over and over for as long
+// as the long handlers run (thousands of times in a test of 4-second
+// tasks): it waits in the worker instead, as docs/quorum.md says. It gives
+// up, and the message goes back, only when the source or ctx ends.
+func (w *Worker) placeHeld(ctx context.Context, src Source, applied *int) bool {
+	for {
+		select {
+		case w.window <- struct{}{}:
+			return true
+		case <-w.credit:
+			*applied = w.setPrefetch(ctx, src, *applied)
 		case <-src.Done():
 			return false
 		case <-ctx.Done():
