@@ -41,11 +41,12 @@ type OIDC struct {
 
 	verifier atomic.Pointer[oidc.IDTokenVerifier] // set once discovery succeeds
 
-	// sem is a lock that a waiter can give up on when its context ends: it
-	// is held while discovering, and guards failedAt and failure.
-	sem      chan struct{}
+	mu       sync.Mutex // guards failedAt, failure and discovering
 	failedAt time.Time
 	failure  error
+	// discovering is closed when the discovery under way ends; nil when
+	// none is.
+	discovering chan struct{}
 }
 
 // OIDCOption configures NewOIDC.
@@ -89,7 +90,6 @@ func NewOIDC(issuerURL, audience string, opts ...OIDCOption) *OIDC {
 		// wait on that fetch: a hung issuer must not hang them for ever.
 		client: &http.Client{Timeout: 10 * time.Second},
 		now:    time.Now,
-		sem:    make(chan struct{}, 1),
 	}
 	for _, opt := range opts {
 		opt(o)
@@ -128,33 +128,59 @@ func (o *OIDC) Verify(ctx context.Context, raw string) (Identity, error) {
 
 // discover returns the verifier, fetching the issuer's discovery document
 // the first time and again after a failure, at most once per
-// discoveryRetry.
+// discoveryRetry. One discovery runs at a time, to its end whether or not
+// its callers wait for it (each waits only as long as its context allows):
+// an issuer slower than the requests' deadline is still discovered, and its
+// failure always speaks of the issuer.
 func (o *OIDC) discover(ctx context.Context) (*oidc.IDTokenVerifier, error) {
 	if v := o.verifier.Load(); v != nil {
 		return v, nil
 	}
+	o.mu.Lock()
+	if o.failure != nil && o.now().Sub(o.failedAt) < discoveryRetry {
+		failure := o.failure
+		o.mu.Unlock()
+		return nil, failure
+	}
+	done := o.discovering
+	if done == nil {
+		done = make(chan struct{})
+		o.discovering = done
+		go func() {
+			err := o.runDiscovery(ctx)
+			o.mu.Lock()
+			if err != nil {
+				o.failedAt, o.failure = o.now(), err
+			}
+			o.discovering = nil
+			o.mu.Unlock()
+			close(done)
+		}()
+	}
+	o.mu.Unlock()
 	select {
-	case o.sem <- struct{}{}:
-		defer func() { <-o.sem }()
+	case <-done:
 	case <-ctx.Done():
 		return nil, fmt.Errorf("auth: discover issuer: %w: %w", ErrIssuerUnavailable, ctx.Err())
 	}
 	if v := o.verifier.Load(); v != nil {
-		return v, nil // discovered while this caller waited
+		return v, nil
 	}
-	if o.failure != nil && o.now().Sub(o.failedAt) < discoveryRetry {
-		return nil, o.failure
-	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return nil, o.failure
+}
 
-	p, err := oidc.NewProvider(oidc.ClientContext(ctx, o.client), o.issuerURL)
+// runDiscovery fetches the issuer's discovery document and stores the
+// verifier it describes.
+func (o *OIDC) runDiscovery(ctx context.Context) error {
+	// The discovery outlives the request that began it: the others wait
+	// on it.
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	p, err := oidc.NewProvider(oidc.ClientContext(dctx, o.client), o.issuerURL)
 	if err != nil {
-		err = fmt.Errorf("auth: discover issuer %s: %w: %w", o.issuerURL, ErrIssuerUnavailable, err)
-		// A caller that gave up says nothing about the issuer, so its
-		// failure must not turn the next callers away.
-		if ctx.Err() == nil {
-			o.failedAt, o.failure = o.now(), err
-		}
-		return nil, err
+		return fmt.Errorf("auth: discover issuer %s: %w: %w", o.issuerURL, ErrIssuerUnavailable, err)
 	}
 	var meta struct {
 		Issuer  string   `json:"issuer"`
@@ -165,9 +191,7 @@ func (o *OIDC) discover(ctx context.Context) (*oidc.IDTokenVerifier, error) {
 		if err == nil {
 			err = errors.New("no jwks_uri")
 		}
-		err = fmt.Errorf("auth: discover issuer %s: %w: %w", o.issuerURL, ErrIssuerUnavailable, err)
-		o.failedAt, o.failure = o.now(), err
-		return nil, err
+		return fmt.Errorf("auth: discover issuer %s: %w: %w", o.issuerURL, ErrIssuerUnavailable, err)
 	}
 	algs := make([]jose.SignatureAlgorithm, 0, len(meta.Algs))
 	for _, a := range meta.Algs {
@@ -179,7 +203,7 @@ func (o *OIDC) discover(ctx context.Context) (*oidc.IDTokenVerifier, error) {
 	keys := &issuerKeys{url: meta.JWKSURL, client: o.client, algs: algs, now: o.now}
 	v := oidc.NewVerifier(meta.Issuer, keys, &oidc.Config{ClientID: o.audience, Now: o.now, SupportedSigningAlgs: meta.Algs})
 	o.verifier.Store(v)
-	return v, nil
+	return nil
 }
 
 // unknownKeyEvery is how long a failed token of an unknown key id keeps
@@ -214,8 +238,6 @@ type issuerKeys struct {
 	algs   []jose.SignatureAlgorithm
 	now    func() time.Time
 
-	fetching sync.Mutex // one fetch at a time; the others wait for it
-
 	// renewing says a fetch of keys grown old is under way.
 	renewing atomic.Bool
 
@@ -227,9 +249,13 @@ type issuerKeys struct {
 	// failedAt and failure are the last fetch that failed, answered
 	// instead of a fetch for discoveryRetry after it: while the issuer is
 	// down, every token of an unknown key id would otherwise ask it again,
-	// one after the other behind fetching.
+	// one fetch after the other.
 	failedAt time.Time
 	failure  error
+	// fetching is closed when the fetch under way ends; nil when none is.
+	// One fetch runs at a time, and the others wait for it, each only as
+	// long as its own context allows.
+	fetching chan struct{}
 }
 
 // keysFetchKey is the context key under which OIDC.Verify leaves room for
@@ -310,32 +336,44 @@ func verifyWith(jws *jose.JSONWebSignature, keys []jose.JSONWebKey) ([]byte, err
 }
 
 // refresh fetches the issuer's keys, unless another caller has fetched them
-// since this one read them (seen fetches then).
+// since this one read them (seen fetches then). It waits for the fetch
+// only as long as ctx allows: the fetch itself runs to its end, bounded
+// on its own, whether or not its caller waits for it, so that its failure
+// always speaks of the issuer.
 func (k *issuerKeys) refresh(ctx context.Context, seen int) error {
-	k.fetching.Lock()
-	defer k.fetching.Unlock()
-	k.mu.Lock()
-	done := k.fetched > seen
-	k.mu.Unlock()
-	if done {
-		return nil
-	}
-	k.mu.Lock()
-	failure := k.failure
-	recent := failure != nil && k.now().Sub(k.failedAt) < discoveryRetry
-	k.mu.Unlock()
-	if recent {
-		return failure
-	}
-	// The fetch runs to its end whether or not its caller waits for it,
-	// so its failure always speaks of the issuer.
-	if err := k.fetch(ctx); err != nil {
+	for {
 		k.mu.Lock()
-		k.failedAt, k.failure = k.now(), err
+		if k.fetched > seen {
+			k.mu.Unlock()
+			return nil
+		}
+		if k.failure != nil && k.now().Sub(k.failedAt) < discoveryRetry {
+			failure := k.failure
+			k.mu.Unlock()
+			return failure
+		}
+		done := k.fetching
+		if done == nil {
+			done = make(chan struct{})
+			k.fetching = done
+			go func() {
+				err := k.fetch(ctx)
+				k.mu.Lock()
+				if err != nil {
+					k.failedAt, k.failure = k.now(), err
+				}
+				k.fetching = nil
+				k.mu.Unlock()
+				close(done)
+			}()
+		}
 		k.mu.Unlock()
-		return err
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return fmt.Errorf("fetch keys: %w", ctx.Err())
+		}
 	}
-	return nil
 }
 
 // fetch reads the issuer's key set and holds it.
@@ -355,9 +393,24 @@ func (k *issuerKeys) fetch(ctx context.Context) error {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("fetch keys: %s answered %s", k.url, resp.Status)
 	}
-	var set jose.JSONWebKeySet
-	if err := json.NewDecoder(io.LimitReader(resp.Body, maxKeySetBytes)).Decode(&set); err != nil {
+	var doc struct {
+		Keys []json.RawMessage `json:"keys"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxKeySetBytes)).Decode(&doc); err != nil {
 		return fmt.Errorf("fetch keys: %w", err)
+	}
+	// A key this verifier does not understand (a type or curve go-jose
+	// lacks, an issuer's encryption key) is skipped, as RFC 7517 asks,
+	// rather than failing the whole set and every token with it. So is a
+	// key that is not public: a symmetric key is no issuer's to publish,
+	// and would verify tokens anyone who read it signed.
+	var set jose.JSONWebKeySet
+	for _, raw := range doc.Keys {
+		var key jose.JSONWebKey
+		if err := key.UnmarshalJSON(raw); err != nil || !key.IsPublic() {
+			continue
+		}
+		set.Keys = append(set.Keys, key)
 	}
 	k.mu.Lock()
 	k.keys, k.fetched, k.fetchedAt, k.failure = set, k.fetched+1, k.now(), nil

@@ -2,7 +2,10 @@ package auth_test
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/rsa"
 	"encoding/base64"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-jose/go-jose/v4"
 	"github.com/stretchr/testify/require"
 
 	"github.com/conveyorhq/conveyor/internal/auth"
@@ -387,7 +391,8 @@ func TestOIDCDiscoveryRetry(t *testing.T) {
 const discoveryRetryWithin = 900 * time.Millisecond
 
 // A caller whose context ends while discovering does not make the next
-// caller wait for the retry interval.
+// caller wait for the retry interval: the discovery it began runs to its
+// end, and serves the next caller.
 func TestOIDCCanceledDiscoveryNotRemembered(t *testing.T) {
 	t.Parallel()
 	iss := testenv.NewIssuer(t)
@@ -404,7 +409,7 @@ func TestOIDCCanceledDiscoveryNotRemembered(t *testing.T) {
 
 	_, err = v.Verify(t.Context(), raw)
 	require.NoError(t, err)
-	require.Equal(t, 2, tr.hits(discoveryPath))
+	require.Equal(t, 1, tr.hits(discoveryPath))
 }
 
 // The verifier's clock, not the wall clock, decides expiry.
@@ -526,3 +531,123 @@ func newFakeClock() *fakeClock {
 
 func (c *fakeClock) now() time.Time          { return time.Unix(0, c.unixNano.Load()) }
 func (c *fakeClock) advance(d time.Duration) { c.unixNano.Add(int64(d)) }
+
+// A request waits for a hung key set only as long as its own deadline
+// allows, whether it started the fetch or waits on another's: the issuer
+// hanging must not hold requests past their timeout (the fetch's own bound
+// is 10 seconds).
+func TestOIDCAHungKeySetEndsWithTheCallersDeadline(t *testing.T) {
+	t.Parallel()
+	iss := testenv.NewIssuer(t)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	tr := newIssuerTransport()
+	tr.before = func(r *http.Request) {
+		if r.URL.Path == jwksPath {
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+		}
+	}
+	v := auth.NewOIDC(iss.URL, oidcAudience, auth.WithHTTPClient(&http.Client{Transport: tr}))
+	raw := iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience})
+
+	var wg sync.WaitGroup
+	for range 3 { // the one that fetches and two that wait on it
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			_, err := v.Verify(ctx, raw)
+			require.ErrorIs(t, err, auth.ErrIssuerUnavailable)
+			require.Less(t, time.Since(start), 2*time.Second, "the caller's deadline, not the fetch's")
+			requireNoToken(t, err, raw)
+		})
+	}
+	wg.Wait()
+}
+
+// An issuer slower to answer its discovery document than the requests'
+// deadline is still discovered: the discovery runs to its end while the
+// callers give up on it, so a later request verifies instead of every one
+// starting a discovery it cannot finish.
+func TestOIDCASlowDiscoveryOutlivesItsCallers(t *testing.T) {
+	t.Parallel()
+	iss := testenv.NewIssuer(t)
+	tr := newIssuerTransport()
+	tr.before = func(r *http.Request) {
+		if r.URL.Path == discoveryPath {
+			time.Sleep(300 * time.Millisecond)
+		}
+	}
+	v := auth.NewOIDC(iss.URL, oidcAudience, auth.WithHTTPClient(&http.Client{Transport: tr}))
+	raw := iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience})
+
+	var err error
+	for range 10 {
+		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+		_, err = v.Verify(ctx, raw)
+		cancel()
+		if err == nil {
+			break
+		}
+		require.ErrorIs(t, err, auth.ErrIssuerUnavailable)
+		requireNoToken(t, err, raw)
+	}
+	require.NoError(t, err, "discovered once the issuer answered")
+	require.Equal(t, 1, tr.hits(discoveryPath))
+}
+
+// A key set that also holds keys the verifier does not understand (a key
+// type or curve go-jose lacks, such as an X25519 key for encryption) still
+// verifies tokens of the keys it does understand, as RFC 7517 asks: one
+// such key used to fail the whole set, and every person's token with it
+// (503s, for as long as the issuer published that key). A symmetric key
+// is never a published one, and verifies nothing.
+func TestOIDCKeysTheVerifierDoesNotUnderstandAreSkipped(t *testing.T) {
+	t.Parallel()
+	priv, err := rsa.GenerateKey(rand.Reader, 2048)
+	require.NoError(t, err)
+	signing := jose.JSONWebKey{Key: priv, KeyID: "rsa-1", Algorithm: string(jose.RS256), Use: "sig"}
+	pub, err := json.Marshal(signing.Public())
+	require.NoError(t, err)
+	secret := []byte("a-secret-an-issuer-should-never-publish")
+	extra := []string{
+		`{"kty":"OKP","crv":"X25519","kid":"enc-1","use":"enc","x":"hSDwCYkwp1R0i33ctD73Wg2_Og0mOBr066SpjqqbTmo"}`,
+		`{"kty":"EC","crv":"secp256k1","kid":"k1","x":"3r9IwB0QY0DuPhDcqNRp4JwzNCzNsC4CGWNxQzDoRmc","y":"YCu0Vd7S3STAjxQz1AAtsIqbQe9ldkmOJTxP9RKuCZs"}`,
+		`{"kty":"oct","kid":"hmac-1","k":"` + base64.RawURLEncoding.EncodeToString(secret) + `"}`,
+	}
+	var url string
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+discoveryPath, func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(map[string]any{"issuer": url, "jwks_uri": url + jwksPath,
+			"id_token_signing_alg_values_supported": []string{"RS256", "HS256"}})
+	})
+	mux.HandleFunc("GET "+jwksPath, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, `{"keys":[`+strings.Join(extra, ",")+`,`+string(pub)+`]}`)
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	url = srv.URL
+	v := auth.NewOIDC(url, oidcAudience)
+
+	sign := func(key any, alg jose.SignatureAlgorithm, kid string) string {
+		claims, err := json.Marshal(jwtClaims{"iss": url, "sub": "alice", "aud": oidcAudience, "exp": time.Now().Add(time.Hour).Unix()})
+		require.NoError(t, err)
+		signer, err := jose.NewSigner(jose.SigningKey{Algorithm: alg, Key: jose.JSONWebKey{Key: key, KeyID: kid}}, nil)
+		require.NoError(t, err)
+		obj, err := signer.Sign(claims)
+		require.NoError(t, err)
+		raw, err := obj.CompactSerialize()
+		require.NoError(t, err)
+		return raw
+	}
+	got, err := v.Verify(t.Context(), sign(priv, jose.RS256, "rsa-1"))
+	require.NoError(t, err)
+	require.Equal(t, "alice", got.Subject)
+
+	_, err = v.Verify(t.Context(), sign(secret, jose.HS256, "hmac-1"))
+	require.Error(t, err)
+	require.NotErrorIs(t, err, auth.ErrIssuerUnavailable)
+}
