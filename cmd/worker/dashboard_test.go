@@ -704,6 +704,65 @@ func TestDashboardPageOfAnUnansweredReadIsNotNotFound(t *testing.T) {
 	}
 }
 
+// An answer that is not the API's (the error page of a proxy in front of
+// an API that is down) says what failed, by its status, and not that the
+// page could not parse it as JSON.
+func TestDashboardProxysErrorPageSaysWhatFailed(t *testing.T) {
+	b := setup(t)
+	key := b.dashboardKey(t)
+	id := b.submit(t, "demo.sleep", map[string]any{"steps": 1}, 1)
+	tab := browser(t)
+	signIn(t, tab, b.api, key)
+	run(t, tab, 10*time.Second, chromedp.ActionFunc(func(ctx context.Context) error {
+		_, err := page.AddScriptToEvaluateOnNewDocument(`{
+			const real = window.fetch;
+			window.fetch = (url, opts) => {
+				if (/^\/v1\/tasks\/[^/]+$/.test(String(url))) {
+					return Promise.resolve(new Response("<html><body><h1>502 Bad Gateway</h1></body></html>",
+						{status: 502, statusText: "Bad Gateway", headers: {"Content-Type": "text/html"}}));
+				}
+				return real(url, opts);
+			};
+		}`).Do(ctx)
+		return err
+	}))
+	var heading, shown string
+	run(t, tab, 20*time.Second,
+		chromedp.Navigate(b.api+"/ui/tasks/"+id.String()),
+		chromedp.WaitVisible(`main [role="alert"]`, chromedp.ByQuery),
+		chromedp.Text("h1", &heading, chromedp.ByQuery),
+		chromedp.Text(`main [role="alert"]`, &shown, chromedp.ByQuery))
+	require.Equal(t, "Could not load the task", heading)
+	require.Contains(t, shown, "502")
+	require.NotContains(t, shown, "JSON")
+}
+
+// A task's Cancel refused twice (a 429) shows why once, not once a click.
+func TestDashboardTaskPageRefusedActionSaysWhyOnce(t *testing.T) {
+	b := setup(t)
+	key := b.dashboardKey(t)
+	id := b.submit(t, "demo.sleep", map[string]any{"steps": 1}, 1)
+	tab := browser(t)
+	signIn(t, tab, b.api, key)
+	var shown []string
+	run(t, tab, 30*time.Second,
+		chromedp.Navigate(b.api+"/ui/tasks/"+id.String()),
+		chromedp.WaitVisible("#cancel", chromedp.ByID),
+		chromedp.Evaluate(`{
+			const real = window.fetch;
+			window.fetch = (url, opts) => String(url).endsWith("/cancel")
+				? Promise.resolve(new Response(JSON.stringify({title: "Too Many Requests", detail: "slow down"}),
+					{status: 429, headers: {"Content-Type": "application/problem+json"}}))
+				: real(url, opts);
+		}`, nil),
+		chromedp.Click("#cancel", chromedp.ByID),
+		chromedp.WaitVisible(`main .error[role="alert"]`, chromedp.ByQuery),
+		chromedp.Click("#cancel", chromedp.ByID),
+		chromedp.Sleep(500*time.Millisecond),
+		chromedp.Evaluate(`[...document.querySelectorAll('main .error[role="alert"]')].map((e) => e.textContent)`, &shown))
+	require.Equal(t, []string{"slow down"}, shown)
+}
+
 // A task's page opened while the task waits shows, once a worker takes
 // it, who runs it and since when, while it runs: not "—" until it ends.
 func TestDashboardTaskPageShowsTheWorkerWhileItRuns(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -220,4 +221,57 @@ func TestRunPageStopsTheTasksOfAFailedRunStillStopping(t *testing.T) {
 	var status string
 	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT status FROM workflow_runs WHERE id = $1`, started.ID).Scan(&status))
 	require.Equal(t, "FAILED", status, "the run keeps its ending")
+}
+
+// Signed out, a person's Back shows the sign-in page, not the last page
+// they saw, with its data, as the browser kept it (a run that ended reads
+// nothing more that a 401 could answer): the next person at the browser
+// would see it. A sign-out that failed says so.
+func TestDashboardBackAfterSignOutAsksToSignIn(t *testing.T) {
+	b := setup(t)
+	b.apply(t, diamondJobs)
+	key := b.dashboardKey(t)
+	var started struct{ ID string }
+	require.NoError(t, json.Unmarshal(b.post(t, "/v1/workflows/diamond/runs", map[string]any{}, http.StatusCreated), &started))
+	b.post(t, "/v1/runs/"+started.ID+"/cancel", nil, http.StatusOK)
+
+	tab := browser(t)
+	signIn(t, tab, b.api, key)
+	run(t, tab, 30*time.Second,
+		chromedp.Navigate(b.api+"/ui/runs/"+started.ID),
+		chromedp.WaitVisible(`#run-status [data-status="CANCELLED"]`, chromedp.ByQuery))
+	// A sign-out that does not reach the API (it is down) leaves the
+	// session as it was: the page says so, and does not show the sign-in
+	// page as if it had ended.
+	var at string
+	run(t, tab, 30*time.Second,
+		chromedp.Evaluate(`{
+			const real = window.fetch;
+			window.fetch = (url, opts) => {
+				if (String(url) === "/ui/logout") {
+					window.fetch = real;
+					return Promise.reject(new TypeError("Failed to fetch"));
+				}
+				return real(url, opts);
+			};
+		}`, nil),
+		chromedp.Click("#signout", chromedp.ByID),
+		chromedp.WaitVisible(`//span[@id="who"][contains(., "Not signed out")]`, chromedp.BySearch),
+		chromedp.Location(&at))
+	require.Contains(t, at, "/ui/runs/")
+	run(t, tab, 30*time.Second,
+		chromedp.Click("#signout", chromedp.ByID),
+		chromedp.WaitVisible("#key", chromedp.ByID),
+		// Back, from a script that has returned: chromedp's NavigateBack
+		// waits for a load that a page the browser kept never fires.
+		chromedp.Evaluate(`setTimeout(() => history.back(), 100)`, nil))
+	// Signing out led to /ui/login; a page that finds its session over
+	// sends to /ui/login?next=… (a read that meets the navigation fails,
+	// and is tried again).
+	require.Eventually(t, func() bool {
+		ctx, cancel := context.WithTimeout(tab, 5*time.Second)
+		defer cancel()
+		return chromedp.Run(ctx, chromedp.Location(&at)) == nil &&
+			strings.Contains(at, "/ui/login?next="+url.QueryEscape("/ui/runs/"+started.ID))
+	}, 10*time.Second, 100*time.Millisecond, "Back after signing out shows %s", at)
 }

@@ -61,9 +61,16 @@ async function api(method, path, body) {
     throw new Error("signed out");
   }
   const text = await resp.text();
-  const data = text ? JSON.parse(text) : null;
+  // A refusal that is not the API's JSON (the error page of a proxy while
+  // the API is down) is told by its status, not by a parse error.
+  let data = null;
+  try {
+    data = text ? JSON.parse(text) : null;
+  } catch (err) {
+    if (resp.ok) throw err;
+  }
   if (!resp.ok) {
-    const err = new Error((data && (data.detail || data.title)) || resp.statusText);
+    const err = new Error((data && (data.detail || data.title)) || `HTTP ${resp.status} ${resp.statusText}`.trim());
     err.status = resp.status;
     err.data = data;
     throw err;
@@ -531,21 +538,28 @@ async function renderTask(id) {
   const timeline = h("ol", { class: "timeline", id: "timeline", "aria-label": "Events, oldest first" });
   const [liveEl, onPause] = liveNote();
 
+  // refused is why the last action failed: it stays through the redraws
+  // until the next action, which replaces it (clicked again, the button
+  // does not stack the same message).
+  let refused = "";
   const drawActions = () => {
     // fill, not replaceChildren: a redraw leaves the focus on the button.
     fill(actions, !mayWrite() ? null
       : !TERMINAL.has(t.status) ? h("button", { type: "button", class: "danger", id: "cancel", onclick: () => act("cancel") }, "Cancel task")
       : t.status !== "COMPLETED" ? h("button", { type: "button", id: "retry", onclick: () => act("retry") }, "Retry task")
-      : null);
+      : null,
+    refused ? h("p", { class: "error", role: "alert" }, refused) : null);
   };
   const act = async (verb) => {
     if (!confirm(verb === "cancel" ? "Cancel this task? A running handler is told to stop." : "Run this task again from its first attempt?")) return;
+    refused = "";
     try {
       t = await api("POST", `/v1/tasks/${t.id}/${verb}`);
       drawDetails();
       if (verb === "retry") location.reload(); // a new run: follow it from the start
     } catch (err) {
-      actions.append(h("p", { class: "error", role: "alert" }, err.message));
+      refused = err.message;
+      drawActions();
     }
   };
   const drawDetails = () => {
@@ -964,11 +978,27 @@ async function start() {
   } catch (err) {
     return showError(main, err);
   }
+  // A page the browser kept and shows again on Back was drawn for a
+  // session that may be over (signed out since, the key revoked): it is
+  // asked again, and a 401 sends the person to sign in rather than leaving
+  // what the page showed to whoever uses the browser next.
+  window.addEventListener("pageshow", (e) => {
+    if (e.persisted) api("GET", "/v1/whoami").catch(() => {});
+  });
   document.getElementById("who").textContent = `${me.name} · ${me.org} · ${me.role}`;
   const out = document.getElementById("signout");
   out.hidden = false;
   out.addEventListener("click", async () => {
-    await fetch("/ui/logout", { method: "POST", credentials: "same-origin", headers: { "X-Conveyor-UI": "1" } });
+    // The session ends only when the API clears its cookie: a sign-out
+    // that did not reach it (the API down) says so, rather than showing
+    // the sign-in page as if the next person at the browser were not
+    // still signed in as this one.
+    const resp = await fetch("/ui/logout", { method: "POST", credentials: "same-origin", headers: { "X-Conveyor-UI": "1" } })
+      .catch(() => null);
+    if (!resp || !resp.ok) {
+      document.getElementById("who").textContent = "Not signed out: the API could not be reached, or refused. Try again.";
+      return;
+    }
     location.assign("/ui/login");
   });
   const task = path.match(/^\/ui\/tasks\/([^/]+)$/);
