@@ -59,7 +59,7 @@ func Handler(cfg Config) http.Handler {
 		w.Header().Set("Cache-Control", "no-cache")
 		_, _ = w.Write(shell)
 	}))
-	for _, p := range []string{"/ui/{$}", "/ui/login", "/ui/tasks", "/ui/tasks/{id}", "/ui/workflows", "/ui/runs/{id}"} {
+	for _, p := range []string{"/ui/{$}", "/ui/login", "/ui/tasks", "/ui/tasks/{id}", "/ui/workflows", "/ui/runs/{id}", "/ui/jobs"} {
 		mux.Handle("GET "+p, page)
 	}
 	return mux

@@ -275,8 +275,9 @@ async function renderOverview() {
           h("p", {}, `${o.last_hour.completed} completed, ${o.last_hour.failed} failed (${o.last_hour.throughput_per_minute.toFixed(1)} a minute)`),
           hourChart(o.last_hour.minutes || o.last_hour.buckets || [])),
         h("section", { "aria-labelledby": "outbox" }, h("h2", { id: "outbox" }, "Outbox"),
-          h("p", {}, `${o.outbox.depth} messages waiting`,
-            o.outbox.depth ? `, the oldest for ${Math.round(o.outbox.oldest_age_seconds)}s` : ""))),
+          h("p", { id: "outbox-line" }, `${o.outbox.depth} messages waiting`,
+            o.outbox.depth ? `, the oldest for ${Math.round(o.outbox.oldest_age_seconds)}s` : "",
+            o.outbox.parked ? `; ${o.outbox.parked} parked until a worker of their type starts` : ""))),
       h("section", { "aria-labelledby": "types" }, h("h2", { id: "types" }, "Queues by type"), typesTable(o.types || [])),
       h("section", { "aria-labelledby": "workers" }, h("h2", { id: "workers" }, "Workers"), workersTable(o.workers || [], o.leader)));
   };
@@ -545,6 +546,10 @@ async function renderTask(id) {
   const drawActions = () => {
     // fill, not replaceChildren: a redraw leaves the focus on the button.
     fill(actions, !mayWrite() ? null
+      // A cancel already asked of a running task waits for its handler to
+      // stop: asking again would change nothing.
+      : !TERMINAL.has(t.status) && t.cancel_requested_at ? h("p", { class: "muted", id: "cancel-requested", role: "status" },
+        "Cancel requested ", when(t.cancel_requested_at), "; the handler is told to stop.")
       : !TERMINAL.has(t.status) ? h("button", { type: "button", class: "danger", id: "cancel", onclick: () => act("cancel") }, "Cancel task")
       : t.status !== "COMPLETED" ? h("button", { type: "button", id: "retry", onclick: () => act("retry") }, "Retry task")
       : null,
@@ -944,6 +949,67 @@ async function renderRun(id) {
   draw();
 }
 
+// ---- jobs -------------------------------------------------------------------
+
+async function renderJobs() {
+  document.title = "Jobs · Conveyor";
+  const body = h("div", {});
+  fill(main, h("h1", {}, "Jobs"), body);
+  let jobs = null;
+  // refused is why the last action on a job failed, and made the task its
+  // last trigger made: each shows beside that job's buttons through the
+  // redraws (every 5 s) until the next action replaces it.
+  let refused = null, made = null;
+  const act = async (j, verb) => {
+    if (!confirm(verb === "trigger" ? `Trigger ${j.name} now? It makes a task of the job.`
+      : verb === "pause" ? `Pause ${j.name}? Its new tasks wait and its schedule does not tick until it is resumed.`
+      : `Resume ${j.name}?`)) return;
+    refused = null;
+    made = null;
+    try {
+      const done = await api("POST", `/v1/jobs/${encodeURIComponent(j.name)}/${verb}`);
+      if (verb === "trigger") made = { name: j.name, id: done.id };
+    } catch (err) {
+      refused = { name: j.name, message: err.message };
+    }
+    await draw();
+  };
+  const limits = (j) => [j.max_concurrency ? `${j.max_concurrency} at once` : null,
+    j.max_concurrency_per_key ? `${j.max_concurrency_per_key} per key` : null].filter(Boolean).join(", ") || "—";
+  const row = (j) => h("tr", { "data-job": j.name },
+    h("td", {}, j.name),
+    h("td", {}, h("a", { href: "/ui/tasks?type=" + encodeURIComponent(j.type), title: `Tasks of type ${j.type} (of every job)` }, j.type)),
+    h("td", {}, j.source ? [h("code", {}, j.source.schedule), " ", h("span", { class: "muted" }, j.source.timezone)] : h("span", { class: "muted" }, "on trigger")),
+    h("td", { "data-paused": String(j.paused) }, j.paused ? ["paused ", h("span", { class: "muted" }, ago(j.paused_at))]
+      : j.active ? "active" : "inactive"),
+    h("td", {}, j.next_tick_at ? when(j.next_tick_at) : "—"),
+    h("td", {}, limits(j)),
+    mayWrite() ? h("td", {}, h("div", { class: "row" },
+      j.paused ? h("button", { type: "button", id: "resume-" + j.name, onclick: () => act(j, "resume") }, "Resume")
+        : h("button", { type: "button", id: "pause-" + j.name, onclick: () => act(j, "pause") }, "Pause"),
+      h("button", { type: "button", id: "trigger-" + j.name, onclick: () => act(j, "trigger") }, "Trigger"),
+      made && made.name === j.name ? h("span", { role: "status" }, "Made ", h("a", { href: "/ui/tasks/" + made.id }, "task " + made.id.slice(-6))) : null,
+      refused && refused.name === j.name ? h("p", { class: "error", role: "alert" }, refused.message) : null)) : null);
+  const draw = async () => {
+    try {
+      jobs = (await api("GET", "/v1/jobs")).jobs || [];
+    } catch (err) {
+      // A list already shown stays; a first read that failed says why.
+      if (jobs === null) showError(body, err);
+      return;
+    }
+    // fill, not replaceChildren: a redraw leaves the focus on the button.
+    fill(body, !jobs.length ? h("p", { class: "muted" }, "The org has no job: an admin declares them in a jobs file (",
+      h("code", {}, "conveyor apply -f jobs.yaml"), ").")
+      : h("div", { class: "table-wrap" }, h("table", { "aria-label": "Jobs" },
+        h("thead", {}, h("tr", {}, ["Name", "Type", "Schedule", "State", "Next tick", "Limits", mayWrite() ? "Actions" : null]
+          .filter(Boolean).map((t) => h("th", { scope: "col" }, t)))),
+        h("tbody", {}, jobs.map(row)))));
+  };
+  await draw();
+  setInterval(draw, 5000);
+}
+
 // ---- frame ----------------------------------------------------------------
 
 function theme() {
@@ -969,7 +1035,8 @@ async function start() {
   const path = location.pathname.replace(/\/+$/, "") || "/ui";
   for (const a of document.querySelectorAll("[data-nav]")) {
     const on = (a.dataset.nav === "overview" && path === "/ui") || (a.dataset.nav === "tasks" && path.startsWith("/ui/tasks")) ||
-      (a.dataset.nav === "workflows" && (path === "/ui/workflows" || path.startsWith("/ui/runs/")));
+      (a.dataset.nav === "workflows" && (path === "/ui/workflows" || path.startsWith("/ui/runs/"))) ||
+      (a.dataset.nav === "jobs" && path === "/ui/jobs");
     if (on) a.setAttribute("aria-current", "page");
   }
   if (path === "/ui/login") return renderLogin();
@@ -1007,6 +1074,7 @@ async function start() {
   const run = path.match(/^\/ui\/runs\/([^/]+)$/);
   if (run) return renderRun(decoded(run[1]));
   if (path === "/ui/workflows") return renderWorkflows();
+  if (path === "/ui/jobs") return renderJobs();
   return renderOverview();
 }
 
