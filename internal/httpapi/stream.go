@@ -31,6 +31,12 @@ import (
 const (
 	// streamPage is how many events one catch-up read returns.
 	streamPage = 500
+	// catchUpSpan bounds the ids one catch-up read of an org's stream
+	// scans: with a filter that takes in few events, a read bounded only
+	// by its page would scan every event since a far-back Last-Event-ID in
+	// one statement, past the statement timeout on a long history, and the
+	// client would retry it for ever.
+	catchUpSpan = 20000
 	// streamRetry is the reconnection delay the stream suggests.
 	streamRetry = 2 * time.Second
 	// streamReady bounds how long a new stream waits for a starting hub.
@@ -221,7 +227,20 @@ func (s *server) serveStream(w http.ResponseWriter, r *http.Request, p auth.Prin
 	if out.taskStream {
 		upto = math.MaxInt64
 	}
-	page, err := s.Store.EventsBetween(ctx, p, f, after, upto, streamPage)
+	// read returns the events after from, and the id up to which it has
+	// read them all.
+	read := func(from int64) ([]task.Event, int64, error) {
+		to := upto
+		if !out.taskStream && to-from > catchUpSpan {
+			to = from + catchUpSpan
+		}
+		page, err := s.Store.EventsBetween(ctx, p, f, from, to, streamPage)
+		if len(page) == streamPage {
+			to = page[len(page)-1].ID
+		}
+		return page, to, err
+	}
+	page, reached, err := read(after)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -250,10 +269,10 @@ func (s *server) serveStream(w http.ResponseWriter, r *http.Request, p auth.Prin
 				return
 			}
 		}
-		if len(page) < streamPage {
+		if reached >= upto {
 			break
 		}
-		if page, err = s.Store.EventsBetween(ctx, p, f, out.last, upto, streamPage); err != nil {
+		if page, reached, err = read(reached); err != nil {
 			s.Log.WarnContext(ctx, "stream catch-up", "error", err)
 			return
 		}
