@@ -179,6 +179,60 @@ func TestDashboardTaskPageSaysCancelRequested(t *testing.T) {
 	require.Zero(t, cancels)
 }
 
+// A cancel asked elsewhere (here the API, as the CLI does) while a running
+// task's page is open reaches the page through the task's stream: the
+// Cancel button goes, and the page says the cancel was requested. The
+// page's times name their zone. A pending task whose cancel was asked
+// (its worker handed it back since) is cancelled at once by asking again:
+// its page offers the Cancel button, and does not speak of a handler.
+func TestDashboardTaskPageHearsACancelAskedElsewhere(t *testing.T) {
+	b := setup(t)
+	key := b.dashboardKey(t)
+	id := b.submit(t, "dash.deaf", map[string]any{}, 1)
+	_, err := b.pool.Exec(context.Background(), `UPDATE tasks SET status = 'IN_PROGRESS', attempt = 1,
+		worker_id = 'deaf', started_at = now(), lease_expires_at = now() + interval '1 hour',
+		version = version + 1 WHERE id = $1`, id)
+	require.NoError(t, err)
+	tab := browser(t)
+	signIn(t, tab, b.api, key)
+	run(t, tab, 30*time.Second,
+		chromedp.Navigate(b.api+"/ui/tasks/"+id.String()),
+		chromedp.WaitVisible(`#status [data-status="IN_PROGRESS"]`, chromedp.ByQuery),
+		chromedp.WaitVisible("#cancel", chromedp.ByID))
+	var zoned bool
+	run(t, tab, 5*time.Second, chromedp.Evaluate(`[...document.querySelectorAll("main time")].every((el) =>
+		el.textContent.includes(new Intl.DateTimeFormat(undefined, { timeZoneName: "short" })
+			.formatToParts(new Date(el.dateTime)).find((p) => p.type === "timeZoneName").value))
+		&& document.querySelectorAll("main time").length > 0`, &zoned))
+	require.True(t, zoned, "every time shown names its zone")
+	// The history replayed (a PENDING event: the task was moved to
+	// IN_PROGRESS without one) makes the page read the task again, 200 ms
+	// on; the cancel comes after that read.
+	run(t, tab, 5*time.Second, chromedp.WaitVisible("#timeline li", chromedp.ByQuery), chromedp.Sleep(time.Second))
+
+	require.Equal(t, http.StatusAccepted, b.cancel(t, id), "asked of a running task")
+	var cancels int
+	var said string
+	run(t, tab, 30*time.Second,
+		chromedp.WaitVisible("#cancel-requested", chromedp.ByID),
+		chromedp.Text("#cancel-requested", &said, chromedp.ByID),
+		chromedp.Evaluate(`document.querySelectorAll("#cancel").length`, &cancels))
+	require.Zero(t, cancels, "no Cancel button once the cancel was requested")
+	require.Contains(t, said, "the handler is told to stop")
+
+	// Handed back by its worker, the task waits again with its cancel asked.
+	_, err = b.pool.Exec(context.Background(), `UPDATE tasks SET status = 'PENDING', worker_id = NULL,
+		lease_expires_at = NULL, next_run_at = now() + interval '1 hour', version = version + 1 WHERE id = $1`, id)
+	require.NoError(t, err)
+	var requested int
+	run(t, tab, 30*time.Second,
+		chromedp.Navigate(b.api+"/ui/tasks/"+id.String()),
+		chromedp.WaitVisible(`#status [data-status="PENDING"]`, chromedp.ByQuery),
+		chromedp.WaitVisible("#cancel", chromedp.ByID),
+		chromedp.Evaluate(`document.querySelectorAll("#cancel-requested").length`, &requested))
+	require.Zero(t, requested, "a pending task has no handler to stop")
+}
+
 // The overview's outbox line counts the messages parked for want of a
 // worker of their type, not only those due.
 func TestDashboardOverviewShowsParkedMessages(t *testing.T) {

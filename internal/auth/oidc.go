@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -179,6 +180,14 @@ func (o *OIDC) runDiscovery(ctx context.Context) error {
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	p, err := oidc.NewProvider(oidc.ClientContext(dctx, o.client), o.issuerURL)
+	var mismatch *oidc.IssuerMismatchError
+	if errors.As(err, &mismatch) && strings.TrimSuffix(mismatch.Discovered, "/") == strings.TrimSuffix(o.issuerURL, "/") {
+		// An issuer's identifier may end in a slash (Auth0's does) or not,
+		// and OIDC_ISSUER_URL is written either way: the issuer is taken
+		// under the identifier it publishes, which tokens' iss must then
+		// match. Any other mismatch names another issuer.
+		p, err = oidc.NewProvider(oidc.ClientContext(dctx, o.client), mismatch.Discovered)
+	}
 	if err != nil {
 		return fmt.Errorf("auth: discover issuer %s: %w: %w", o.issuerURL, ErrIssuerUnavailable, err)
 	}

@@ -651,3 +651,19 @@ func TestOIDCKeysTheVerifierDoesNotUnderstandAreSkipped(t *testing.T) {
 	require.Error(t, err)
 	require.NotErrorIs(t, err, auth.ErrIssuerUnavailable)
 }
+
+// OIDC_ISSUER_URL that differs from the issuer's identifier by a trailing
+// slash alone (Auth0's ends in one; this issuer's does not) names the
+// issuer: its tokens verify, their iss checked against the identifier the
+// issuer publishes. Every token was refused as if the issuer were down.
+func TestOIDCIssuerURLWithATrailingSlash(t *testing.T) {
+	t.Parallel()
+	iss := testenv.NewIssuer(t)
+	v := auth.NewOIDC(iss.URL+"/", oidcAudience)
+	got, err := v.Verify(t.Context(), iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience}))
+	require.NoError(t, err)
+	require.Equal(t, "alice", got.Subject)
+	_, err = v.Verify(t.Context(), iss.Token(t, jwtClaims{"iss": iss.URL + "/", "sub": "alice", "aud": oidcAudience}))
+	require.ErrorContains(t, err, "issued by a different provider")
+	require.NotErrorIs(t, err, auth.ErrIssuerUnavailable)
+}

@@ -50,9 +50,10 @@ func bulkWhere(org uuid.UUID, a task.Action, statuses []task.Status, f task.Filt
 		arms = append(arms, "false")
 	}
 	w.and(strings.Join(arms, " OR "))
-	// A task of a workflow run is retried with its run (APIStore.Retry).
+	// A task of a workflow run is retried with its run (APIStore.Retry),
+	// unless retention has deleted the run: then it is retried alone.
 	if a == task.ActionRetry {
-		w.and("run_id IS NULL")
+		w.and("(run_id IS NULL OR NOT EXISTS (SELECT 1 FROM workflow_runs r WHERE r.id = tasks.run_id))")
 	}
 	return w
 }

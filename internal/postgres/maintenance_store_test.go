@@ -707,3 +707,50 @@ func TestTaskOfADeletedRunIsRetriedAlone(t *testing.T) {
 	require.Equal(t, task.StatusCompleted, h.nodeTasks(run.ID)["c"].Status)
 	require.Zero(t, h.count(`SELECT count(*) FROM dataset_versions WHERE task_id = $1`, tasks["c"].ID))
 }
+
+// A bulk retry takes, as the single retry does, the failed tasks of a run
+// that retention deleted, and leaves those of a run still there to be
+// retried with their run; its count reads the tasks through their index.
+func TestBulkRetryTakesTasksOfADeletedRun(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailStop)
+	ctx := context.Background()
+	failRun := func(day string) (uuid.UUID, uuid.UUID) {
+		// Runs of other parameters: a memoizes nothing for the second.
+		run, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{Params: json.RawMessage(`{"day": "` + day + `"}`)})
+		require.NoError(t, err)
+		h.settle(h.nodeTasks(run.ID)["a"].ID, task.Complete, `{"a": 1}`)
+		tasks := h.nodeTasks(run.ID)
+		h.settle(tasks["b"].ID, task.Fail, "")
+		h.settle(tasks["c"].ID, task.Fail, "")
+		require.Equal(t, job.RunFailed, h.run(run.ID).Status)
+		return run.ID, tasks["c"].ID
+	}
+	gone, goneTask := failRun("2026-11-23")
+	kept, keptTask := failRun("2026-11-24")
+	h.exec(`UPDATE workflow_runs SET finished_at = now() - interval '8 days' WHERE id = $1`, gone)
+	require.Equal(t, 1, h.deleteExpiredRuns(100))
+
+	api := postgres.NewAPIStore(h.db.Pool, nil)
+	res, err := api.Bulk(ctx, h.p, task.Bulk{Action: task.ActionRetry, Limit: task.MaxBulkLimit}, nil)
+	require.NoError(t, err)
+	require.Equal(t, 2, res.Changed, "b and c of the deleted run")
+	require.Equal(t, 2, res.Matched)
+	for id, want := range map[uuid.UUID]task.Status{goneTask: task.StatusPending, keptTask: task.StatusFailed} {
+		got, err := api.Get(ctx, h.p, id)
+		require.NoError(t, err)
+		require.Equal(t, want, got.Status)
+	}
+	require.Equal(t, job.RunFailed, h.run(kept).Status)
+
+	sql, args := postgres.BulkCountSQL(h.p.OrgID, task.ActionRetry, task.ActionRetry.Statuses(), task.Filter{})
+	// The test's tables are small: the planner is told to avoid a scan
+	// wherever an index can serve.
+	tx, err := h.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SET LOCAL enable_seqscan = off`)
+	require.NoError(t, err)
+	plan := explainOn(t, tx, sql, args...)
+	require.NotContains(t, plan, "Seq Scan on tasks", plan)
+}

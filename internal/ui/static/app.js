@@ -94,7 +94,8 @@ function decoded(s) {
 function when(ts) {
   if (!ts) return "";
   const d = new Date(ts);
-  return h("time", { datetime: ts, title: d.toISOString() }, d.toLocaleString());
+  // The zone is shown: the filters are in UTC, the times in the browser's.
+  return h("time", { datetime: ts, title: d.toISOString() }, d.toLocaleString(undefined, { timeZoneName: "short" }));
 }
 
 function ago(ts) {
@@ -547,8 +548,9 @@ async function renderTask(id) {
     // fill, not replaceChildren: a redraw leaves the focus on the button.
     fill(actions, !mayWrite() ? null
       // A cancel already asked of a running task waits for its handler to
-      // stop: asking again would change nothing.
-      : !TERMINAL.has(t.status) && t.cancel_requested_at ? h("p", { class: "muted", id: "cancel-requested", role: "status" },
+      // stop: asking again would change nothing. A pending one (handed
+      // back since) is cancelled at once by asking again.
+      : t.status === "IN_PROGRESS" && t.cancel_requested_at ? h("p", { class: "muted", id: "cancel-requested", role: "status" },
         "Cancel requested ", when(t.cancel_requested_at), "; the handler is told to stop.")
       : !TERMINAL.has(t.status) ? h("button", { type: "button", class: "danger", id: "cancel", onclick: () => act("cancel") }, "Cancel task")
       : t.status !== "COMPLETED" ? h("button", { type: "button", id: "retry", onclick: () => act("retry") }, "Retry task")
@@ -625,6 +627,10 @@ async function renderTask(id) {
       drawActions();
       // A new status comes with a new worker, attempt, start or error:
       // the details are read again.
+      reread();
+    } else if (e.state === "Cancel requested" && !t.cancel_requested_at) {
+      // Asked elsewhere (the CLI, another page): the status stays, and the
+      // task is read again for the cancel's time.
       reread();
     }
   }, () => {
