@@ -100,6 +100,7 @@ func TestDeclareTaskQueueOfOtherArgumentsNamesTheVariables(t *testing.T) {
 		// A worker declaring otherwise fails the same way, before consuming.
 		_, err = rabbitmq.DialConsumer(v.url, "test-consumer", tt.then, []string{taskType}, 4, 4)
 		require.ErrorContains(t, err, "AMQP_MAX_PRIORITY", tt.name)
+		require.True(t, rabbitmq.Refused(err), "%v", err)
 	}
 	stats := queueStats(t, v)
 	require.Equal(t, "classic\t0\t0", stats[rabbitmq.QueueName("declared-classic")])

@@ -134,6 +134,15 @@ func (q Queues) String() string {
 	return fmt.Sprintf("%s (max priority %d)", q.Type, q.MaxPriority)
 }
 
+// Refused reports whether err is the broker refusing a declaration
+// (PRECONDITION_FAILED: the queue or exchange exists with other
+// arguments): the broker was reached, and retrying changes nothing until
+// the configuration or the queue does.
+func Refused(err error) bool {
+	var ae *amqp.Error
+	return errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed
+}
+
 // DeclareTaskQueue declares a type's durable classic queues, whose
 // x-max-priority is task.MaxPriority so that every priority a task may have
 // is honoured, and binds them as DeclareTaskQueueOf does. It is
@@ -157,8 +166,7 @@ func DeclareTaskQueueOf(ch *amqp.Channel, taskType string, qs Queues) error {
 		{PackedQueueName(taskType), PackedExchange},
 	} {
 		if _, err := ch.QueueDeclare(q.name, true, false, false, false, qs.arguments()); err != nil {
-			var ae *amqp.Error
-			if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
+			if Refused(err) {
 				return fmt.Errorf("declare queue %s as %s: %w (the queue exists with other arguments: "+
 					"check that AMQP_QUEUE_TYPE and AMQP_MAX_PRIORITY are what it was created with, "+
 					"or delete it to change them)", q.name, qs, err)

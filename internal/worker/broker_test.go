@@ -1,7 +1,11 @@
 package worker
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -108,4 +112,59 @@ func TestWorkerSendsNothingBackAndForthWhileEverySlotIsHeldByAnEarlierConnection
 
 	close(h.release)
 	require.Equal(t, "completed", (&testBundle{w: b.w, outcomes: map[uuid.UUID]string{}}).finished(t, next))
+}
+
+// lockedBuffer is a log's output that the worker writes while the test
+// reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// A worker whose queue exists with other arguments reaches the broker and
+// is refused: its log says so, with the broker's reason, instead of
+// calling the broker unreachable.
+func TestWorkerLogsARefusedQueueDeclarationAsRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs RabbitMQ")
+	}
+	t.Parallel()
+	url := testenv.NewVhost(t)
+	testenv.DeclareTaskQueue(t, url, "t.refused") // classic, with priorities
+	var out lockedBuffer
+	deps := fakeDeps(newFakeStore(), nil)
+	deps.Log = slog.New(slog.NewTextHandler(&out, nil))
+	deps.Broker = BrokerFunc(func(_ context.Context, types []string, prefetch int) (Source, error) {
+		return rabbitmq.DialConsumer(url, "test-worker", rabbitmq.QuorumQueues, types, prefetch, 1)
+	})
+	w, err := New(Config{
+		Info:        registry.Worker{ID: "w1"},
+		Concurrency: 1, Lease: 2 * time.Second, Heartbeat: 100 * time.Millisecond,
+		ProgressInterval: 10 * time.Millisecond, BackoffBase: time.Millisecond, BackoffMax: 10 * time.Millisecond,
+		ShutdownTimeout: time.Second, MaxRunTime: time.Hour, TasksPerMessage: 1,
+		LongAfter: time.Hour, ReconnectBackoffMax: 50 * time.Millisecond,
+	}, deps, []conveyor.Handler{conveyor.Handle("t.refused", func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) { return nil, nil })})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "retrying") }, waitLimit, 10*time.Millisecond)
+	log := out.String()
+	require.Contains(t, log, "queue declaration refused by the broker; retrying")
+	require.Contains(t, log, "PRECONDITION_FAILED", "the broker's reason is kept")
+	require.Contains(t, log, "AMQP_QUEUE_TYPE", "the variables to check are named")
+	require.NotContains(t, log, "broker unreachable")
 }

@@ -25,6 +25,7 @@ import (
 
 	"github.com/conveyorhq/conveyor"
 	"github.com/conveyorhq/conveyor/internal/outbox"
+	"github.com/conveyorhq/conveyor/internal/rabbitmq"
 	"github.com/conveyorhq/conveyor/internal/registry"
 	"github.com/conveyorhq/conveyor/internal/task"
 	"github.com/conveyorhq/conveyor/internal/wait"
@@ -482,6 +483,17 @@ func (w *Worker) pokeCredit() {
 	}
 }
 
+// consumeFailure is the headline of a failed connection. A broker that
+// refused a declaration (a queue exists with other arguments) was reached:
+// calling it unreachable would send the operator to the network instead of
+// the queue's arguments, which the error names.
+func consumeFailure(err error) string {
+	if rabbitmq.Refused(err) {
+		return "queue declaration refused by the broker; retrying"
+	}
+	return "broker unreachable; retrying"
+}
+
 // consume takes deliveries until ctx is done, connecting again whenever the
 // source stops for any reason. It returns the live source, if any, so the
 // shutdown still hears cancel broadcasts while handlers finish.
@@ -502,7 +514,7 @@ func (w *Worker) consume(ctx, runCtx context.Context) Source {
 		src, err := w.broker.Consume(ctx, w.Types(), prefetch)
 		if err != nil {
 			retry := b.NextBackOff()
-			w.log.WarnContext(ctx, "broker unreachable; retrying", "error", err, "retry_in", retry)
+			w.log.WarnContext(ctx, consumeFailure(err), "error", err, "retry_in", retry)
 			wait.Sleep(ctx, retry)
 			continue
 		}
