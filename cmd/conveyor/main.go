@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
 	// The time zones of jobs files are checked where the command runs,
 	// which may have no zone database of its own (Windows, a minimal
 	// container).

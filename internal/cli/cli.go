@@ -98,17 +98,17 @@ func healthcheck(args []string, stdout, stderr io.Writer) int {
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, args[0], nil)
 	if err != nil {
-		fmt.Fprintln(stderr, "healthcheck:", err)
+		_, _ = fmt.Fprintln(stderr, "healthcheck:", err)
 		return 2
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		fmt.Fprintln(stderr, "healthcheck:", err)
+		_, _ = fmt.Fprintln(stderr, "healthcheck:", err)
 		return 1
 	}
 	_ = resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		fmt.Fprintln(stderr, "healthcheck:", resp.Status)
+		_, _ = fmt.Fprintln(stderr, "healthcheck:", resp.Status)
 		return 1
 	}
 	return 0

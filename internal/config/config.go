@@ -4,6 +4,7 @@
 package config
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"net"
@@ -290,7 +291,7 @@ func validAddr(name, addr string) error {
 		err = fmt.Errorf("surrounding white space")
 	}
 	if err == nil {
-		_, err = net.LookupPort("tcp", port)
+		_, err = net.DefaultResolver.LookupPort(context.Background(), "tcp", port)
 	}
 	if err != nil {
 		return fmt.Errorf("%s: must be [host]:port, such as :8080 or 127.0.0.1:8080, got %q", name, addr)
