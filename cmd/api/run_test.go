@@ -64,7 +64,9 @@ func serve(t *testing.T, db *testdb.DB, opts ...func(*config.API)) *testBundle {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() { errc <- run(ctx, cfg, io.Discard) }()
-	b := &testBundle{db: db, base: "http://" + addr, client: &http.Client{Timeout: 10 * time.Second}}
+	// A generous bound: the suite runs many of these servers at once, under
+	// the race detector, on two cores, and a large request's CPU is slow.
+	b := &testBundle{db: db, base: "http://" + addr, client: &http.Client{Timeout: 30 * time.Second}}
 	t.Cleanup(func() {
 		// Connections the client dialled but never used count as active
 		// for a while during shutdown; close them first.

@@ -135,6 +135,14 @@ func (d Definition) Hash() string {
 // payload stand for their defaults; 0 stands for "none" or "unlimited"
 // where the field allows it.
 func (d Definition) Validate() Problems {
+	ps, _ := d.validate()
+	return ps
+}
+
+// validate is Validate that also returns the payload's length as stored
+// (0 when it cannot be stored): a file's check of its payloads together
+// reads each once.
+func (d Definition) validate() (Problems, int) {
 	var ps Problems
 	add := func(path string, err error) {
 		if err != nil {
@@ -143,7 +151,7 @@ func (d Definition) Validate() Problems {
 	}
 	add("name", checkName("name", d.Name))
 	add("type", checkName("type", d.Type))
-	_, err := canonicalPayload(d.Payload)
+	_, stored, err := storedPayload(d.Payload)
 	add("payload", err)
 	add("priority", checkRange("priority", d.Priority, 0, MaxPriority))
 	if d.Source != nil {
@@ -154,7 +162,7 @@ func (d Definition) Validate() Problems {
 	add("heartbeat_timeout_seconds", checkOptional("heartbeat_timeout_seconds", d.HeartbeatTimeoutSeconds, MaxHeartbeatTimeoutSeconds))
 	add("max_concurrency", checkOptional("max_concurrency", d.MaxConcurrency, MaxConcurrencyLimit))
 	add("max_concurrency_per_key", checkOptional("max_concurrency_per_key", d.MaxConcurrencyPerKey, MaxConcurrencyLimit))
-	return ps
+	return ps, stored
 }
 
 // validate reports everything wrong with s, a job's or a workflow's
@@ -226,10 +234,9 @@ func (f File) Validate() Problems {
 			return ps
 		}
 		prefix := fmt.Sprintf("jobs[%d]", i)
-		ps = append(ps, d.Validate().under(prefix)...)
-		if _, n, err := storedPayload(d.Payload); err == nil {
-			stored += n
-		}
+		dps, n := d.validate()
+		ps = append(ps, dps.under(prefix)...)
+		stored += n
 		if first, ok := names[d.Name]; ok && d.Name != "" {
 			ps = append(ps, Problem{Path: prefix + ".name", Message: fmt.Sprintf("duplicate job name %q: jobs[%d] already has it", d.Name, first)})
 		} else if !ok {
