@@ -42,12 +42,7 @@ type OIDC struct {
 
 	verifier atomic.Pointer[oidc.IDTokenVerifier] // set once discovery succeeds
 
-	mu       sync.Mutex // guards failedAt, failure and discovering
-	failedAt time.Time
-	failure  error
-	// discovering is closed when the discovery under way ends; nil when
-	// none is.
-	discovering chan struct{}
+	discovery flight
 }
 
 // OIDCOption configures NewOIDC.
@@ -95,6 +90,7 @@ func NewOIDC(issuerURL, audience string, opts ...OIDCOption) *OIDC {
 	for _, opt := range opts {
 		opt(o)
 	}
+	o.discovery.now = o.now
 	return o
 }
 
@@ -137,39 +133,15 @@ func (o *OIDC) discover(ctx context.Context) (*oidc.IDTokenVerifier, error) {
 	if v := o.verifier.Load(); v != nil {
 		return v, nil
 	}
-	o.mu.Lock()
-	if o.failure != nil && o.now().Sub(o.failedAt) < discoveryRetry {
-		failure := o.failure
-		o.mu.Unlock()
-		return nil, failure
+	err := o.discovery.wait(ctx, func() bool { return o.verifier.Load() != nil },
+		func() error { return o.runDiscovery(ctx) })
+	if err != nil {
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			err = fmt.Errorf("auth: discover issuer: %w: %w", ErrIssuerUnavailable, err)
+		}
+		return nil, err
 	}
-	done := o.discovering
-	if done == nil {
-		done = make(chan struct{})
-		o.discovering = done
-		go func() {
-			err := o.runDiscovery(ctx)
-			o.mu.Lock()
-			if err != nil {
-				o.failedAt, o.failure = o.now(), err
-			}
-			o.discovering = nil
-			o.mu.Unlock()
-			close(done)
-		}()
-	}
-	o.mu.Unlock()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		return nil, fmt.Errorf("auth: discover issuer: %w: %w", ErrIssuerUnavailable, ctx.Err())
-	}
-	if v := o.verifier.Load(); v != nil {
-		return v, nil
-	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return nil, o.failure
+	return o.verifier.Load(), nil
 }
 
 // runDiscovery fetches the issuer's discovery document and stores the
@@ -209,7 +181,7 @@ func (o *OIDC) runDiscovery(ctx context.Context) error {
 	if len(algs) == 0 {
 		algs = []jose.SignatureAlgorithm{jose.RS256} // OpenID Connect's default
 	}
-	keys := &issuerKeys{url: meta.JWKSURL, client: o.client, algs: algs, now: o.now}
+	keys := &issuerKeys{url: meta.JWKSURL, client: o.client, algs: algs, now: o.now, fetching: flight{now: o.now}}
 	v := oidc.NewVerifier(meta.Issuer, keys, &oidc.Config{ClientID: o.audience, Now: o.now, SupportedSigningAlgs: meta.Algs})
 	o.verifier.Store(v)
 	return nil
@@ -255,16 +227,9 @@ type issuerKeys struct {
 	fetched   int // fetches so far
 	fetchedAt time.Time
 	lastMiss  time.Time
-	// failedAt and failure are the last fetch that failed, answered
-	// instead of a fetch for discoveryRetry after it: while the issuer is
-	// down, every token of an unknown key id would otherwise ask it again,
-	// one fetch after the other.
-	failedAt time.Time
-	failure  error
-	// fetching is closed when the fetch under way ends; nil when none is.
-	// One fetch runs at a time, and the others wait for it, each only as
-	// long as its own context allows.
-	fetching chan struct{}
+	// fetching runs one fetch at a time for the tokens of key ids not
+	// held, and answers its failure to the others for a while.
+	fetching flight
 }
 
 // keysFetchKey is the context key under which OIDC.Verify leaves room for
@@ -350,39 +315,15 @@ func verifyWith(jws *jose.JSONWebSignature, keys []jose.JSONWebKey) ([]byte, err
 // on its own, whether or not its caller waits for it, so that its failure
 // always speaks of the issuer.
 func (k *issuerKeys) refresh(ctx context.Context, seen int) error {
-	for {
+	err := k.fetching.wait(ctx, func() bool {
 		k.mu.Lock()
-		if k.fetched > seen {
-			k.mu.Unlock()
-			return nil
-		}
-		if k.failure != nil && k.now().Sub(k.failedAt) < discoveryRetry {
-			failure := k.failure
-			k.mu.Unlock()
-			return failure
-		}
-		done := k.fetching
-		if done == nil {
-			done = make(chan struct{})
-			k.fetching = done
-			go func() {
-				err := k.fetch(ctx)
-				k.mu.Lock()
-				if err != nil {
-					k.failedAt, k.failure = k.now(), err
-				}
-				k.fetching = nil
-				k.mu.Unlock()
-				close(done)
-			}()
-		}
-		k.mu.Unlock()
-		select {
-		case <-done:
-		case <-ctx.Done():
-			return fmt.Errorf("fetch keys: %w", ctx.Err())
-		}
+		defer k.mu.Unlock()
+		return k.fetched > seen
+	}, func() error { return k.fetch(ctx) })
+	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		return fmt.Errorf("fetch keys: %w", err)
 	}
+	return err
 }
 
 // fetch reads the issuer's key set and holds it.
@@ -422,7 +363,7 @@ func (k *issuerKeys) fetch(ctx context.Context) error {
 		set.Keys = append(set.Keys, key)
 	}
 	k.mu.Lock()
-	k.keys, k.fetched, k.fetchedAt, k.failure = set, k.fetched+1, k.now(), nil
+	k.keys, k.fetched, k.fetchedAt = set, k.fetched+1, k.now()
 	k.mu.Unlock()
 	return nil
 }

@@ -207,11 +207,7 @@ func (s *server) handleListKeys() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
-		var next string
-		if len(keys) > limit {
-			keys = keys[:limit]
-			next = encodeCursor(keys[limit-1].ID)
-		}
+		keys, next := pageOf(keys, limit, func(k auth.Key) string { return encodeCursor(k.ID) })
 		resp := map[string]any{"keys": mapSlice(keys, toKeyView)}
 		if next != "" {
 			resp["next_cursor"] = next
@@ -242,11 +238,7 @@ func adminPage(r *http.Request) (uuid.UUID, int, error) {
 // userPage is a page of at most limit users, of a listing asked for one
 // more: that one says another page follows.
 func userPage(field string, users []auth.User, limit int) map[string]any {
-	var next string
-	if len(users) > limit {
-		users = users[:limit]
-		next = encodeCursor(users[limit-1].ID)
-	}
+	users, next := pageOf(users, limit, func(u auth.User) string { return encodeCursor(u.ID) })
 	resp := map[string]any{field: mapSlice(users, toUserView)}
 	if next != "" {
 		resp["next_cursor"] = next

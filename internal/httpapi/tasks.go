@@ -233,11 +233,7 @@ func (s *server) handleList() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
-		var next string
-		if len(tasks) > limit {
-			tasks = tasks[:limit]
-			next = encodeCursor(tasks[limit-1].ID)
-		}
+		tasks, next := pageOf(tasks, limit, func(t task.Task) string { return encodeCursor(t.ID) })
 		resp := response{Tasks: toTaskSummaries(tasks), NextCursor: next}
 		s.respond(w, r, http.StatusOK, resp)
 	}
@@ -273,11 +269,7 @@ func (s *server) handleEvents() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
-		var next string
-		if len(events) > limit {
-			events = events[:limit]
-			next = encodeEventCursor(events[limit-1].ID)
-		}
+		events, next := pageOf(events, limit, func(e task.Event) string { return encodeEventCursor(e.ID) })
 		resp := response{Events: toEventViews(events), NextCursor: next}
 		s.respond(w, r, http.StatusOK, resp)
 	}
@@ -505,6 +497,17 @@ func timeParam(raw, field string) (time.Time, error) {
 }
 
 // Cursors are opaque to clients: the last id of a page, base64url encoded.
+// pageOf cuts rows, read one past limit, to limit, and returns the cursor
+// of the next page: "" when no row lay past it, since a full last page's
+// cursor would read an empty one.
+func pageOf[T any](rows []T, limit int, cursor func(T) string) ([]T, string) {
+	if len(rows) <= limit {
+		return rows, ""
+	}
+	rows = rows[:limit]
+	return rows, cursor(rows[limit-1])
+}
+
 func encodeCursor(id uuid.UUID) string { return base64.RawURLEncoding.EncodeToString(id[:]) }
 
 func decodeCursor(c string) (uuid.UUID, error) {

@@ -179,8 +179,13 @@ func NewSubmission(in SubmitInput, d Defaults, field string) (Submission, error)
 	if s.RequestHash, err = requestHash(s, statedAttempts); err != nil {
 		return Submission{}, Invalid(field+"metadata", "%v", err)
 	}
-	if s.DefaultedRequestHash, err = requestHash(s, s.MaxAttempts); err != nil {
-		return Submission{}, Invalid(field+"metadata", "%v", err)
+	// Only a key's earlier binding reads the defaulted hash, which differs
+	// only when max_attempts was left out.
+	s.DefaultedRequestHash = s.RequestHash
+	if s.IdempotencyKey != "" && in.MaxAttempts == nil {
+		if s.DefaultedRequestHash, err = requestHash(s, s.MaxAttempts); err != nil {
+			return Submission{}, Invalid(field+"metadata", "%v", err)
+		}
 	}
 	return s, nil
 }

@@ -121,7 +121,7 @@ func TestVisibilityIsPartOfTheInput(t *testing.T) {
 // the one earlier versions recorded.
 func TestRequestHashKeepsMaxAttemptsAsSent(t *testing.T) {
 	t.Parallel()
-	in := task.SubmitInput{Type: "demo.sleep", Payload: json.RawMessage(`{"n":1}`)}
+	in := task.SubmitInput{Type: "demo.sleep", Payload: json.RawMessage(`{"n":1}`), IdempotencyKey: "k"}
 	three, err := task.NewSubmission(in, task.Defaults{MaxAttempts: 3}, "")
 	require.NoError(t, err)
 	five, err := task.NewSubmission(in, task.Defaults{MaxAttempts: 5}, "")

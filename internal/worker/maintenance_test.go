@@ -364,13 +364,11 @@ func (s *timedStore) Admit(context.Context, job.AdmitConfig) (job.AdmitStats, er
 	return job.AdmitStats{}, nil
 }
 
-// An idle scheduler passes every SCHEDULER_INTERVAL, as the README says,
-// not every SCHEDULER_MIN_INTERVAL + SCHEDULER_INTERVAL: the minimum's wait
-// after a pass is part of the interval, not added to it.
-func TestAnIdleSchedulerPassesEveryInterval(t *testing.T) {
-	t.Parallel()
-	const interval, minInterval = 400 * time.Millisecond, 300 * time.Millisecond
-	store := &timedStore{cronStore: cronStore{idle: true}, passes: make(chan time.Time, 16)}
+// schedulerPasses runs an idle scheduler whose passes each take takes, and
+// returns when its first n passes began.
+func schedulerPasses(t *testing.T, interval, minInterval, takes time.Duration, n int) []time.Time {
+	t.Helper()
+	store := &timedStore{cronStore: cronStore{idle: true}, passes: make(chan time.Time, 16), takes: takes}
 	s := NewScheduler(SchedulerConfig{Interval: interval, MinInterval: minInterval, CronEvery: time.Hour,
 		Admit: job.AdmitConfig{MaxAdmit: 100}}, store,
 		func() bool { return true }, slog.New(slog.NewTextHandler(io.Discard, nil)), NewMetrics(prometheus.NewRegistry()),
@@ -379,15 +377,26 @@ func TestAnIdleSchedulerPassesEveryInterval(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = s.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
+	within := 5 * (interval + minInterval + takes)
 	var at []time.Time
-	for range 5 {
+	for range n {
 		select {
 		case p := <-store.passes:
 			at = append(at, p)
-		case <-time.After(5 * interval):
-			t.Fatal("no pass within five intervals")
+		case <-time.After(within):
+			t.Fatalf("no pass within %s", within)
 		}
 	}
+	return at
+}
+
+// An idle scheduler passes every SCHEDULER_INTERVAL, as the README says,
+// not every SCHEDULER_MIN_INTERVAL + SCHEDULER_INTERVAL: the minimum's wait
+// after a pass is part of the interval, not added to it.
+func TestAnIdleSchedulerPassesEveryInterval(t *testing.T) {
+	t.Parallel()
+	const interval, minInterval = 400 * time.Millisecond, 300 * time.Millisecond
+	at := schedulerPasses(t, interval, minInterval, 0, 5)
 	// The mean gap, not each one: on a busy machine a pass can start a
 	// good part of the margin late, or record its time late, while the
 	// mean of four gaps still tells an interval (400 ms) from a minimum
@@ -406,24 +415,7 @@ func TestAnIdleSchedulerPassesEveryInterval(t *testing.T) {
 func TestASlowSchedulerPassIsFollowedByARest(t *testing.T) {
 	t.Parallel()
 	const interval, minInterval, takes = 100 * time.Millisecond, 150 * time.Millisecond, 300 * time.Millisecond
-	store := &timedStore{cronStore: cronStore{idle: true}, passes: make(chan time.Time, 16), takes: takes}
-	s := NewScheduler(SchedulerConfig{Interval: interval, MinInterval: minInterval, CronEvery: time.Hour,
-		Admit: job.AdmitConfig{MaxAdmit: 100}}, store,
-		func() bool { return true }, slog.New(slog.NewTextHandler(io.Discard, nil)), NewMetrics(prometheus.NewRegistry()),
-		sdktrace.NewTracerProvider())
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = s.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	var at []time.Time
-	for range 3 {
-		select {
-		case p := <-store.passes:
-			at = append(at, p)
-		case <-time.After(10 * takes):
-			t.Fatal("no pass within ten passes' time")
-		}
-	}
+	at := schedulerPasses(t, interval, minInterval, takes, 3)
 	for i := 1; i < len(at); i++ {
 		require.GreaterOrEqual(t, at[i].Sub(at[i-1]), takes+minInterval-20*time.Millisecond, "pass %d", i)
 	}
