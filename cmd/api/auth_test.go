@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"gopkg.in/yaml.v3"
 
@@ -118,6 +119,7 @@ func (w *authWorld) check(t *testing.T, op specOp, need auth.Role, how opSpec) {
 			resp := w.send(t, call, w.adminB.header)
 			require.Equal(t, http.StatusNotFound, resp.status, string(resp.body))
 			require.Equal(t, "application/problem+json", resp.header.Get("Content-Type"))
+			requireAsIfMissing(t, w, call, resp, w.adminB)
 			return
 		}
 		// Without a path parameter the call acts in org B: it must not
@@ -130,6 +132,24 @@ func (w *authWorld) check(t *testing.T, op specOp, need auth.Role, how opSpec) {
 		if how.vis == visBulk {
 			require.EqualValues(t, 0, resp.json(t)["matched"], "org B's action counts org A's task")
 		}
+		// A query naming org A's rows answers as one naming rows that
+		// exist nowhere.
+		if how.foreign == nil {
+			return
+		}
+		path, _, _ := strings.Cut(w.prepare(t, op, how).path, "?")
+		for _, f := range how.foreign(w) {
+			c := apiCall{method: op.method, path: path + f.query(f.id)}
+			resp := w.send(t, c, w.adminB.header)
+			missing := w.send(t, apiCall{method: op.method, path: path + f.query(uuid.NewString())}, w.adminB.header)
+			require.Equal(t, missing.status, resp.status, "%s: %s, and for what is nowhere: %s", c.path, resp.body, missing.body)
+			if resp.status >= 300 {
+				require.Equal(t, missing.json(t)["detail"], resp.json(t)["detail"], c.path)
+			}
+			for _, id := range w.orgAIDs {
+				requireAbsent(t, string(resp.body), id, "org B sees org A's %s through %s", id, c.path)
+			}
+		}
 	})
 
 	if how.vis != visNone {
@@ -139,6 +159,7 @@ func (w *authWorld) check(t *testing.T, op specOp, need auth.Role, how opSpec) {
 				switch how.vis {
 				case visByID:
 					require.Equal(t, http.StatusNotFound, resp.status, "%s: %s", c.name, resp.body)
+					requireAsIfMissing(t, w, call, resp, c)
 				case visSubmit:
 					require.Equal(t, http.StatusForbidden, resp.status, "%s: %s", c.name, resp.body)
 					require.Contains(t, resp.json(t)["field"], "visibility", c.name)
@@ -170,6 +191,30 @@ func (w *authWorld) check(t *testing.T, op specOp, need auth.Role, how opSpec) {
 	})
 }
 
+// requireAsIfMissing checks that resp, c's answer to call, is the answer
+// c gets when call's path names what exists nowhere: the same status and
+// the same detail but for the names, so that neither tells the caller the
+// resource is there.
+func requireAsIfMissing(t *testing.T, w *authWorld, call apiCall, resp response, c caller) {
+	t.Helper()
+	ghost := call
+	var pairs []string
+	for _, name := range call.names {
+		other := name + "-ghost"
+		if uuid.Validate(name) == nil {
+			other = uuid.NewString()
+		}
+		ghost.path = strings.ReplaceAll(ghost.path, name, other)
+		pairs = append(pairs, other, name)
+	}
+	missing := w.send(t, ghost, c.header)
+	require.Equal(t, missing.status, resp.status, "%s: %s, and for what is nowhere: %s", c.name, resp.body, missing.body)
+	got, want := resp.json(t), missing.json(t)
+	require.Equal(t, strings.NewReplacer(pairs...).Replace(fmt.Sprint(want["detail"])), fmt.Sprint(got["detail"]),
+		"%s: the detail tells the resource exists", c.name)
+	require.Equal(t, want["type"], got["type"], c.name)
+}
+
 func (w *authWorld) requireSuccess(t *testing.T, op specOp, resp response, c caller) {
 	t.Helper()
 	require.True(t, resp.status >= 200 && resp.status < 300, "%s: %d %s", c.name, resp.status, resp.body)
@@ -192,6 +237,30 @@ type opSpec struct {
 	// orgless: the path names no org's resource but something every org
 	// has (a task type), so another org's call acts on its own.
 	orgless bool
+	// foreign lists queries that name org A's rows (a task, a cursor):
+	// org B's answer to each must be its answer to the same query naming
+	// a row that exists nowhere.
+	foreign func(w *authWorld) []foreignQuery
+}
+
+// foreignQuery is a query string naming one row of org A.
+type foreignQuery struct {
+	id    string
+	query func(id string) string
+}
+
+// foreignCursor is the query asking for the page after the row id, as
+// listings of tasks, keys and users write their cursors.
+func foreignCursor(id string) foreignQuery {
+	return foreignQuery{id: id, query: func(id string) string {
+		u := uuid.MustParse(id)
+		return "?cursor=" + base64.RawURLEncoding.EncodeToString(u[:])
+	}}
+}
+
+// foreignAfter is the query asking for the runs after the run id.
+func foreignAfter(id string) foreignQuery {
+	return foreignQuery{id: id, query: func(id string) string { return "?after=" + id }}
 }
 
 // visibility says how a task's visibility shows in an operation.
@@ -211,7 +280,11 @@ var authOps = map[string]opSpec{
 	"GET /v1/whoami": {sees: func(w *authWorld) []string { return []string{w.orgA} }},
 
 	"GET /v1/tasks": {query: "?limit=500", vis: visList,
-		sees: func(w *authWorld) []string { return []string{w.openTask, w.restrictedTask} }},
+		sees: func(w *authWorld) []string { return []string{w.openTask, w.restrictedTask} },
+		foreign: func(w *authWorld) []foreignQuery {
+			return []foreignQuery{foreignCursor(w.openTask),
+				{id: w.restrictedTask, query: func(id string) string { return "?q=" + id }}}
+		}},
 	"POST /v1/tasks": {vis: visSubmit, prepare: func(_ *testing.T, w *authWorld) (map[string]string, string) {
 		return nil, fmt.Sprintf(`{"type":"auth.submit","payload":{"n":%d},"visibility":[%q]}`, w.seq(), seers)
 	}},
@@ -261,7 +334,8 @@ var authOps = map[string]opSpec{
 	"POST /v1/keys": {prepare: func(_ *testing.T, w *authWorld) (map[string]string, string) {
 		return nil, fmt.Sprintf(`{"name":"key-%d","role":"reader"}`, w.seq())
 	}},
-	"GET /v1/keys": {sees: func(w *authWorld) []string { return w.keyIDs }},
+	"GET /v1/keys": {sees: func(w *authWorld) []string { return w.keyIDs },
+		foreign: func(w *authWorld) []foreignQuery { return []foreignQuery{foreignCursor(w.keyIDs[0])} }},
 	"DELETE /v1/keys/{id}": {prepare: func(t *testing.T, w *authWorld) (map[string]string, string) {
 		return map[string]string{"id": w.newKey(t)}, ""
 	}},
@@ -269,7 +343,8 @@ var authOps = map[string]opSpec{
 	"POST /v1/users": {prepare: func(_ *testing.T, w *authWorld) (map[string]string, string) {
 		return nil, fmt.Sprintf(`{"external_id":"person-%d","email":"p%d@example.com","role":"reader"}`, w.seq(), w.seq())
 	}},
-	"GET /v1/users": {sees: func(w *authWorld) []string { return w.userIDs }},
+	"GET /v1/users": {sees: func(w *authWorld) []string { return w.userIDs },
+		foreign: func(w *authWorld) []foreignQuery { return []foreignQuery{foreignCursor(w.userIDs[0])} }},
 	"PATCH /v1/users/{id}": {prepare: func(t *testing.T, w *authWorld) (map[string]string, string) {
 		id, _ := w.newUser(t, auth.Reader)
 		return map[string]string{"id": id}, `{"role":"writer"}`
@@ -350,6 +425,7 @@ var authOps = map[string]opSpec{
 	// (a deleted workflow's runs stay listed under it): a name org B lacks
 	// lists none of org A's runs rather than a 404.
 	"GET /v1/workflows/{name}/runs": {orgless: true, sees: func(w *authWorld) []string { return []string{w.runID} },
+		foreign: func(w *authWorld) []foreignQuery { return []foreignQuery{foreignAfter(w.runID)} },
 		prepare: func(*testing.T, *authWorld) (map[string]string, string) {
 			return map[string]string{"name": authWorkflow}, ""
 		}},
@@ -357,7 +433,8 @@ var authOps = map[string]opSpec{
 		prepare: func(_ *testing.T, w *authWorld) (map[string]string, string) {
 			return map[string]string{"name": authWorkflow}, fmt.Sprintf(`{"params":{"n":%d}}`, w.seq())
 		}},
-	"GET /v1/runs": {sees: func(w *authWorld) []string { return []string{w.runID} }},
+	"GET /v1/runs": {sees: func(w *authWorld) []string { return []string{w.runID} },
+		foreign: func(w *authWorld) []foreignQuery { return []foreignQuery{foreignAfter(w.runID)} }},
 	"GET /v1/runs/{id}": {sees: func(w *authWorld) []string { return []string{w.runTask} },
 		prepare: func(_ *testing.T, w *authWorld) (map[string]string, string) {
 			return map[string]string{"id": w.runID}, ""

@@ -60,39 +60,22 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 			s.writeError(w, r, err)
 			return
 		}
-		addr := clientAddr(r)
-		if wait, over := s.failures.over(addr); over && !s.known(header) {
-			// Past its failures, an address is refused before its
-			// credentials cost a lookup; keys this instance has found
-			// before still go through, made-up ones never being among them.
-			cancel()
-			s.metrics.rateLimited.Inc()
-			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
-			s.writeProblem(w, r, http.StatusTooManyRequests, "rate_limited",
-				"too many failed authentications from this address; retry after the Retry-After header's seconds")
-			return
-		}
-		p, err := s.Auth.Authenticate(actx, header)
+		p, err := s.lookUp(actx, r, header)
 		cancel()
-		if err != nil && errors.Is(r.Context().Err(), context.Canceled) {
-			// The client left while its credentials were looked up: no
-			// failed authentication, nor a failed lookup to count.
+		var limited *tooManyFailures
+		switch {
+		case errors.As(err, &limited):
+			w.Header().Set("Retry-After", limited.retryAfter())
+			s.writeProblem(w, r, http.StatusTooManyRequests, "rate_limited", limited.Error())
+			return
+		case err != nil && errors.Is(r.Context().Err(), context.Canceled):
+			// The client left while its credentials were looked up.
 			s.writeError(w, r, err)
 			return
-		}
-		if err != nil {
-			s.refused(r, err)
-			switch auth.ReasonOf(err) {
-			case auth.ReasonLookup, auth.ReasonMissing:
-				// Neither is the client guessing: no credentials cost no
-				// lookup, and a failed lookup is the server's fault.
-			default:
-				s.failures.fail(addr)
-			}
-			if auth.ReasonOf(err) == auth.ReasonLookup {
-				s.writeError(w, r, task.Errorf(task.ErrCodeUnavailable, "%s", err.Error()))
-				return
-			}
+		case err != nil && auth.ReasonOf(err) == auth.ReasonLookup:
+			s.writeError(w, r, task.Errorf(task.ErrCodeUnavailable, "%s", err.Error()))
+			return
+		case err != nil:
 			w.Header().Set("WWW-Authenticate", `Bearer realm="conveyor"`)
 			s.writeProblem(w, r, http.StatusUnauthorized, "unauthorized", err.Error())
 			return
@@ -106,6 +89,51 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
 	})
+}
+
+// tooManyFailures refuses, without a lookup, credentials sent from an
+// address that has used up its failed authentications.
+type tooManyFailures struct{ wait time.Duration }
+
+func (e *tooManyFailures) Error() string {
+	return "too many failed authentications from this address; retry after the Retry-After header's seconds"
+}
+
+// RetryAfter is how long until the address may fail again.
+func (e *tooManyFailures) RetryAfter() time.Duration { return e.wait }
+
+func (e *tooManyFailures) retryAfter() string { return strconv.Itoa(int(math.Ceil(e.wait.Seconds()))) }
+
+// lookUp authenticates header, the credentials of r, within the failed
+// authentications r's address may make: past them it answers
+// *tooManyFailures before the credentials cost a lookup, but for keys this
+// instance has found before (made-up ones are never among them). A refusal
+// is counted and logged, and counts against the address unless the
+// client sent no credentials or the lookup failed (neither is the client
+// guessing). Every way in — the API's requests, the dashboard's sign-in —
+// goes through it.
+func (s *server) lookUp(ctx context.Context, r *http.Request, header string) (auth.Principal, error) {
+	addr := clientAddr(r)
+	if wait, over := s.failures.over(addr); over && !s.known(header) {
+		s.metrics.rateLimited.Inc()
+		return auth.Principal{}, &tooManyFailures{wait: wait}
+	}
+	p, err := s.Auth.Authenticate(ctx, header)
+	if err == nil {
+		return p, nil
+	}
+	if errors.Is(r.Context().Err(), context.Canceled) {
+		// The client left while its credentials were looked up: no
+		// failed authentication, nor a failed lookup to count.
+		return p, err
+	}
+	s.refused(r, err)
+	switch auth.ReasonOf(err) {
+	case auth.ReasonLookup, auth.ReasonMissing:
+	default:
+		s.failures.fail(addr)
+	}
+	return p, err
 }
 
 // refused counts and logs a failed authentication of r (never its

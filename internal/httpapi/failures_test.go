@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -107,6 +108,57 @@ func TestFailedAuthenticationsAreBoundedPerAddress(t *testing.T) {
 		require.Equal(t, http.StatusUnauthorized, do("203.0.113.7:1", "Bearer cvk_"+uuid.NewString()).Code)
 	}
 	require.Equal(t, 20, a.lookups())
+}
+
+// The dashboard's sign-in is an authentication like any other: its
+// failures count against the address, and an address past its failures
+// is refused 429 there too, before a lookup (but for keys found before);
+// else pasting made-up keys into the form would be a flood the limit does
+// not bound.
+func TestDashboardSignInIsBoundedPerAddress(t *testing.T) {
+	t.Parallel()
+	p := auth.Principal{Kind: auth.KindKey, ID: uuid.New(), OrgID: uuid.New(), Role: auth.Reader}
+	a := &countingAuth{valid: map[string]auth.Principal{"Bearer good": p}, known: map[string]bool{"Bearer good": true}}
+	h := NewHandler(Config{MaxBodyBytes: 1 << 16, AuthFailureLimit: 0.001, AuthFailureBurst: 3},
+		Deps{Store: nopStore{}, Admin: nopAdmin{}, Auth: a, Log: slog.New(slog.DiscardHandler),
+			TracerProvider: noop.NewTracerProvider(), Propagator: propagation.TraceContext{},
+			Registry: prometheus.NewRegistry()})
+	signIn := func(addr, key string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPost, "/ui/session", strings.NewReader(`{"key":"`+key+`"}`))
+		req.RemoteAddr = addr
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(UIHeader, "1")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	get := func(addr, header string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodGet, "/v1/tasks", nil)
+		req.RemoteAddr = addr
+		req.Header.Set("Authorization", header)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+
+	for i := range 3 {
+		require.Equal(t, http.StatusUnauthorized, signIn("203.0.113.7:1", "cvk_"+uuid.NewString()).Code, i)
+	}
+	rec := signIn("203.0.113.7:2", "cvk_"+uuid.NewString())
+	require.Equal(t, http.StatusTooManyRequests, rec.Code, rec.Body.String())
+	wait, err := strconv.Atoi(rec.Header().Get("Retry-After"))
+	require.NoError(t, err)
+	require.Positive(t, wait)
+	require.Equal(t, 3, a.lookups(), "one lookup per failure of the burst, none past it")
+	require.Equal(t, http.StatusTooManyRequests, get("203.0.113.7:3", "Bearer cvk_"+uuid.NewString()).Code,
+		"the failed sign-ins count for the API too")
+	require.Equal(t, http.StatusOK, signIn("203.0.113.7:4", "good").Code, "a key found before still signs in")
+
+	for i := range 3 {
+		require.Equal(t, http.StatusUnauthorized, get("198.51.100.1:1", "Bearer cvk_"+uuid.NewString()).Code, i)
+	}
+	require.Equal(t, http.StatusTooManyRequests, signIn("198.51.100.1:2", "cvk_"+uuid.NewString()).Code,
+		"the API's failures count for the sign-in")
 }
 
 // Buckets exist only for addresses that failed, and at most maxBuckets.

@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"context"
 	"net/http"
 
 	"github.com/go-chi/chi/v5"
@@ -111,10 +110,9 @@ func (s *server) router() chi.Router {
 	r.Group(func(r chi.Router) {
 		r.Use(s.timeout)
 		r.Mount("/ui", ui.Handler(ui.Config{Cookie: SessionCookie, Header: UIHeader,
-			Authenticate: func(ctx context.Context, header string) (auth.Principal, error) {
-				return s.Auth.Authenticate(ctx, header)
-			},
-			Refused: s.refused}))
+			Authenticate: func(r *http.Request, header string) (auth.Principal, error) {
+				return s.lookUp(r.Context(), r, header)
+			}}))
 	})
 	r.Group(func(r chi.Router) {
 		r.Use(s.timeout)

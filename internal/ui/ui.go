@@ -10,12 +10,15 @@
 package ui
 
 import (
-	"context"
 	"embed"
 	"encoding/json"
+	"errors"
 	"io/fs"
+	"math"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/conveyorhq/conveyor/internal/auth"
 )
@@ -25,11 +28,12 @@ var files embed.FS
 
 // Config is what the dashboard needs from the API.
 type Config struct {
-	// Authenticate checks a bearer Authorization header.
-	Authenticate func(ctx context.Context, header string) (auth.Principal, error)
-	// Refused, when set, is told of every sign-in whose key was refused
-	// (to count and log it as the API does its refusals).
-	Refused func(r *http.Request, err error)
+	// Authenticate checks a bearer Authorization header, sent with r: as
+	// the API checks its requests' credentials, counting and logging a
+	// refusal, and within the failed authentications r's address may make
+	// (an error with a RetryAfter() time.Duration method refuses the
+	// sign-in for that long).
+	Authenticate func(r *http.Request, header string) (auth.Principal, error)
 	// Cookie is the name of the session cookie, Header the header a
 	// browser's changing request carries (httpapi.SessionCookie, UIHeader).
 	Cookie, Header string
@@ -91,11 +95,14 @@ func (cfg Config) signIn(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key := strings.TrimSpace(in.Key)
-	p, err := cfg.Authenticate(r.Context(), "Bearer "+key)
+	p, err := cfg.Authenticate(r, "Bearer "+key)
+	var limited interface{ RetryAfter() time.Duration }
+	if errors.As(err, &limited) {
+		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(limited.RetryAfter().Seconds()))))
+		answer(w, http.StatusTooManyRequests, err.Error())
+		return
+	}
 	if err != nil {
-		if cfg.Refused != nil {
-			cfg.Refused(r, err)
-		}
 		status := http.StatusUnauthorized
 		if auth.ReasonOf(err) == auth.ReasonLookup {
 			status = http.StatusServiceUnavailable
