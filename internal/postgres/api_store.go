@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
@@ -394,6 +395,11 @@ func submitAll(ctx context.Context, tx pgx.Tx, by *task.Principal, subs []task.S
 			n++
 		}
 		if err := rows.Err(); err != nil {
+			if keyLostItsTask(err) {
+				// Retention deleted a task found by its input after it
+				// was found: run again, and make it anew.
+				return nil, false, errRaced
+			}
 			return nil, false, err
 		}
 		if n != len(keys) {
@@ -419,6 +425,13 @@ func submitAll(ctx context.Context, tx pgx.Tx, by *task.Principal, subs []task.S
 		}
 	}
 	return out, created, nil
+}
+
+// keyLostItsTask reports a key whose binding found its task deleted.
+func keyLostItsTask(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == codeForeignKeyViolation &&
+		pgErr.ConstraintName == "task_idempotency_keys_task_id_fkey"
 }
 
 // keyMismatch refuses the key of the i-th submission of a batch (Submit

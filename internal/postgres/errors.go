@@ -30,6 +30,9 @@ const (
 	codeNoDatabase    = "3D000"
 	// codeCheckViolation: a row breaks a CHECK constraint.
 	codeCheckViolation = "23514"
+	// codeForeignKeyViolation: a row names one that is not there (a
+	// concurrent transaction deleted it).
+	codeForeignKeyViolation = "23503"
 )
 
 // isDataError reports whether PostgreSQL refused a value (class 22: bad
@@ -60,7 +63,7 @@ func translate(err error) error {
 			return &task.Error{Code: task.ErrCodeInvalid, Message: "input breaks a rule: " + pgErr.ConstraintName}
 		case isDataError(err):
 			return &task.Error{Code: task.ErrCodeInvalid, Message: "input rejected by the database: " + pgErr.Message}
-		case pgErr.Code == "23503": // foreign_key_violation: a concurrent request removed a row this one names
+		case pgErr.Code == codeForeignKeyViolation: // a concurrent request removed a row this one names
 			return &task.Error{Code: task.ErrCodeNotFound, Message: "not found: what it names was removed meanwhile"}
 		case pgErr.Code == "23505": // unique_violation
 			return &task.Error{Code: task.ErrCodeConflict, Message: "already exists: " + pgErr.ConstraintName}

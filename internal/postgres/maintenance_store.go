@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -51,39 +52,53 @@ WHERE `+isPending+` AND admitted AND next_run_at < now() - $1 * interval '1 mill
 	AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.task_id = t.id AND o.kind = 'task.run')
 ORDER BY next_run_at LIMIT $2`)
 
-// sqlDeleteExpired removes terminal tasks past retention; their events and
-// results go with them (the tasks_deleted trigger), and so do their
-// idempotency keys (ON DELETE CASCADE). The tasks of a workflow run still
-// running stay: the run reads its completed nodes' tasks (their status, and
-// their results for the nodes below them) until it ends. So do the tasks,
-// of earlier runs, whose result a node of a running run memoized: the
-// nodes below it read that result when they are released. So do the
-// children of a parent task not ended: its handler reads them by key when
-// it runs again, and would spawn a deleted one again. So do the tasks an
-// Idempotency-Key was bound to within retention: a key goes with its task,
-// and a key bound just now to a task found by its input (finished long
-// ago) would otherwise be gone at once, and the same request sent again
-// would make a second task. The batch is taken as an array of ids, which
-// are then deleted by their key: as an IN, the planner joined the batch to
-// every expired task (the re-check's terms match the index of terminal
-// tasks), reading the whole backlog again for each batch of it.
+// expiredTask says that the task t finished longer ago than retention ($1)
+// and that nothing keeps it. The tasks of a workflow run still running stay:
+// the run reads its completed nodes' tasks (their status, and their results
+// for the nodes below them) until it ends. So do the tasks, of earlier
+// runs, whose result a node of a running run memoized: the nodes below it
+// read that result when they are released. So do the children of a parent
+// task not ended: its handler reads them by key when it runs again, and
+// would spawn a deleted one again. So do the tasks an Idempotency-Key was
+// bound to within retention: a key goes with its task, and a key bound just
+// now to a task found by its input (finished long ago) would otherwise be
+// gone at once, and the same request sent again would make a second task.
+var expiredTask = isTerminal + ` AND completed_at < now() - $1 * interval '1 millisecond'
+	AND (t.run_id IS NULL OR NOT EXISTS (SELECT 1 FROM workflow_runs r
+		WHERE r.id = t.run_id AND r.status = '` + job.RunRunning + `'))
+	AND NOT EXISTS (SELECT 1 FROM run_nodes n JOIN workflow_runs r ON r.id = n.run_id
+		WHERE n.task_id = t.id AND n.state = '` + job.NodeMemoized + `' AND r.status = '` + job.RunRunning + `')
+	AND (t.parent_id IS NULL OR NOT EXISTS (SELECT 1 FROM tasks p WHERE p.id = t.parent_id
+		AND p.status IN (` + inFlight + `)))
+	-- A scalar subquery, read per task through the keys' index: as a
+	-- NOT EXISTS it may be planned as a scan of every key.
+	AND coalesce((SELECT max(k.created_at) FROM task_idempotency_keys k WHERE k.task_id = t.id), '-infinity')
+		< now() - $1 * interval '1 millisecond'`
+
+// sqlPickExpired locks a batch of terminal tasks past retention
+// (expiredTask), which sqlDeleteExpired then deletes. A row lock is what
+// orders retention against the writers that keep a task: a retry changes
+// the row, and the binding of an Idempotency-Key to it holds the row (its
+// reference) until it commits. Locked first, the tasks are read again by
+// the delete, whose snapshot is taken after the lock: a key bound by a
+// transaction that committed while this one waited for the row is seen
+// there, and none can be bound after it. A single statement would judge
+// every condition by its own snapshot, taken before the wait, and delete
+// the task of a key bound meanwhile, with the key.
+var sqlPickExpired = statement("tasks.delete_expired.pick", `
+SELECT id FROM tasks t WHERE `+expiredTask+`
+LIMIT $2
+FOR UPDATE`)
+
+// sqlDeleteExpired removes the tasks sqlPickExpired locked ($2) that are
+// still expired; their events and results go with them (the tasks_deleted
+// trigger), and so do their idempotency keys (ON DELETE CASCADE). The batch
+// is taken as an array of ids, deleted by their key: as an IN, the planner
+// joined the batch to every expired task (the re-check's terms match the
+// index of terminal tasks), reading the whole backlog again for each batch
+// of it.
 var sqlDeleteExpired = statement("tasks.delete_expired", `
-DELETE FROM tasks WHERE id = ANY (ARRAY(
-	SELECT id FROM tasks t WHERE `+isTerminal+` AND completed_at < now() - $1 * interval '1 millisecond'
-		AND (t.run_id IS NULL OR NOT EXISTS (SELECT 1 FROM workflow_runs r
-			WHERE r.id = t.run_id AND r.status = '`+job.RunRunning+`'))
-		AND NOT EXISTS (SELECT 1 FROM run_nodes n JOIN workflow_runs r ON r.id = n.run_id
-			WHERE n.task_id = t.id AND n.state = '`+job.NodeMemoized+`' AND r.status = '`+job.RunRunning+`')
-		AND (t.parent_id IS NULL OR NOT EXISTS (SELECT 1 FROM tasks p WHERE p.id = t.parent_id
-			AND p.status IN (`+inFlight+`)))
-		-- A scalar subquery, read per task through the keys' index: as a
-		-- NOT EXISTS it may be planned as a scan of every key.
-		AND coalesce((SELECT max(k.created_at) FROM task_idempotency_keys k WHERE k.task_id = t.id), '-infinity')
-			< now() - $1 * interval '1 millisecond'
-	LIMIT $2))
-	-- Checked again on the row as it is when it is locked: a task retried
-	-- meanwhile is PENDING again, and stays.
-	AND `+isTerminal+` AND completed_at < now() - $1 * interval '1 millisecond'`)
+DELETE FROM tasks t WHERE id = ANY ($2::uuid[]) AND `+expiredTask)
 
 // sqlDeleteExpiredRuns removes workflow runs that ended longer ago than
 // retention, with their nodes (ON DELETE CASCADE), unless a task of theirs
@@ -266,11 +281,24 @@ func (s *MaintenanceStore) Apply(ctx context.Context, changes []task.Change) ([]
 // DeleteExpired deletes up to limit terminal tasks (with their events,
 // results and keys) that finished longer ago than retention.
 func (s *MaintenanceStore) DeleteExpired(ctx context.Context, retention time.Duration, limit int) (int, error) {
-	tag, err := s.pool.Exec(ctx, sqlDeleteExpired, retention.Milliseconds(), limit)
+	var n int
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, sqlPickExpired, retention.Milliseconds(), limit)
+		if err != nil {
+			return err
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		if err != nil || len(ids) == 0 {
+			return err
+		}
+		tag, err := tx.Exec(ctx, sqlDeleteExpired, retention.Milliseconds(), ids)
+		n = int(tag.RowsAffected())
+		return err
+	})
 	if err != nil {
 		return 0, translate(err)
 	}
-	return int(tag.RowsAffected()), nil
+	return n, nil
 }
 
 // DeleteExpiredRuns deletes up to limit workflow runs (with their nodes)

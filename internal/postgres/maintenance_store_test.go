@@ -232,7 +232,14 @@ func TestRetentionDeletesABatchByKey(t *testing.T) {
 		SELECT org_id, type, id::text, id, now() - interval '10 days' FROM tasks`)
 	b.exec(t, `ANALYZE tasks`)
 	b.exec(t, `ANALYZE task_idempotency_keys`)
-	plan := b.explain(t, statementSQL(t, "tasks.delete_expired"), int64(7*24*time.Hour/time.Millisecond), 1000)
+	retention := int64(7 * 24 * time.Hour / time.Millisecond)
+	pick := b.explain(t, statementSQL(t, "tasks.delete_expired.pick"), retention, 1000)
+	require.NotContains(t, pick, "Seq Scan on task_idempotency_keys", pick)
+	rows, err := b.db.Pool.Query(context.Background(), `SELECT id FROM tasks LIMIT 1000`)
+	require.NoError(t, err)
+	batch, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	require.NoError(t, err)
+	plan := b.explain(t, statementSQL(t, "tasks.delete_expired"), retention, batch)
 	require.Contains(t, plan, "Index Cond: (id = ANY", plan)
 	require.NotContains(t, plan, "Semi Join", plan)
 	require.NotContains(t, plan, "Seq Scan on task_idempotency_keys", plan)
@@ -753,4 +760,104 @@ func TestBulkRetryTakesTasksOfADeletedRun(t *testing.T) {
 	require.NoError(t, err)
 	plan := explainOn(t, tx, sql, args...)
 	require.NotContains(t, plan, "Seq Scan on tasks", plan)
+}
+
+// A task an Idempotency-Key is being bound to while retention deletes it
+// stays, with its key: the keyed request was answered with that task, and
+// the same request sent again must get it too, not a second task. The
+// binding's transaction holds the task's row (its key's reference) when
+// retention comes to it, and commits while retention waits.
+func TestRetentionKeepsATaskAKeyIsBoundToMeanwhile(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	id := b.pending(t, 1)
+	l := b.claim(t, id, "w")
+	b.apply(t, task.Change{TaskID: id, Version: l.Version, Transition: task.Complete, Result: json.RawMessage(`{}`)})
+	b.exec(t, `UPDATE tasks SET completed_at = now() - interval '8 days' WHERE id = $1`, id)
+
+	tx, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `INSERT INTO task_idempotency_keys (org_id, type, key, task_id)
+		SELECT org_id, type, 'order-7', id FROM tasks WHERE id = $1`, id)
+	require.NoError(t, err)
+	type deleted struct {
+		n   int
+		err error
+	}
+	done := make(chan deleted, 1)
+	go func() {
+		n, err := b.maint.DeleteExpired(ctx, 7*24*time.Hour, 100)
+		done <- deleted{n, err}
+	}()
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND wait_event_type = 'Lock' AND query LIKE '%tasks.delete_expired%'`) == 1
+	}, 10*time.Second, 10*time.Millisecond, "retention waits for the binding's lock")
+	require.NoError(t, tx.Commit(ctx))
+
+	got := <-done
+	require.NoError(t, got.err)
+	require.Zero(t, got.n, "the task's key was bound within retention")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tasks WHERE id = $1`, id))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM task_idempotency_keys WHERE task_id = $1`, id))
+}
+
+// A keyed request that found an expired task by its input, and that
+// retention deleted before the request bound its key, makes the task
+// anew: the key's reference finds the task gone, and the request runs
+// again, as after any race for a key, rather than fail as not found. The
+// binding is held up by a trigger until retention has committed.
+func TestKeyedRequestOutracedByRetentionMakesItsTask(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	submission := func(key string) task.Submission {
+		t.Helper()
+		sub, err := task.NewSubmission(task.SubmitInput{Type: "demo.noop", Payload: json.RawMessage(`{"n": 1}`),
+			IdempotencyKey: key}, task.Defaults{MaxAttempts: 3}, "")
+		require.NoError(t, err)
+		return sub
+	}
+	first, err := b.api.Submit(ctx, b.admin, submission(""), nil)
+	require.NoError(t, err)
+	l := b.claim(t, first.Task.ID, "w")
+	b.apply(t, task.Change{TaskID: first.Task.ID, Version: l.Version, Transition: task.Complete, Result: json.RawMessage(`{}`)})
+	b.exec(t, `UPDATE tasks SET completed_at = now() - interval '8 days' WHERE id = $1`, first.Task.ID)
+
+	// The binding waits for an advisory lock this test holds.
+	b.exec(t, `CREATE FUNCTION hold_binding() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_advisory_xact_lock_shared(4242); RETURN NEW; END $$`)
+	b.exec(t, `CREATE TRIGGER hold_binding BEFORE INSERT ON task_idempotency_keys
+		FOR EACH ROW EXECUTE FUNCTION hold_binding()`)
+	b.exec(t, `GRANT EXECUTE ON FUNCTION hold_binding() TO PUBLIC`)
+	hold, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = hold.Rollback(ctx) }()
+	_, err = hold.Exec(ctx, `SELECT pg_advisory_xact_lock(4242)`)
+	require.NoError(t, err)
+
+	type submitted struct {
+		out task.Submitted
+		err error
+	}
+	done := make(chan submitted, 1)
+	go func() {
+		out, err := b.api.Submit(ctx, b.admin, submission("order-7"), nil)
+		done <- submitted{out, err}
+	}()
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND wait_event = 'advisory' AND query LIKE '%idempotency_keys.insert%'`) == 1
+	}, 10*time.Second, 10*time.Millisecond, "the keyed request binds its key to the task it found")
+	n, err := b.maint.DeleteExpired(ctx, 7*24*time.Hour, 100)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "no key was bound to the task yet")
+	require.NoError(t, hold.Rollback(ctx))
+
+	got := <-done
+	require.NoError(t, got.err)
+	require.True(t, got.out.Created, "the input's task is gone: the request makes it anew")
+	require.NotEqual(t, first.Task.ID, got.out.Task.ID)
+	require.Equal(t, got.out.Task.ID.String(), b.text(t,
+		`SELECT task_id::text FROM task_idempotency_keys WHERE key = 'order-7'`))
 }

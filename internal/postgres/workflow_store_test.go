@@ -984,8 +984,9 @@ func TestWorkflowMemoizedTaskDeletedAsTheRunStartsRunsAgain(t *testing.T) {
 }
 
 // expireDuring puts task id past retention and deletes it as retention
-// does, with do run while retention's statement, which has read which runs
-// are under way, waits on the task's row.
+// does, with do run while retention's delete, which has read which runs
+// are under way, waits on the task's listing (which it deletes with the
+// task, after it read them).
 func (h *wfHarness) expireDuring(id uuid.UUID, do func()) {
 	h.t.Helper()
 	ctx := context.Background()
@@ -994,7 +995,7 @@ func (h *wfHarness) expireDuring(id uuid.UUID, do func()) {
 	hold, err := h.db.Pool.Begin(ctx)
 	require.NoError(h.t, err)
 	defer hold.Rollback(ctx) //nolint:errcheck
-	_, err = hold.Exec(ctx, `SELECT 1 FROM tasks WHERE id = $1 FOR UPDATE`, id)
+	_, err = hold.Exec(ctx, `SELECT 1 FROM task_listing WHERE id = $1 FOR UPDATE`, id)
 	require.NoError(h.t, err)
 	deleted := make(chan error, 1)
 	go func() {
@@ -1006,7 +1007,7 @@ func (h *wfHarness) expireDuring(id uuid.UUID, do func()) {
 		err := h.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%DELETE FROM tasks%'`).Scan(&waiting)
 		return err == nil && waiting > 0
-	}, 10*time.Second, 10*time.Millisecond, "retention waits on the task's row")
+	}, 10*time.Second, 10*time.Millisecond, "retention waits on the task's listing")
 	do()
 	require.NoError(h.t, hold.Commit(ctx))
 	require.NoError(h.t, <-deleted)

@@ -185,8 +185,9 @@ type Worker struct {
 	// task is there (under mu).
 	claiming map[uuid.UUID]int
 	// early holds the newest cancel broadcast heard for a task being
-	// claimed here and not listed in running yet: the API may see the
-	// claim committed before its answer reaches the worker (under mu).
+	// claimed here, which running does not list yet or lists under an
+	// earlier attempt: the API may see the claim committed before its
+	// answer reaches the worker (under mu).
 	early map[uuid.UUID]int
 
 	// The credit the broker gets (see prefetch): long counts running
@@ -771,7 +772,11 @@ func (w *Worker) listenCancels(src Source) {
 		case c := <-src.Cancels():
 			w.mu.Lock()
 			e := w.running[c.TaskID]
-			if e == nil && w.claiming[c.TaskID] > 0 {
+			// The task may be listed still under its previous attempt
+			// here (its outcome stored, its delivery not yet settled)
+			// while its next one is being claimed: that one keeps the
+			// broadcast as well, and ignores it if it is of an earlier run.
+			if w.claiming[c.TaskID] > 0 {
 				w.early[c.TaskID] = max(w.early[c.TaskID], c.Version)
 			}
 			w.mu.Unlock()
@@ -910,8 +915,12 @@ func (w *Worker) adopt(ctx context.Context, d outbox.Delivery) (t *task.Task, se
 	if err != nil || !ok {
 		return nil, false, err
 	}
+	// The task may be listed still under its previous attempt here (its
+	// outcome stored, its delivery not yet settled): that one does not
+	// hold it.
 	w.mu.Lock()
-	alone := w.claiming[held.ID] == 1 && w.running[held.ID] == nil
+	e := w.running[held.ID]
+	alone := w.claiming[held.ID] == 1 && (e == nil || e.task.Attempt != held.Attempt)
 	w.mu.Unlock()
 	if !alone {
 		return nil, true, nil

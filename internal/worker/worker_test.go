@@ -265,6 +265,58 @@ func TestWorkerHonoursACancelThatCameDuringItsClaim(t *testing.T) {
 	require.Equal(t, task.StatusCancelled, b.store.get(id).Status)
 }
 
+// slowAck is an acknowledger whose Ack waits until release is closed.
+type slowAck struct {
+	*acker
+	release chan struct{}
+}
+
+func (a slowAck) Ack() error {
+	<-a.release
+	return a.acker.Ack()
+}
+
+// A cancel broadcast heard while a task's next attempt is being claimed
+// here stops that attempt as its handler starts, also when the previous
+// attempt of the task, on this worker, has not left yet (its outcome is
+// stored, its delivery not yet settled): the broadcast is the new
+// attempt's, not the old one's to ignore.
+func TestWorkerHonoursACancelThatCameDuringAClaimBehindAnEarlierAttempt(t *testing.T) {
+	entered := make(chan struct{}, 1)
+	handler := func(ctx context.Context, tk conveyor.Task, _ conveyor.Reporter) (any, error) {
+		if tk.Attempt == 1 {
+			return nil, errors.New("boom")
+		}
+		entered <- struct{}{}
+		<-ctx.Done()
+		return nil, context.Cause(ctx)
+	}
+	// No lease renewal comes within the test to tell the worker of the
+	// cancel: only the broadcast can.
+	b := setup(t, testConfig{heartbeat: time.Minute, handlers: []conveyor.Handler{conveyor.Handle("t.block", handler)}})
+	id := b.store.add("t.block", 3)
+
+	first := slowAck{acker: newAcker(), release: make(chan struct{})}
+	defer close(first.release)
+	select {
+	case b.src.deliveries <- outbox.Delivery{Body: outbox.Body{TaskID: id, Type: "t.block"}, Acknowledger: first}:
+	case <-time.After(waitLimit):
+		t.Fatal("the worker took no delivery")
+	}
+	require.Equal(t, "retried", b.finished(t, id))
+
+	b.store.mu.Lock()
+	b.store.afterClaim = func() {
+		v := b.store.requestCancelLocked(id) // what the API does, the task running again
+		b.src.cancels <- outbox.Cancel{TaskID: id, Version: v}
+		time.Sleep(50 * time.Millisecond) // the broadcast is heard before the claim's answer
+	}
+	b.store.mu.Unlock()
+	b.deliver(t, id)
+	require.Equal(t, "cancelled", b.finished(t, id))
+	require.Equal(t, task.StatusCancelled, b.store.get(id).Status)
+}
+
 func TestWorkerIgnoresACancelOfAnEarlierRun(t *testing.T) {
 	h := newBlocking()
 	b := setup(t, testConfig{handlers: []conveyor.Handler{conveyor.Handle("t.block", h.handle)}})
@@ -615,6 +667,46 @@ func TestWorkerRunsATaskWhoseClaimLandedUnbeknownToIt(t *testing.T) {
 	got := b.store.get(id)
 	require.Equal(t, task.StatusCompleted, got.Status)
 	require.Equal(t, 1, got.Attempt, "one attempt, run once")
+}
+
+// A claim whose answer was lost is adopted also when the task's previous
+// attempt, on this worker, has not left yet (its outcome stored, its
+// delivery not yet settled): that attempt does not hold the task, and the
+// one the claim started would otherwise wait out its lease unrun.
+func TestWorkerRunsATaskWhoseClaimLandedUnbeknownToItBehindAnEarlierAttempt(t *testing.T) {
+	handler := func(_ context.Context, tk conveyor.Task, _ conveyor.Reporter) (any, error) {
+		if tk.Attempt == 1 {
+			return nil, errors.New("boom")
+		}
+		return 1, nil
+	}
+	b := setup(t, testConfig{handlers: []conveyor.Handler{conveyor.Handle("t.flaky", handler)}})
+	id := b.store.add("t.flaky", 3)
+
+	first := slowAck{acker: newAcker(), release: make(chan struct{})}
+	defer close(first.release)
+	select {
+	case b.src.deliveries <- outbox.Delivery{Body: outbox.Body{TaskID: id, Type: "t.flaky"}, Acknowledger: first}:
+	case <-time.After(waitLimit):
+		t.Fatal("the worker took no delivery")
+	}
+	require.Equal(t, "retried", b.finished(t, id))
+
+	var lost atomic.Bool
+	b.store.mu.Lock()
+	b.store.claimReply = func([]uuid.UUID) (bool, bool) { return lost.CompareAndSwap(false, true), false }
+	b.store.mu.Unlock()
+	// The retry's message, which names the attempt that failed.
+	a := newAcker()
+	select {
+	case b.src.deliveries <- outbox.Delivery{Body: outbox.Body{TaskID: id, Type: "t.flaky", Attempt: 1}, Acknowledger: a}:
+	case <-time.After(waitLimit):
+		t.Fatal("the worker took no delivery")
+	}
+	require.Equal(t, "completed", b.finished(t, id))
+	got := b.store.get(id)
+	require.Equal(t, task.StatusCompleted, got.Status)
+	require.Equal(t, 2, got.Attempt)
 }
 
 // A claim whose answer was lost, and a cancel the API accepted before the
