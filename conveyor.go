@@ -136,9 +136,8 @@ var (
 	// ErrCancelled: the task was cancelled through the API. It ends
 	// CANCELLED.
 	ErrCancelled = errors.New("conveyor: task cancelled")
-	// ErrLost: this worker no longer holds the task: its lease expired, or
-	// the task's heartbeat timeout passed with no progress report, and the
-	// attempt was ended (retried or failed as attempts allow); or the
+	// ErrLost: this worker no longer holds the task: its lease expired, and
+	// the attempt was ended (retried or failed as attempts allow); or the
 	// worker could not renew the lease for a lease's length (the database
 	// unreachable), and the lease reaper may give the task to another
 	// worker. Nothing the handler does is stored.
@@ -150,8 +149,9 @@ var (
 	// handed back without it, before the worker exits.
 	ErrShutdown = errors.New("conveyor: worker shutting down")
 	// ErrTimeout: the attempt ran longer than its task's timeout (or the
-	// worker's maximum run time). It fails as timed out, and is retried if
-	// attempts are left.
+	// worker's maximum run time), or its handler reported no progress for
+	// the task's heartbeat timeout. It fails as timed out, and is retried
+	// if attempts are left.
 	ErrTimeout = errors.New("conveyor: attempt timed out")
 	// ErrAwaitChildren: Gather's children have not all finished. A handler
 	// returns it as it is; the task waits for them and runs again. One

@@ -110,7 +110,7 @@ func run(ctx context.Context, cfg config.Worker, stdout io.Writer, handlers []co
 	maintainer := runner.NewMaintainer(runner.MaintenanceConfig{
 		WorkerID: cfg.ID, Interval: cfg.MaintenanceInterval, LeaderTTL: cfg.LeaderTTL,
 		RepublishAfter: cfg.RepublishAfter, Retention: cfg.Retention, DeadAfter: cfg.WorkerDeadAfter,
-		BackoffBase: cfg.RetryBackoffBase, BackoffMax: cfg.RetryBackoffMax,
+		BackoffBase: cfg.RetryBackoffBase, BackoffMax: cfg.RetryBackoffMax, Lease: cfg.LeaseDuration,
 	}, maintenance, runner.QueuesFunc(inspector.QueueReady), log, metrics)
 	schedulerStore := postgres.NewSchedulerStore(rt.BackgroundPool, outboxPoke)
 	schedulerStore.OnEvents = eventsPoke

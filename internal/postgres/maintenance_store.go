@@ -161,13 +161,14 @@ WHERE o.available_at = 'infinity' AND o.task_type = ANY($1)
 	AND EXISTS (SELECT 1 FROM tasks t WHERE t.id = o.task_id AND t.`+isPending+`)`)
 
 // sqlHeartbeatExpired finds running tasks whose handler has not sent a
-// heartbeat (a progress report) within the task's heartbeat timeout.
+// heartbeat (a progress report) within the task's heartbeat timeout and a
+// grace of $2 ms more.
 var sqlHeartbeatExpired = statement("tasks.heartbeat_expired", `
 SELECT id, type, status, version, attempt, max_attempts, cancel_requested_at IS NOT NULL, coalesce(worker_id, ''),
 	heartbeat_timeout_ms
 FROM tasks
 WHERE `+isRunning+` AND heartbeat_timeout_ms IS NOT NULL
-	AND heartbeat_at < now() - heartbeat_timeout_ms * interval '1 millisecond'
+	AND heartbeat_at < now() - (heartbeat_timeout_ms + $2) * interval '1 millisecond'
 ORDER BY heartbeat_at LIMIT $1`)
 
 // sqlIndexScans makes the rest of a transaction read tables through their
@@ -367,8 +368,9 @@ func (s *MaintenanceStore) CountWorkers(ctx context.Context) (int, error) {
 }
 
 // HeartbeatExpired lists up to limit running tasks whose handler's
-// heartbeats stopped for longer than the task's heartbeat timeout.
-func (s *MaintenanceStore) HeartbeatExpired(ctx context.Context, limit int) ([]task.Standing, []time.Duration, error) {
+// heartbeats stopped for longer than the task's heartbeat timeout plus
+// grace.
+func (s *MaintenanceStore) HeartbeatExpired(ctx context.Context, grace time.Duration, limit int) ([]task.Standing, []time.Duration, error) {
 	var out []task.Standing
 	var timeouts []time.Duration
 	err := s.queryRunning(ctx, sqlHeartbeatExpired, func(rows pgx.Rows) error {
@@ -383,6 +385,6 @@ func (s *MaintenanceStore) HeartbeatExpired(ctx context.Context, limit int) ([]t
 			return nil
 		})
 		return err
-	}, limit)
+	}, limit, grace.Milliseconds())
 	return out, timeouts, err
 }

@@ -1049,3 +1049,49 @@ func TestAdmissionPassSaysWhenTheLockWasHeld(t *testing.T) {
 	require.False(t, st.Busy)
 	require.Equal(t, []string{"busy.t"}, st.Fair, "still in fair mode")
 }
+
+// A running task whose worker died is not taken over by a claim while its
+// job is paused, nor while a limit holds its job or type: a message of it
+// still in the queue (one of an earlier admission, say) reaching a worker
+// between the lease's expiry and the reaper's pass would start its next
+// attempt at once, after the pause had answered, and skip the backoff
+// and the scheduler. The reaper queues it again, to wait as the pause or
+// the limit says.
+func TestAClaimTakesNoExpiredTaskOverWhileItsJobIsPausedOrLimited(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, admin := db.Admin(t)
+	ctx := context.Background()
+	applyFile(t, db, admin, `jobs:
+  - {name: paused, type: take.over}
+  - {name: limited, type: take.over, max_concurrency: 1}
+types:
+  - {type: take.typed, max_concurrency: 5}
+`)
+	jobs := postgres.NewJobStore(db.Pool)
+	w := postgres.NewWorkerStore(db.Pool, nil)
+	var ids []uuid.UUID
+	for _, name := range []string{"paused", "limited"} {
+		made, err := jobs.Trigger(ctx, admin, name, nil, "", nil)
+		require.NoError(t, err)
+		ids = append(ids, made.ID)
+	}
+	ids = append(ids, submitOf(t, db, admin, "take.typed", "", 1)...)
+	_, err := postgres.NewSchedulerStore(db.Pool, nil).Admit(ctx, admitAll)
+	require.NoError(t, err)
+	claimed, err := w.Claim(ctx, ids, "w1", time.Minute)
+	require.NoError(t, err)
+	require.Len(t, claimed, len(ids))
+	require.NoError(t, jobs.PauseJob(ctx, admin, "paused", true))
+
+	// w1 dies: its leases run out.
+	_, err = db.Pool.Exec(ctx, `UPDATE tasks SET lease_expires_at = now() - interval '1 second' WHERE id = ANY ($1)`, ids)
+	require.NoError(t, err)
+	taken, err := w.Claim(ctx, ids, "w2", time.Minute)
+	require.NoError(t, err)
+	var types []string
+	for _, c := range taken {
+		types = append(types, c.Type)
+	}
+	require.Empty(t, types, "no attempt starts but through the scheduler")
+}

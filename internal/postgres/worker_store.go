@@ -20,7 +20,11 @@ import (
 
 // sqlClaim takes tasks for a worker: lock the rows that are claimable
 // (PENDING and due, or IN_PROGRESS under an expired lease with attempts
-// left and no cancel pending), then start their attempts and record them.
+// left, no cancel pending and nothing that would make it wait for the
+// scheduler), then start their attempts and record them. A task of a
+// paused or limited job or type is not taken over: the reaper queues it
+// again, to wait as a task sent back to its queue does (a takeover after
+// a pause answered would start its next attempt all the same).
 // Due means due now, with no margin: a task's message becomes available
 // only once the task is due, by the database's clock, and the claim's
 // transaction starts after the relay's that published it, so only a stray
@@ -40,7 +44,7 @@ WITH locked AS (
 	WHERE id = ANY($1::uuid[]) AND CASE status
 		WHEN `+lit(task.StatusPending)+` THEN admitted AND next_run_at <= now()
 		WHEN `+lit(task.StatusInProgress)+` THEN lease_expires_at < now() AND attempt < max_attempts
-			AND cancel_requested_at IS NULL
+			AND cancel_requested_at IS NULL AND NOT conveyor_must_wait(org_id, type, job_id, concurrency_key)
 		ELSE false END
 	ORDER BY id
 	FOR UPDATE

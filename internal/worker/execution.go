@@ -73,11 +73,13 @@ type execution struct {
 
 	// cancelled: cancellation was requested and the task is still ours;
 	// lost: the task is no longer ours and nothing more may be written;
-	// timedOut: the attempt ran past the maximum run time.
+	// timedOut: the attempt ran past the maximum run time; silent: its
+	// handler sent no heartbeat for the task's heartbeat timeout.
 	cancelled   bool
 	cancelledAt time.Time
 	lost        bool
 	timedOut    bool
+	silent      bool
 	acked       bool
 	// orphan: the source this task's delivery came through is gone (under
 	// w.mu).
@@ -313,11 +315,13 @@ func (e *execution) run(ctx context.Context) {
 	}()
 	defer e.ack()
 
-	// One timer keeps the attempt's three clocks: the next heartbeat,
+	// One timer keeps the attempt's four clocks: the next heartbeat,
 	// which renews the lease; the long mark, which until the handler
 	// starts bounds its wait for a slot and from then on marks it as
-	// running long; and the run time, which starts with the handler. A
-	// zero time is a clock not running.
+	// running long; the run time, which starts with the handler; and the
+	// handler's silence, which starts with the handler too and starts
+	// again with each progress report (neither counts a wait for a slot).
+	// A zero time is a clock not running.
 	now := time.Now()
 	c := clocks{beat: now.Add(e.w.cfg.Heartbeat), long: now.Add(e.w.cfg.LongAfter), every: e.w.cfg.Heartbeat}
 	clock := time.NewTimer(time.Until(c.next()))
@@ -346,6 +350,9 @@ func (e *execution) run(ctx context.Context) {
 			started = nil
 			now := time.Now()
 			c.long, c.deadline = now.Add(e.w.cfg.LongAfter), now.Add(e.runTime())
+			if hb := e.task.HeartbeatTimeout; hb > 0 {
+				c.silent = now.Add(hb)
+			}
 			clock.Reset(time.Until(c.next()))
 		case out := <-done:
 			e.free()
@@ -371,6 +378,12 @@ func (e *execution) run(ctx context.Context) {
 				e.log.DebugContext(ctx, "ignoring a cancel broadcast of an earlier run", "version", v)
 			}
 		case <-e.report:
+			if hb := e.task.HeartbeatTimeout; hb > 0 && !c.silent.IsZero() {
+				// A heartbeat: the silence starts again. The timer, set
+				// for the earlier silence, finds it not due and is set
+				// again.
+				c.silent = time.Now().Add(hb)
+			}
 			if wait := e.w.cfg.ProgressInterval - time.Since(lastWrite); wait > 0 {
 				if timerC == nil {
 					timer = time.NewTimer(wait)
@@ -386,7 +399,7 @@ func (e *execution) run(ctx context.Context) {
 			lastWrite = time.Now()
 		case now := <-clock.C:
 			e.noteExpired(ctx)
-			beat, long, deadline := c.take(now)
+			beat, long, deadline, silent := c.take(now)
 			switch {
 			case beat && !e.lost && timerC == nil && e.reportWaiting():
 				// A report whose write failed is stored now, renewing
@@ -420,10 +433,29 @@ func (e *execution) run(ctx context.Context) {
 			// (it was busy writing when both came due): it did not time
 			// out, and its outcome is taken at the next turn.
 			if deadline && len(done) == 0 {
-				if !e.cancelled && !e.lost {
+				if !e.cancelled && !e.lost && !e.silent {
 					e.timedOut = true
 					e.log.WarnContext(ctx, "attempt ran past its run time: stopping the handler", "run_time", e.runTime())
 					e.span.AddEvent("timed out")
+					e.stop(conveyor.ErrTimeout)
+				}
+				if giveUp == nil {
+					giveUp = time.After(e.w.cfg.Lease)
+				}
+			}
+			// A handler silent for its heartbeat timeout is stopped here,
+			// as one past its run time is, and its attempt fails once it
+			// has returned: the task holds its slot, and runs nowhere
+			// else, until then. Ended by the maintenance leader instead,
+			// the handler would run on until this worker's next lease
+			// renewal found the task lost, beside the task's next
+			// attempt on another worker.
+			if silent && len(done) == 0 {
+				if !e.cancelled && !e.lost && !e.timedOut {
+					e.silent = true
+					e.log.WarnContext(ctx, "handler sent no heartbeat for its heartbeat timeout: stopping it",
+						"heartbeat_timeout", e.task.HeartbeatTimeout)
+					e.span.AddEvent("heartbeat timed out")
 					e.stop(conveyor.ErrTimeout)
 				}
 				if giveUp == nil {
@@ -482,7 +514,7 @@ func (e *execution) run(ctx context.Context) {
 // clocks are the times at which an attempt's run loop has something to
 // do; a zero time is a clock not running.
 type clocks struct {
-	beat, long, deadline time.Time
+	beat, long, deadline, silent time.Time
 	// every is the heartbeat's interval.
 	every time.Duration
 }
@@ -496,6 +528,9 @@ func (c clocks) next() time.Time {
 	if !c.deadline.IsZero() && c.deadline.Before(next) {
 		next = c.deadline
 	}
+	if !c.silent.IsZero() && c.silent.Before(next) {
+		next = c.silent
+	}
 	return next
 }
 
@@ -503,7 +538,7 @@ func (c clocks) next() time.Time {
 // heartbeat starts over from the moment it is taken, so a loop that was
 // held up renews once, not once for each interval it missed; the others
 // stop.
-func (c *clocks) take(now time.Time) (beat, long, deadline bool) {
+func (c *clocks) take(now time.Time) (beat, long, deadline, silent bool) {
 	due := func(t *time.Time) bool {
 		if t.IsZero() || t.After(now) {
 			return false
@@ -514,7 +549,7 @@ func (c *clocks) take(now time.Time) (beat, long, deadline bool) {
 	if beat = due(&c.beat); beat {
 		c.beat = time.Now().Add(c.every)
 	}
-	return beat, due(&c.long), due(&c.deadline)
+	return beat, due(&c.long), due(&c.deadline), due(&c.silent)
 }
 
 // errNoSlot stops a task claimed ahead that found no free slot in time.
@@ -881,6 +916,8 @@ func (e *execution) finish(ctx context.Context, out outcome) {
 			Detail: map[string]any{"handed_back": reason, "attempt": e.task.Attempt}})
 	case e.timedOut:
 		e.fail(ctx, fmt.Errorf("%w after %s", conveyor.ErrTimeout, e.runTime()), false)
+	case e.silent:
+		e.fail(ctx, fmt.Errorf("heartbeat timed out: no heartbeat from the handler for %s", e.task.HeartbeatTimeout), false)
 	case errors.Is(out.err, conveyor.ErrAwaitChildren) && e.awaiting.Load():
 		e.store(ctx, "awaiting", task.Change{Transition: task.Await,
 			Detail: map[string]any{"attempt": e.task.Attempt, "waiting": out.err.Error()}})

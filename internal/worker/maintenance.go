@@ -15,7 +15,10 @@ type MaintenanceStore interface {
 	Elect(ctx context.Context, name, id string, ttl time.Duration) (bool, error)
 	Resign(ctx context.Context, name, id string) error
 	ExpiredLeases(ctx context.Context, limit int) ([]task.Standing, error)
-	HeartbeatExpired(ctx context.Context, limit int) ([]task.Standing, []time.Duration, error)
+	// HeartbeatExpired lists up to limit running tasks whose handler has
+	// sent no heartbeat for longer than its task's heartbeat timeout plus
+	// grace.
+	HeartbeatExpired(ctx context.Context, grace time.Duration, limit int) ([]task.Standing, []time.Duration, error)
 	// StalePending lists up to limit stale PENDING tasks, oldest due
 	// first, leaving out those of the types in skip.
 	StalePending(ctx context.Context, after time.Duration, limit int, skip []string) ([]task.Standing, error)
@@ -66,6 +69,12 @@ type MaintenanceConfig struct {
 	// its worker down (a crash, an out-of-memory kill) is not run again at
 	// once, on every worker in turn.
 	BackoffBase, BackoffMax time.Duration
+	// Lease is the workers' lease. A worker stops a handler silent for its
+	// task's heartbeat timeout itself, and stores the attempt's outcome
+	// within a lease even when the handler ignores its context: the
+	// maintenance leader ends only the attempts silent for longer than
+	// that, those of a worker that did neither.
+	Lease time.Duration
 	// BatchSize bounds the rows one statement changes, so a large backlog
 	// is worked off in short transactions.
 	BatchSize int
@@ -188,12 +197,14 @@ func (m *Maintainer) reapLeases(ctx context.Context) (int, error) {
 	}))
 }
 
-// reapHeartbeats ends the attempts whose handler stopped sending heartbeats
-// (progress reports) for longer than its task's heartbeat timeout, as an
-// expired lease would: the worker, still renewing the lease, finds the
-// task moved on at its next write and stops the handler.
+// reapHeartbeats is the backstop of the workers' own watch of their
+// handlers' heartbeats: it ends the attempts whose handler stopped sending
+// heartbeats (progress reports) for longer than its task's heartbeat
+// timeout and a lease more, as an expired lease would. Their worker, still
+// renewing the lease, finds the task moved on at its next write and stops
+// the handler.
 func (m *Maintainer) reapHeartbeats(ctx context.Context) (int, error) {
-	expired, timeouts, err := m.store.HeartbeatExpired(ctx, m.cfg.BatchSize)
+	expired, timeouts, err := m.store.HeartbeatExpired(ctx, m.cfg.Lease, m.cfg.BatchSize)
 	if err != nil || len(expired) == 0 {
 		return 0, err
 	}

@@ -47,7 +47,7 @@ func (s *fakeMaintenanceStore) ExpiredLeases(context.Context, int) ([]task.Stand
 	s.expired = nil
 	return out, nil
 }
-func (s *fakeMaintenanceStore) HeartbeatExpired(context.Context, int) ([]task.Standing, []time.Duration, error) {
+func (s *fakeMaintenanceStore) HeartbeatExpired(context.Context, time.Duration, int) ([]task.Standing, []time.Duration, error) {
 	return nil, nil, nil
 }
 func (s *fakeMaintenanceStore) StalePending(context.Context, time.Duration, int, []string) ([]task.Standing, error) {
