@@ -32,7 +32,7 @@ func TestBackgroundStatementsArePlannedForTheTableOfTheMoment(t *testing.T) {
 		require.NoError(t, err)
 		defer func() { _ = tx.Rollback(ctx) }()
 		return grew(t, tx, "seq_tup_read", "tasks", func() error {
-			rows, err := tx.Query(ctx, sweep, nil, 500)
+			rows, err := tx.Query(ctx, sweep, 500)
 			if err == nil {
 				rows.Close()
 				err = rows.Err()
@@ -77,7 +77,7 @@ func TestTheSweepForOrphansReadsRunsAndParentsByKey(t *testing.T) {
 		SELECT gen_random_uuid(), `+testdb.OrgSQL+`, 'demo.noop', id, 'c' FROM tasks`)
 	b.exec(t, `ANALYZE tasks`)
 	b.exec(t, `UPDATE tasks SET status = 'CANCELLED', completed_at = now() WHERE parent_id IS NOT NULL`)
-	plan := b.explain(t, statementSQL(t, "tasks.orphans"), nil, 500)
+	plan := b.explain(t, statementSQL(t, "tasks.orphans"), 500)
 	require.Contains(t, plan, "using tasks_pkey on tasks p", plan)
 	require.NotContains(t, plan, "Seq Scan", plan)
 	require.NotContains(t, plan, "Hash Join", plan)

@@ -120,16 +120,18 @@ SELECT count(*) > 0 FROM run`)
 // memoization refuses such a node for the same reason). Each of those
 // nodes runs the org's job of its name as it is now: a job removed while
 // the run was under way (the node was skipped) and declared again since
-// has another id. It returns whether the run was resumed, and the trace
-// the run had.
+// has another id. No task of the run may be in flight, nor a child one of
+// its nodes' handlers spawned: a node run again spawns its children anew,
+// and the earlier ones would do the same work beside them. It returns
+// whether the run was resumed, and the trace the run had.
 var sqlRunResume = statement("workflow_runs.resume", `
-WITH prev AS (
+WITH RECURSIVE prev AS (
 	SELECT traceparent FROM workflow_runs WHERE org_id = $1 AND id = $2
-), run AS (
+), `+runTree("$2")+`, run AS (
 	UPDATE workflow_runs SET status = 'RUNNING', error = NULL, finished_at = NULL, updated_at = now(),
 		traceparent = coalesce(nullif($3::text, ''), traceparent)
 	WHERE org_id = $1 AND id = $2 AND status IN ('FAILED', 'CANCELLED')
-		AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = $2 AND t.status IN (`+inFlight+`))
+		AND NOT EXISTS (SELECT 1 FROM tasks t JOIN tree USING (id) WHERE t.status IN (`+inFlight+`))
 	RETURNING id
 ), reset AS (
 	UPDATE run_nodes n SET state = 'WAITING', task_id = NULL, memo_key = NULL, memoized_from = NULL,
@@ -146,6 +148,33 @@ WITH prev AS (
 )
 SELECT count(*) > 0, coalesce((SELECT traceparent FROM prev), '') FROM run`)
 
+// runTree is a recursive query's term "tree": the ids of the tasks of the
+// run whose id is the placeholder run, whatever their status, and of the
+// children in flight their handlers spawned (Reporter.Gather), and theirs.
+// A node's handler that fanned out waits for its children with its task
+// PENDING, or has ended while they still run: they are the node's work.
+func runTree(run string) string {
+	return `tree (id) AS (
+	SELECT id FROM tasks WHERE run_id = ` + run + `
+	UNION
+	SELECT c.id FROM tasks c JOIN tree p ON c.parent_id = p.id WHERE c.status IN (` + inFlight + `))`
+}
+
+// sqlRunTasksInFlight reads the tasks of a run ($1) still in flight, and
+// the children in flight of its nodes' handlers, with a pending cancel's
+// absence: what a cancel of the run does to them (as sqlStoppedRunTasks).
+var sqlRunTasksInFlight = statement("tasks.of_run_in_flight", `
+WITH RECURSIVE `+runTree("$1")+`
+SELECT t.id, t.status, t.version, t.cancel_requested_at IS NOT NULL FROM tasks t JOIN tree USING (id)
+WHERE t.status IN (`+inFlight+`) AND NOT (t.status = `+lit(task.StatusInProgress)+` AND t.cancel_requested_at IS NOT NULL)
+ORDER BY t.id LIMIT $2`)
+
+// sqlRunBusy tells whether a task of a run ($1), or a child of one of its
+// nodes' handlers, is still in flight.
+var sqlRunBusy = statement("tasks.run_busy", `
+WITH RECURSIVE `+runTree("$1")+`
+SELECT EXISTS (SELECT 1 FROM tasks t JOIN tree USING (id) WHERE t.status IN (`+inFlight+`))`)
+
 // sqlStoppedRunTasks reads the tasks still in flight whose run stopped or
 // whose parent task ended without completing, and a pending cancel's
 // absence: what a cancel of theirs would do. The search starts from the
@@ -158,17 +187,15 @@ var sqlStoppedRunTasks = statement("tasks.orphans", `
 SELECT t.id, t.status, t.version, t.cancel_requested_at IS NOT NULL FROM tasks t
 WHERE t.status IN (`+inFlight+`) AND NOT (t.status = `+lit(task.StatusInProgress)+` AND t.cancel_requested_at IS NOT NULL)
 	AND t.id IN (
-		SELECT id FROM tasks WHERE $1::uuid IS NOT NULL AND run_id = $1 AND status IN (`+inFlight+`)
-		UNION ALL
 		SELECT c.id FROM tasks c
-		WHERE $1::uuid IS NULL AND c.run_id IS NOT NULL AND c.status IN (`+inFlight+`)
+		WHERE c.run_id IS NOT NULL AND c.status IN (`+inFlight+`)
 			AND (SELECT r.status FROM workflow_runs r WHERE r.id = c.run_id) IN ('`+job.RunFailed+`', '`+job.RunCancelled+`')
 		UNION ALL
 		SELECT c.id FROM tasks c
-		WHERE $1::uuid IS NULL AND c.parent_id IS NOT NULL AND c.status IN (`+inFlight+`)
+		WHERE c.parent_id IS NOT NULL AND c.status IN (`+inFlight+`)
 			AND (SELECT p.status FROM tasks p WHERE p.id = c.parent_id)
 				IN (`+litList([]task.Status{task.StatusFailed, task.StatusCancelled})+`))
-ORDER BY t.id LIMIT $2`)
+ORDER BY t.id LIMIT $1`)
 
 // inFlight lists the statuses of a task not yet finished.
 var inFlight = litList([]task.Status{task.StatusPending, task.StatusInProgress})
@@ -416,7 +443,8 @@ func (s *JobStore) Runs(ctx context.Context, p auth.Principal, workflow string, 
 }
 
 // CancelRun cancels a running run: nodes not yet submitted are skipped,
-// its pending tasks cancelled, its running ones asked to stop. A run that
+// its pending tasks cancelled, its running ones asked to stop, and so are
+// the children its nodes' handlers spawned. A run that
 // already ended is a conflict, unless tasks of it are still in flight and
 // not yet asked to stop (it failed, and the scheduler has not cancelled
 // them yet): they are, and the run keeps its status.
@@ -445,7 +473,11 @@ func (s *JobStore) CancelRun(ctx context.Context, p auth.Principal, id uuid.UUID
 				return err
 			}
 			if n == 0 {
-				if tasksInFlight(cur) {
+				var busy bool
+				if err := tx.QueryRow(ctx, sqlRunBusy, id).Scan(&busy); err != nil {
+					return err
+				}
+				if busy {
 					return task.Errorf(task.ErrCodeConflict, "run is %s and cannot be cancelled; its tasks still "+
 						"running were asked to stop and end when their workers hear of it", cur.Status)
 				}
@@ -480,9 +512,9 @@ func (s *JobStore) CancelRun(ctx context.Context, p auth.Principal, id uuid.UUID
 // scheduler cancels any left over.
 const maxRunCancel = 1000
 
-// cancelStopped cancels up to limit tasks in flight of run (or, with run
-// nil, of every stopped run and of every parent that ended without
-// completing), each with the transition a client's cancel would apply,
+// cancelStopped cancels up to limit tasks in flight of run and children
+// in flight of its nodes' handlers (or, with run nil, of every stopped run
+// and of every parent that ended without completing), each with the transition a client's cancel would apply,
 // fenced at the version read. A task that another writer moved meanwhile
 // (a worker writing progress) is read again, as a task's cancel does,
 // rather than left to the next sweep. It returns how many changed and
@@ -505,7 +537,11 @@ func cancelStopped(ctx context.Context, q querier, run *uuid.UUID, limit int, tr
 // cancelStoppedOnce is one pass of cancelStopped: it answers how many
 // tasks changed and how many were fenced.
 func cancelStoppedOnce(ctx context.Context, q querier, run *uuid.UUID, limit int, trace task.Carrier, by *task.Principal) (int, int, bool, error) {
-	rows, err := q.Query(ctx, sqlStoppedRunTasks, run, limit)
+	sql, args := sqlStoppedRunTasks, []any{limit}
+	if run != nil {
+		sql, args = sqlRunTasksInFlight, []any{*run, limit}
+	}
+	rows, err := q.Query(ctx, sql, args...)
 	if err != nil {
 		return 0, 0, false, err
 	}
@@ -625,14 +661,4 @@ func (s *JobStore) Lineage(ctx context.Context, p auth.Principal, dataset string
 		return err
 	})
 	return l, translate(err)
-}
-
-// tasksInFlight reports whether a task of the run is still pending or running.
-func tasksInFlight(r job.Run) bool {
-	for _, n := range r.Nodes {
-		if n.TaskStatus == string(task.StatusPending) || n.TaskStatus == string(task.StatusInProgress) {
-			return true
-		}
-	}
-	return false
 }

@@ -1428,3 +1428,73 @@ func TestCancelStoppedRetriesATaskThatChangedMeanwhile(t *testing.T) {
 		tasks["c"].ID).Scan(&requested))
 	require.True(t, requested, "c is asked to stop")
 }
+
+// A node's handler that fanned out (Reporter.Gather) waits for its
+// children with its task PENDING. Cancelling the run stops those children
+// with the node, and the run is retried only once they have ended: a node
+// run again spawns its children anew, and the earlier ones would do the
+// same work beside them.
+func TestWorkflowCancelStopsTheChildrenOfItsNodes(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailStop)
+	ctx := context.Background()
+	run, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{})
+	require.NoError(t, err)
+	h.settle(h.nodeTasks(run.ID)["a"].ID, task.Complete, `{}`)
+	w := postgres.NewWorkerStore(h.db.Pool, nil)
+	claimed, err := w.Claim(ctx, []uuid.UUID{h.nodeTasks(run.ID)["b"].ID}, "w1", time.Minute)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	b := claimed[0]
+	var subs []task.Submission
+	for _, key := range []string{"k1", "k2"} {
+		s, err := task.NewSubmission(task.SubmitInput{Type: "fan.child", Dedupe: new(bool)}, task.Defaults{MaxAttempts: 3}, "")
+		require.NoError(t, err)
+		s.OrgID, s.ParentID, s.ChildKey = b.OrgID, &b.ID, key
+		subs = append(subs, s)
+	}
+	kids, err := w.Spawn(ctx, b, subs, nil)
+	require.NoError(t, err)
+	require.Len(t, kids, 2)
+	running, err := w.Claim(ctx, []uuid.UUID{kids[0].ID}, "w2", time.Minute)
+	require.NoError(t, err)
+	require.Len(t, running, 1)
+	out, _, err := w.Apply(ctx, []task.Change{{TaskID: b.ID, Version: b.Version, Transition: task.Await}})
+	require.NoError(t, err)
+	require.False(t, out[0].Fenced)
+
+	r, err := h.store.CancelRun(ctx, h.p, run.ID, nil)
+	require.NoError(t, err)
+	require.Equal(t, job.RunCancelled, r.Status)
+	require.Equal(t, "CANCELLED", nodeStatus(r)["b"])
+	child := func(id uuid.UUID) (string, bool) {
+		var status string
+		var asked bool
+		require.NoError(t, h.db.Pool.QueryRow(ctx, `SELECT status, cancel_requested_at IS NOT NULL FROM tasks WHERE id = $1`,
+			id).Scan(&status, &asked))
+		return status, asked
+	}
+	status, _ := child(kids[1].ID)
+	require.Equal(t, "CANCELLED", status, "b's pending child is cancelled with the run")
+	status, asked := child(kids[0].ID)
+	require.Equal(t, "IN_PROGRESS", status)
+	require.True(t, asked, "b's running child is asked to stop with the run")
+
+	_, err = h.store.RetryRun(ctx, h.p, run.ID, nil)
+	require.Equal(t, task.ErrCodeConflict, task.ErrorCode(err), "b's child still runs")
+	require.ErrorContains(t, err, "still stopping")
+	_, err = h.store.CancelRun(ctx, h.p, run.ID, nil)
+	require.Equal(t, task.ErrCodeConflict, task.ErrorCode(err), "nothing is left to cancel")
+	require.ErrorContains(t, err, "asked to stop")
+
+	var version int
+	require.NoError(t, h.db.Pool.QueryRow(ctx, `SELECT version FROM tasks WHERE id = $1`, running[0].ID).Scan(&version))
+	_, errs, err := w.Apply(ctx, []task.Change{{TaskID: running[0].ID, Version: version, Transition: task.HonourCancel}})
+	require.NoError(t, err)
+	require.NoError(t, errs[0])
+	status, _ = child(kids[0].ID)
+	require.Equal(t, "CANCELLED", status)
+	retried, err := h.store.RetryRun(ctx, h.p, run.ID, nil)
+	require.NoError(t, err, "every task of the run has ended")
+	require.Equal(t, job.RunRunning, retried.Status)
+}
