@@ -129,6 +129,35 @@ func TestOpenAPISecurity(t *testing.T) {
 	}
 }
 
+// TestOpenAPIDocumentsTheCommonRefusals keeps the refusals that any
+// operation can answer in each one's responses: a query parameter it does
+// not take (400, as knownParams answers), a body of the wrong type (415) or
+// over the limit (413) where it takes one, and, for every /v1 operation, a
+// request that ran out of time or found the database down (503).
+func TestOpenAPIDocumentsTheCommonRefusals(t *testing.T) {
+	t.Parallel()
+	h := testHandler(DevMode(auth.Principal{Kind: auth.KindKey, ID: uuid.New(), OrgID: uuid.New(), Role: auth.Admin}))
+	for _, op := range documentedOperations(t) {
+		t.Run(op.Method+" "+op.Path, func(t *testing.T) {
+			status, _ := callOperationWith(h, op, "not_a_parameter=1", "application/json", "{}")
+			require.Equal(t, http.StatusBadRequest, status, "an unknown query parameter")
+			require.Contains(t, op.Responses, "400", "an unknown query parameter is a 400")
+			if strings.HasPrefix(op.Path, "/v1/") {
+				require.Contains(t, op.Responses, "503", "a request that ran out of time, or found the database down")
+			}
+			if !op.Body {
+				return
+			}
+			status, _ = callOperationWith(h, op, "", "text/plain", "{}")
+			require.Equal(t, http.StatusUnsupportedMediaType, status, "a body of the wrong type")
+			require.Contains(t, op.Responses, "415", "a body of the wrong type is a 415")
+			status, _ = callOperationWith(h, op, "", "application/json", `{"x":"`+strings.Repeat("x", 1<<17)+`"}`)
+			require.Equal(t, http.StatusRequestEntityTooLarge, status, "a body over the limit")
+			require.Contains(t, op.Responses, "413", "a body over the limit is a 413")
+		})
+	}
+}
+
 // TestOpenAPIRefsResolve keeps the document whole: every local $ref names
 // something it defines.
 func TestOpenAPIRefsResolve(t *testing.T) {
@@ -168,6 +197,7 @@ type docOperation struct {
 	Public       bool // security: []
 	RequiredRole string
 	Responses    map[string]any
+	Body         bool // it takes a request body
 }
 
 func documentedOperations(t *testing.T) []docOperation {
@@ -186,6 +216,7 @@ func documentedOperations(t *testing.T) []docOperation {
 				Security     *[]map[string][]string `yaml:"security"`
 				RequiredRole string                 `yaml:"x-required-role"`
 				Responses    map[string]any         `yaml:"responses"`
+				RequestBody  map[string]any         `yaml:"requestBody"`
 			}
 			require.NoError(t, node.Decode(&op), "%s %s", method, path)
 			public := op.Security != nil
@@ -193,7 +224,7 @@ func documentedOperations(t *testing.T) []docOperation {
 				require.Empty(t, *op.Security, "%s %s: security is either [] or the document's", method, path)
 			}
 			ops = append(ops, docOperation{Method: strings.ToUpper(method), Path: path, Public: public,
-				RequiredRole: op.RequiredRole, Responses: op.Responses})
+				RequiredRole: op.RequiredRole, Responses: op.Responses, Body: op.RequestBody != nil})
 		}
 	}
 	sort.Slice(ops, func(i, j int) bool { return ops[i].Path+ops[i].Method < ops[j].Path+ops[j].Method })
@@ -203,9 +234,18 @@ func documentedOperations(t *testing.T) []docOperation {
 // callOperation sends op to h with its path parameters filled and an empty
 // JSON object as the body, and returns the status and the problem, if any.
 func callOperation(h http.Handler, op docOperation) (int, problem) {
+	return callOperationWith(h, op, "", "application/json", "{}")
+}
+
+// callOperationWith sends op to h with its path parameters filled, the
+// query, and the body as its content type.
+func callOperationWith(h http.Handler, op docOperation, query, contentType, body string) (int, problem) {
 	path := strings.NewReplacer("{id}", uuid.NewString(), "{user_id}", uuid.NewString(), "{slug}", "ops").Replace(op.Path)
-	req := httptest.NewRequest(op.Method, path, strings.NewReader("{}"))
-	req.Header.Set("Content-Type", "application/json")
+	if query != "" {
+		path += "?" + query
+	}
+	req := httptest.NewRequest(op.Method, path, strings.NewReader(body))
+	req.Header.Set("Content-Type", contentType)
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
 	var p problem
