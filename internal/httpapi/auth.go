@@ -14,6 +14,8 @@ import (
 	"github.com/google/uuid"
 	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 
 	"github.com/conveyorhq/conveyor/internal/auth"
@@ -86,6 +88,11 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 			s.writeProblem(w, r, http.StatusTooManyRequests, "rate_limited",
 				"too many requests for this "+p.Kind+"; retry after the Retry-After header's seconds")
 			return
+		}
+		// The request's span names the org, so that an org's traces can
+		// be found (its tasks' producer and consumer spans name it too).
+		if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
+			span.SetAttributes(attribute.String("conveyor.org_id", p.OrgID.String()))
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
 	})

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/conveyorhq/conveyor/internal/auth"
 	"github.com/conveyorhq/conveyor/internal/job"
@@ -234,6 +236,8 @@ func (s *server) handleTriggerJob() http.HandlerFunc {
 			return
 		}
 		s.metrics.submitted(s.types.label(t.Type), true)
+		// The task runs in this request's trace, as a submitted one does.
+		trace.SpanFromContext(r.Context()).SetAttributes(attribute.String("conveyor.task_id", t.ID.String()))
 		w.Header().Set("Location", "/v1/tasks/"+t.ID.String())
 		s.respond(w, r, http.StatusCreated, s.toTaskView(t))
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/go-chi/chi/v5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/conveyorhq/conveyor/internal/job"
 	"github.com/conveyorhq/conveyor/internal/task"
@@ -74,6 +75,11 @@ func (s *server) writeErrorWith(w http.ResponseWriter, r *http.Request, err erro
 	status, ok := statusOf[e.Code]
 	if !ok {
 		status = http.StatusInternalServerError
+	}
+	if status >= http.StatusInternalServerError {
+		// The tracing middleware marks the span of a 5xx failed, with no
+		// reason; the client of an internal error is told none either.
+		trace.SpanFromContext(r.Context()).RecordError(err)
 	}
 	p := problem{
 		Type:     "urn:conveyor:problem:" + string(e.Code),

@@ -307,6 +307,8 @@ func (s *server) handleRetry() http.HandlerFunc {
 			s.writeError(w, r, err)
 			return
 		}
+		// The task runs again in this request's trace.
+		trace.SpanFromContext(r.Context()).SetAttributes(attribute.String("conveyor.task_id", t.ID.String()))
 		s.respond(w, r, http.StatusOK, s.toTaskView(t))
 	}
 }

@@ -3,13 +3,17 @@ package httpapi
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -87,4 +91,50 @@ func TestDuplicateSubmitLinksToTheTasksTrace(t *testing.T) {
 	if single["conveyor.task_id"] == "" || single["conveyor.duplicate"] != "true" {
 		t.Errorf("the submission's span does not name the duplicate's task: %v", single)
 	}
+}
+
+// failingStore fails every submission as a database that went away does.
+type failingStore struct{ recordingStore }
+
+func (failingStore) Submit(context.Context, auth.Principal, task.Submission, task.Carrier) (task.Submitted, error) {
+	return task.Submitted{}, errors.New("tasks.submit: connection reset by peer")
+}
+
+// A request's span says whose it is, the org of its principal, so that an
+// org's traces can be found; and a request that failed on the server's
+// side holds the error in its trace, not only a 500 whose reason is in the
+// logs alone.
+func TestRequestSpansNameTheOrgAndRecordServerErrors(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	org := uuid.New()
+	h := NewHandler(Config{MaxBodyBytes: 1 << 16, Defaults: task.Defaults{MaxAttempts: 3}, JaegerUIURL: "http://j"},
+		Deps{Store: failingStore{recordingStore{t: t}},
+			Auth: DevMode(auth.Principal{Kind: auth.KindDev, OrgID: org, Role: auth.Writer}), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)), Propagator: propagation.TraceContext{},
+			Registry: prometheus.NewRegistry()})
+	req := httptest.NewRequest(http.MethodPost, "/v1/tasks", bytes.NewBufferString(`{"type":"a"}`))
+	req.Header.Set("Content-Type", "application/json")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	require.Equal(t, http.StatusInternalServerError, w.Code, w.Body.String())
+	require.NotContains(t, w.Body.String(), "connection reset", "the client is not told")
+
+	spans := rec.Ended()
+	require.Len(t, spans, 1)
+	s := spans[0]
+	attrs := map[string]string{}
+	for _, a := range s.Attributes() {
+		attrs[string(a.Key)] = a.Value.Emit()
+	}
+	require.Equal(t, org.String(), attrs["conveyor.org_id"], "the span names the principal's org")
+	require.Equal(t, codes.Error, s.Status().Code)
+	var recorded []string
+	for _, e := range s.Events() {
+		for _, a := range e.Attributes {
+			if e.Name == "exception" && a.Key == "exception.message" {
+				recorded = append(recorded, a.Value.AsString())
+			}
+		}
+	}
+	require.Equal(t, []string{"tasks.submit: connection reset by peer"}, recorded, "the span records the error")
 }

@@ -26,8 +26,10 @@ const (
 // Message is one outbox row on its way to the broker.
 type Message struct {
 	// ID is the outbox row id, published as the AMQP message_id.
-	ID       int64
-	Kind     Kind
+	ID   int64
+	Kind Kind
+	// OrgID is the task's org, named in the message's PRODUCER span.
+	OrgID    uuid.UUID
 	TaskID   uuid.UUID
 	TaskType string
 	// Attempt is the task's attempt count when the message was written.

@@ -553,16 +553,27 @@ func (s *APIStore) Retry(ctx context.Context, p auth.Principal, id uuid.UUID, tr
 
 // linkTrace links ctx's span, when it records, to the trace of traceparent.
 func linkTrace(ctx context.Context, traceparent, why string) {
+	linkTraces(ctx, []string{traceparent}, why)
+}
+
+// linkTraces links ctx's span, when it records, to each trace of
+// traceparents once (the tracer's link limit, 128 by default, bounds
+// them).
+func linkTraces(ctx context.Context, traceparents []string, why string) {
 	span := oteltrace.SpanFromContext(ctx)
 	if !span.IsRecording() {
 		return
 	}
-	sc := oteltrace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(),
-		propagation.MapCarrier{"traceparent": traceparent}))
-	if !sc.IsValid() || sc.TraceID() == span.SpanContext().TraceID() {
-		return
+	seen := map[oteltrace.TraceID]bool{span.SpanContext().TraceID(): true}
+	for _, tp := range traceparents {
+		sc := oteltrace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(),
+			propagation.MapCarrier{"traceparent": tp}))
+		if !sc.IsValid() || seen[sc.TraceID()] {
+			continue
+		}
+		seen[sc.TraceID()] = true
+		span.AddLink(oteltrace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("conveyor.link", why)}})
 	}
-	span.AddLink(oteltrace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("conveyor.link", why)}})
 }
 
 // transition reads where a task stands, lets decide pick the transition,

@@ -73,17 +73,24 @@ func bulkPickSQL(org uuid.UUID, a task.Action, statuses []task.Status, f task.Fi
 		w.and("id = ANY (" + w.arg(ids) + ")")
 	}
 	n := w.arg(limit)
-	return named(nameBulkPick, `SELECT id, status, version, cancel_requested_at IS NOT NULL FROM tasks
-	WHERE `+w.String()+` ORDER BY id LIMIT `+n), w.args
+	return named(nameBulkPick, `SELECT id, status, version, cancel_requested_at IS NOT NULL, coalesce(traceparent, '')
+	FROM tasks WHERE `+w.String()+` ORDER BY id LIMIT `+n), w.args
 }
 
-// scanStanding reads a row of bulkPickSQL.
-func scanStanding(row pgx.CollectableRow) (task.Standing, error) {
-	var st task.Standing
+// pickedTask is a task a bulk action picked: where it stands, and the
+// trace it has (a retry replaces it, and links to it).
+type pickedTask struct {
+	task.Standing
+	traceparent string
+}
+
+// scanPicked reads a row of bulkPickSQL.
+func scanPicked(row pgx.CollectableRow) (pickedTask, error) {
+	var pt pickedTask
 	var status string
-	err := row.Scan(&st.ID, &status, &st.Version, &st.CancelPending)
-	st.Status = task.Status(status)
-	return st, err
+	err := row.Scan(&pt.ID, &status, &pt.Version, &pt.CancelPending, &pt.traceparent)
+	pt.Status = task.Status(status)
+	return pt, err
 }
 
 // maxBulkTries bounds the times a bulk action applies its change to a task
@@ -105,6 +112,10 @@ var (
 // task that moved meanwhile is skipped, and one whose version alone moved
 // (a running task's lease renewal) is read again and changed. Everything
 // happens in one transaction of the principal's scope.
+//
+// A retry gives each task the request's trace, as the single retry does,
+// and links the request's span to every trace the retried tasks had (once
+// each), where their failed attempts are.
 func (s *APIStore) Bulk(ctx context.Context, p auth.Principal, b task.Bulk, trace task.Carrier) (task.BulkResult, error) {
 	statuses, err := b.Action.Narrow(b.Filter.Status)
 	if err != nil {
@@ -116,9 +127,10 @@ func (s *APIStore) Bulk(ctx context.Context, p auth.Principal, b task.Bulk, trac
 	}
 	var res task.BulkResult
 	var queued bool
+	var replaced []string // the traces of the tasks retried
 	act := func(tx pgx.Tx) error {
-		res, queued = task.BulkResult{}, false
-		var picked []task.Standing
+		res, queued, replaced = task.BulkResult{}, false, nil
+		var picked []pickedTask
 		batch := &pgx.Batch{}
 		countSQL, countArgs := bulkCountSQL(p.OrgID, b.Action, statuses, b.Filter)
 		batch.Queue(countSQL, countArgs...).QueryRow(func(row pgx.Row) error { return row.Scan(&res.Matched) })
@@ -126,7 +138,7 @@ func (s *APIStore) Bulk(ctx context.Context, p auth.Principal, b task.Bulk, trac
 			pickSQL, pickArgs := bulkPickSQL(p.OrgID, b.Action, statuses, b.Filter, limit, nil)
 			batch.Queue(pickSQL, pickArgs...).Query(func(rows pgx.Rows) error {
 				var err error
-				picked, err = pgx.CollectRows(rows, scanStanding)
+				picked, err = pgx.CollectRows(rows, scanPicked)
 				return err
 			})
 		}
@@ -164,13 +176,15 @@ func (s *APIStore) Bulk(ctx context.Context, p auth.Principal, b task.Bulk, trac
 			}
 			queued = queued || q
 			status := map[uuid.UUID]task.Status{}
+			had := map[uuid.UUID]string{}
 			for _, st := range picked {
-				status[st.ID] = st.Status
+				status[st.ID], had[st.ID] = st.Status, st.traceparent
 			}
 			was := map[uuid.UUID]task.Status{}
 			for i, a := range applied {
 				if !a.Fenced {
 					res.Changed++
+					replaced = append(replaced, had[changes[i].TaskID])
 				} else if try < maxBulkTries {
 					was[changes[i].TaskID] = status[changes[i].TaskID]
 				} else {
@@ -193,11 +207,11 @@ func (s *APIStore) Bulk(ctx context.Context, p auth.Principal, b task.Bulk, trac
 			if err != nil {
 				return err
 			}
-			again, err := pgx.CollectRows(rows, scanStanding)
+			again, err := pgx.CollectRows(rows, scanPicked)
 			if err != nil {
 				return err
 			}
-			picked = slices.DeleteFunc(again, func(st task.Standing) bool { return st.Status != was[st.ID] })
+			picked = slices.DeleteFunc(again, func(st pickedTask) bool { return st.Status != was[st.ID] })
 			res.Skipped += len(was) - len(picked)
 		}
 		return nil
@@ -210,6 +224,9 @@ func (s *APIStore) Bulk(ctx context.Context, p auth.Principal, b task.Bulk, trac
 	err = retryDeadlocks(func() error { return inScope(ctx, s.pool, p.Scope(), act) })
 	if err != nil {
 		return res, translate(err)
+	}
+	if b.Action == task.ActionRetry {
+		linkTraces(ctx, replaced, "previous attempt")
 	}
 	if queued {
 		s.onOutbox()

@@ -20,7 +20,7 @@ import (
 // relays never publish the same row at once. Parked rows (available_at =
 // 'infinity') are never due.
 var sqlClaimOutbox = statement("outbox.claim", `
-SELECT id, kind, task_id, task_type, attempt, task_version, priority, headers, attempts, created_at, available_at
+SELECT id, kind, org_id, task_id, task_type, attempt, task_version, priority, headers, attempts, created_at, available_at
 FROM outbox WHERE available_at <= now()
 ORDER BY available_at, id LIMIT $1
 FOR UPDATE SKIP LOCKED`)
@@ -231,7 +231,7 @@ func scanMessage(row pgx.CollectableRow) (outbox.Message, error) {
 	var kind string
 	var priority int16
 	var headers []byte
-	if err := row.Scan(&m.ID, &kind, &m.TaskID, &m.TaskType, &m.Attempt, &m.TaskVersion, &priority, &headers,
+	if err := row.Scan(&m.ID, &kind, &m.OrgID, &m.TaskID, &m.TaskType, &m.Attempt, &m.TaskVersion, &priority, &headers,
 		&m.Attempts, &m.CreatedAt, &m.DueAt); err != nil {
 		return m, err
 	}

@@ -995,3 +995,32 @@ func TestPackedMessagesWithoutAPackedQueueStayParked(t *testing.T) {
 	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT max(attempts) FROM outbox`).Scan(&most))
 	require.LessOrEqual(t, most, 2, "the packed message was published and parked %d times", most)
 }
+
+// A PRODUCER span names the task's type and org as well as its id, as the
+// worker's CONSUMER span does: an org's messages can be found in the
+// tracing backend.
+func TestProducerSpanNamesTheTasksTypeAndOrg(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.declare(t, "demo.named")
+	tk := b.submit(t, "demo.named", `{}`, 5)
+	rec := tracetest.NewSpanRecorder()
+	b.startRelay(t, relayOpts{tp: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))})
+	b.waitOutboxEmpty(t)
+	var attrs map[attribute.Key]string
+	require.Eventually(t, func() bool {
+		for _, s := range rec.Ended() {
+			if s.SpanKind() == oteltrace.SpanKindProducer {
+				attrs = map[attribute.Key]string{}
+				for _, kv := range s.Attributes() {
+					attrs[kv.Key] = kv.Value.Emit()
+				}
+				return true
+			}
+		}
+		return false
+	}, 10*time.Second, 10*time.Millisecond)
+	require.Equal(t, tk.ID.String(), attrs["conveyor.task_id"])
+	require.Equal(t, "demo.named", attrs["conveyor.task_type"])
+	require.Equal(t, tk.OrgID.String(), attrs["conveyor.org_id"])
+}

@@ -31,6 +31,11 @@ func (r *Relay) startProducerSpan(ctx context.Context, pub Publisher, m outbox.M
 			attribute.String("conveyor.message_kind", string(m.Kind)),
 			attribute.Int("conveyor.outbox_attempts", m.Attempts),
 		))
+	if span.IsRecording() {
+		// Built only for a span that records: most are not sampled.
+		span.SetAttributes(attribute.String("conveyor.task_type", m.TaskType),
+			attribute.String("conveyor.org_id", m.OrgID.String()))
+	}
 	headers := make(map[string]string, len(m.Headers)+2)
 	for k, v := range m.Headers {
 		headers[k] = v

@@ -955,6 +955,7 @@ func (e *execution) fail(ctx context.Context, err error, permanent bool) {
 	detail := map[string]any{"attempt": e.task.Attempt, "error": reason}
 	if task.OnFailure(permanent, e.task.Attempt, e.task.MaxAttempts) == task.Fail {
 		detail["permanent"] = permanent
+		e.log.InfoContext(ctx, "attempt failed; task failed", "error", reason, "permanent", permanent)
 		e.store(ctx, "failed", task.Change{Transition: task.Fail, Error: reason, Detail: detail})
 		return
 	}

@@ -30,12 +30,21 @@ func (w *Worker) startConsumerSpan(ctx context.Context, d outbox.Delivery) (cont
 			attribute.String("messaging.rabbitmq.queue", d.Queue),
 			attribute.Bool("messaging.rabbitmq.redelivered", d.Redelivered),
 			attribute.String("conveyor.task_id", d.Body.TaskID.String()),
+			attribute.String("conveyor.task_type", d.Body.Type),
 			// The attempt the delivery's claim starts: the message
 			// carries the count before it.
 			attribute.Int("conveyor.attempt", d.Body.Attempt+1),
 		)
 	}
 	return ctx, span
+}
+
+// nameOrg says in a CONSUMER span whose task it claimed: the message does
+// not name the task's org.
+func nameOrg(span trace.Span, t *task.Task) {
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String("conveyor.org_id", t.OrgID.String()))
+	}
 }
 
 // untraced is ctx without its span, for writes that must leave no span in
@@ -64,6 +73,7 @@ func (w *Worker) retryTrace(ctx context.Context, t task.Task) task.Carrier {
 		trace.WithAttributes(
 			attribute.String("conveyor.task_id", t.ID.String()),
 			attribute.String("conveyor.task_type", t.Type),
+			attribute.String("conveyor.org_id", t.OrgID.String()),
 			attribute.Int("conveyor.next_attempt", t.Attempt+1),
 		))
 	defer span.End()

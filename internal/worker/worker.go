@@ -837,6 +837,9 @@ func (w *Worker) process(ctx context.Context, d outbox.Delivery, release func())
 	if t == nil || d.Packed {
 		_ = d.Ack()
 	}
+	if t != nil {
+		nameOrg(span, t)
+	}
 	if t == nil {
 		log.DebugContext(ctx, "delivery dropped: task not claimable (terminal, running, or not due)")
 		w.metrics.dropped.WithLabelValues("not_claimable").Inc()

@@ -28,6 +28,7 @@ import (
 	"github.com/conveyorhq/conveyor/internal/outbox"
 	"github.com/conveyorhq/conveyor/internal/registry"
 	"github.com/conveyorhq/conveyor/internal/task"
+	"github.com/conveyorhq/conveyor/internal/telemetry"
 )
 
 // These tests run the worker's real logic against an in-memory store and a
@@ -65,6 +66,8 @@ type testConfig struct {
 	// tracerProvider, when set, traces the worker (a no-op tracer
 	// otherwise).
 	tracerProvider oteltrace.TracerProvider
+	// log, when set, gets the worker's log (discarded otherwise).
+	log io.Writer
 }
 
 // fakeDeps are a worker's collaborators in memory, with no logs, traces
@@ -97,6 +100,9 @@ func setup(t *testing.T, tc testConfig) *testBundle {
 	deps := fakeDeps(b.store, b.broker)
 	if tc.tracerProvider != nil {
 		deps.TracerProvider = tc.tracerProvider
+	}
+	if tc.log != nil {
+		deps.Log = telemetry.NewLogger(tc.log, "info", "text")
 	}
 	lease := 2 * time.Second
 	if tc.heartbeat == 0 {
@@ -1394,4 +1400,63 @@ func TestWorkerRecordsTheLatencyOfACancelFoundAsItStoresTheOutcome(t *testing.T)
 	var m dto.Metric
 	require.NoError(t, b.w.metrics.cancelLatency.Write(&m))
 	require.Equal(t, uint64(1), m.GetHistogram().GetSampleCount())
+}
+
+// A CONSUMER span names the task's type and org as well as its id, so that
+// an org's or a type's attempts can be found in the tracing backend (a
+// packed message's routing key is its type's too, but its destination is
+// the packed exchange).
+func TestWorkerConsumerSpanNamesTheTasksTypeAndOrg(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	b := setup(t, testConfig{handlers: []conveyor.Handler{
+		conveyor.Handle("t.ok", func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) { return nil, nil }),
+	}, tracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))})
+	id := b.store.add("t.ok", 1)
+	org := uuid.New()
+	b.store.mu.Lock()
+	b.store.tasks[id].OrgID = org
+	b.store.mu.Unlock()
+	b.deliver(t, id)
+	require.Equal(t, "completed", b.finished(t, id))
+	attrs := map[string]string{}
+	require.Eventually(t, func() bool {
+		for _, s := range rec.Ended() {
+			if s.SpanKind() == oteltrace.SpanKindConsumer {
+				for _, a := range s.Attributes() {
+					attrs[string(a.Key)] = a.Value.Emit()
+				}
+				return true
+			}
+		}
+		return false
+	}, waitLimit, 10*time.Millisecond)
+	require.Equal(t, id.String(), attrs["conveyor.task_id"])
+	require.Equal(t, "t.ok", attrs["conveyor.task_type"])
+	require.Equal(t, org.String(), attrs["conveyor.org_id"])
+}
+
+// The log line of an attempt that fails the task says why, as the one of
+// an attempt that is retried does, in the attempt's trace: "task attempt
+// ended" with outcome=failed alone sent the reader to the database.
+func TestWorkerLogsWhyATaskFailed(t *testing.T) {
+	var logs lockedBuffer
+	rec := tracetest.NewSpanRecorder()
+	b := setup(t, testConfig{log: &logs, tracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)),
+		handlers: []conveyor.Handler{
+			conveyor.Handle("t.fail", func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) {
+				return nil, errors.New("the upstream said no")
+			}),
+		}})
+	id := b.store.add("t.fail", 1)
+	b.deliver(t, id)
+	require.Equal(t, "failed", b.finished(t, id))
+	var line string
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "the upstream said no") {
+			line = l
+		}
+	}
+	require.NotEmpty(t, line, "no log line says why the task failed: %s", logs.String())
+	require.Contains(t, line, "task_id="+id.String())
+	require.Contains(t, line, "trace_id=")
 }
