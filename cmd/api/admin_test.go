@@ -36,6 +36,24 @@ func TestKeyExpiryPastWhatJSONCanWriteIsRefused(t *testing.T) {
 	require.Len(t, keys.Keys, 2, "the admin key and far")
 }
 
+// A user's external_id is matched as the identity provider sends its
+// subject: one that is blank, or has white space at either end, names a
+// user no sign-in could ever find, and is refused rather than made.
+func TestAUserSubjectNoSignInCouldMatchIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, sub := range []string{"   ", " auth0|123", "auth0|123\t", "\n"} {
+		body, err := json.Marshal(map[string]string{"external_id": sub, "role": "reader"})
+		require.NoError(t, err)
+		resp := b.post(t, "/v1/users", string(body))
+		require.Equal(t, http.StatusUnprocessableEntity, resp.status, "%q: %s", sub, resp.body)
+		require.Equal(t, "external_id", resp.json(t)["field"], string(resp.body))
+	}
+	require.Zero(t, b.rowCount(t, "users", "true"), "nothing written")
+	made := b.post(t, "/v1/users", `{"external_id":"auth0|123 456","role":"reader"}`)
+	require.Equal(t, http.StatusCreated, made.status, "white space inside a subject is the provider's: %s", made.body)
+}
+
 // No change through the API leaves an org without an admin (an admin user,
 // or an admin key neither revoked nor expired): it could then make no
 // key, user or role again without the database's credentials.

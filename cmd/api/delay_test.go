@@ -45,7 +45,7 @@ func TestSubmitWithRunAtOrDelay(t *testing.T) {
 		{"/v1/tasks", `{"type":"delay.bad","payload":{},"delay":"1s","run_at":"2026-01-01T00:00:00Z"}`, "delay"},
 		{"/v1/tasks", `{"type":"delay.bad","payload":{},"run_at":"tomorrow"}`, "run_at"},
 		{"/v1/tasks", `{"type":"delay.bad","payload":{},"run_at":1767225600}`, "run_at"},
-		{"/v1/tasks/batch", `{"tasks":[{"type":"delay.bad","payload":{},"run_at":"2026-01-01 00:00:00"}]}`, "tasks.run_at"},
+		{"/v1/tasks/batch", `{"tasks":[{"type":"delay.bad","payload":{},"run_at":"2026-01-01 00:00:00"}]}`, "tasks.0.run_at"},
 	} {
 		resp := b.post(t, c.path, c.body)
 		require.Equal(t, http.StatusUnprocessableEntity, resp.status, "%s: %s", c.body, resp.body)

@@ -42,7 +42,14 @@ func TestHostileInputIsRefusedCleanly(t *testing.T) {
 		{"huge number in payload", "/v1/tasks", `{"type":"a","payload":{"n":1e400}}`, nil, 422, "payload"},
 		{"huge priority as string", "/v1/tasks", `{"type":"a","priority":"99999999999999999999"}`, nil, 422, "priority"},
 		{"metadata not an object", "/v1/tasks", `{"type":"a","metadata":"'; DROP TABLE tasks; --"}`, nil, 422, "metadata"},
-		{"wrong type in a batch entry", "/v1/tasks/batch", `{"tasks":[{"type":"a","priority":"9"}]}`, nil, 422, "tasks.priority: must be an integer"},
+		{"wrong type in a batch entry", "/v1/tasks/batch", `{"tasks":[{"type":"a","priority":"9"}]}`, nil, 422, "tasks.0.priority: must be an integer"},
+		// The decoder names struct fields alone; the answer names the entry.
+		{"wrong type in a later batch entry", "/v1/tasks/batch", `{"tasks":[{"type":"a","priority":1},{"type":"b"},{"type":"c","priority":"9"}]}`,
+			nil, 422, "tasks.2.priority: must be an integer"},
+		{"no time in a later batch entry", "/v1/tasks/batch", `{"tasks":[{"type":"a","run_at":"2026-01-02T15:04:05Z"},{"type":"b","RUN_AT":"soon"}]}`,
+			nil, 422, "tasks.1.RUN_AT: must be an RFC 3339 time"},
+		{"wrong type in a batch entry's list", "/v1/tasks/batch", `{"tasks":[{"type":"a"},{"type":"b","visibility":["x",7]}]}`,
+			nil, 422, "tasks.1.visibility: must be a string"},
 		{"a field given twice", "/v1/tasks", `{"type":"demo.sleep","type":"demo.noop"}`, nil, 422, "type: is given twice"},
 		{"a field given twice in a batch entry", "/v1/tasks/batch", `{"tasks":[{"type":"a"},{"type":"a","priority":1,"priority":9}]}`,
 			nil, 422, "tasks.1.priority: is given twice"},
@@ -230,4 +237,34 @@ func TestMadeUpMethodsMakeNoMetricSeries(t *testing.T) {
 	require.False(t, strings.Contains(metrics, "BREW"), "a made-up method is no label")
 	require.Equal(t, "3", metricValue(metrics,
 		`conveyor_http_request_duration_seconds_count{code="405",method="other",route="unmatched"}`))
+}
+
+// A string of invalid UTF-8, or with an unpaired UTF-16 surrogate escape,
+// is refused naming its field, wherever it sits in a body: JSON decoding
+// would turn it into U+FFFD, and a key's name or a user's subject would be
+// stored as text other than was sent, without a word.
+func TestTextThatIsNotUnicodeIsRefusedNotReplaced(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rows := func() [4]int {
+		return [4]int{b.rowCount(t, "api_keys", "true"), b.rowCount(t, "users", "true"),
+			b.rowCount(t, "org_roles", "true"), b.rowCount(t, "tasks", "true")}
+	}
+	before := rows()
+	for _, c := range []struct{ path, body, field string }{
+		{"/v1/keys", `{"name":"deploy\ud800","role":"reader"}`, "name"},
+		{"/v1/keys", "{\"name\":\"deploy\xff\",\"role\":\"reader\"}", "name"},
+		{"/v1/users", `{"external_id":"alice\udc00","role":"reader"}`, "external_id"},
+		{"/v1/users", "{\"external_id\":\"alice\",\"email\":\"a\xc3\x28@example.com\",\"role\":\"reader\"}", "email"},
+		{"/v1/roles", `{"slug":"finance","name":"Finance \ud83d"}`, "name"},
+		{"/v1/tasks/batch", `{"tasks":[{"type":"a"},{"type":"a","payload":{"s":"\ud800\u0041"}}]}`, "tasks.1.payload.s"},
+		{"/v1/tasks/cancel", `{"filter":{"q":"team=\udfff"},"dry_run":true}`, "filter.q"},
+	} {
+		resp := b.post(t, c.path, c.body)
+		require.Equal(t, http.StatusUnprocessableEntity, resp.status, "%s %s: %s", c.path, c.body, resp.body)
+		p := resp.json(t)
+		require.Equal(t, c.field, p["field"], "%s %s", c.path, c.body)
+		require.Contains(t, p["detail"], "not valid text")
+		require.Equal(t, before, rows(), "%s %s writes nothing", c.path, c.body)
+	}
 }

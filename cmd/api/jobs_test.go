@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -345,6 +346,30 @@ func TestTriggerMakesATaskOfTheJob(t *testing.T) {
 	bad := b.post(t, "/v1/jobs/export/trigger", `{"concurrency_key":"`+strings.Repeat("k", 256)+`"}`)
 	require.Equal(t, http.StatusUnprocessableEntity, bad.status, string(bad.body))
 	require.Equal(t, before, b.counts(t), "a refused trigger writes nothing")
+}
+
+// A job's payload keeps the numbers its file gives, as a submission's
+// does: YAML reads a number past a float64's precision or range as a
+// rounding of it, which the job's tasks would have been given instead.
+func TestAJobsPayloadKeepsItsNumbers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const payload = `{"id":123456789012345678901234567890,"amount":0.10000000000000001,"rate":123456789.123456789,"tiny":1e-400,"plain":0.1}`
+	for _, file := range []struct{ contentType, body string }{
+		{"application/yaml", "jobs:\n  - name: exact\n    type: jobs.exact\n    payload: " + payload + "\n"},
+		{"application/json", `{"jobs":[{"name":"exact","type":"jobs.exact","payload":` + payload + `}]}`},
+	} {
+		resp := b.apply(t, "", file.contentType, file.body)
+		require.Equal(t, http.StatusOK, resp.status, string(resp.body))
+		triggered := b.post(t, "/v1/jobs/exact/trigger", "")
+		require.Equal(t, http.StatusCreated, triggered.status, string(triggered.body))
+		submitted := b.post(t, "/v1/tasks", `{"type":"jobs.exact","dedupe":false,"payload":`+payload+`}`)
+		require.Equal(t, http.StatusCreated, submitted.status, string(submitted.body))
+		var got, want struct{ Payload json.RawMessage }
+		require.NoError(t, json.Unmarshal(triggered.body, &got))
+		require.NoError(t, json.Unmarshal(submitted.body, &want))
+		require.Equal(t, string(want.Payload), string(got.Payload), file.contentType)
+	}
 }
 
 // A paused job or type keeps its tasks waiting (not admitted: state

@@ -572,6 +572,9 @@ func TestErrors(t *testing.T) {
 			stderr: "conveyor: --created-after \"yesterday\" is neither an RFC 3339 time such as 2026-01-02T15:04:05Z nor a duration back from now such as 1h or 30m\nRun 'conveyor ls --help' for usage.\n"},
 		"negative duration": {args: []string{"cancel", "--all", "--created-before", "-1h", "--yes"}, code: 2,
 			stderr: "conveyor: --created-before \"-1h\" is neither an RFC 3339 time such as 2026-01-02T15:04:05Z nor a duration back from now such as 1h or 30m\nRun 'conveyor cancel --help' for usage.\n"},
+		// The zero time would be sent as no bound at all: every task.
+		"zero time": {args: []string{"cancel", "--all", "--created-before", "0001-01-01T00:00:00Z", "--yes"}, code: 2,
+			stderr: "conveyor: --created-before must be later than 0001-01-01T00:00:00Z, got \"0001-01-01T00:00:00Z\"\nRun 'conveyor cancel --help' for usage.\n"},
 		"--all with an id": {args: []string{"cancel", "--all", "x"}, code: 2,
 			stderr: "conveyor: cancel --all takes no task ID (the filter flags choose the tasks), got [\"x\"]\nRun 'conveyor cancel --help' for usage.\n"},
 		"filter without --all": {args: []string{"retry", "x", "--type", "demo.sleep"}, code: 2,

@@ -51,6 +51,12 @@ func timeFlag(name, v string, now time.Time) (time.Time, error) {
 		return time.Time{}, nil
 	}
 	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+		if t.IsZero() {
+			// The zero time is how the filter leaves a bound out: sent as
+			// none, --created-before would select every task, as cancel
+			// --all's filter.
+			return time.Time{}, usagef("--%s must be later than 0001-01-01T00:00:00Z, got %q", name, v)
+		}
 		return t, nil
 	}
 	if d, err := time.ParseDuration(v); err == nil && d > 0 {

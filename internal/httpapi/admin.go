@@ -277,8 +277,12 @@ func (s *server) handleCreateUser() http.HandlerFunc {
 		in := auth.UserInput{ExternalID: req.ExternalID, Email: strings.TrimSpace(req.Email)}
 		var err error
 		switch {
-		case req.ExternalID == "" || len(req.ExternalID) > 255 || task.CleanText(req.ExternalID, 255) != req.ExternalID:
-			err = task.Invalid("external_id", "must be the identity provider's subject: 1 to 255 characters of UTF-8 text without NUL")
+		case req.ExternalID == "" || len(req.ExternalID) > 255 || task.CleanText(req.ExternalID, 255) != req.ExternalID ||
+			strings.TrimSpace(req.ExternalID) != req.ExternalID:
+			// The subject is matched as the provider sends it: one blank,
+			// or with white space around it, names a user no sign-in finds.
+			err = task.Invalid("external_id", "must be the identity provider's subject: 1 to 255 characters of UTF-8 text "+
+				"without NUL, and without white space at either end")
 		case len(in.Email) > 254 || task.CleanText(in.Email, 254) != in.Email:
 			err = task.Invalid("email", "must be at most 254 characters of UTF-8 text without NUL")
 		}

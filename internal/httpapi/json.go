@@ -3,6 +3,7 @@ package httpapi
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"mime"
 	"net/http"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -29,12 +31,12 @@ func (s *server) decode(w http.ResponseWriter, r *http.Request, dst any) error {
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
 	if err != nil {
-		return decodeError(err, s.cfg.MaxBodyBytes)
+		return decodeError(err, nil, s.cfg.MaxBodyBytes)
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(dst); err != nil {
-		return decodeError(err, s.cfg.MaxBodyBytes)
+		return decodeError(err, body, s.cfg.MaxBodyBytes)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return task.Errorf(task.ErrCodeMalformed, "request body must hold a single JSON value")
@@ -48,8 +50,14 @@ func (s *server) decode(w http.ResponseWriter, r *http.Request, dst any) error {
 // for the field it matches only when case is ignored, so in the objects
 // of t's structs (not in a payload's) names that differ only in case are
 // one field given twice too: {"dedupe": true, "Dedupe": false}.
+//
+// It also refuses a string of invalid UTF-8 or with an unpaired UTF-16
+// surrogate escape ("\ud800"), which the decoder turns into U+FFFD
+// without a word: a key's name or a user's subject would be stored as
+// other text than was sent. The rest of the body's text was the
+// decoder's to report, and was.
 func duplicateNames(body []byte, t reflect.Type) error {
-	dec := jsontext.NewDecoder(bytes.NewReader(body), jsontext.AllowInvalidUTF8(true))
+	dec := jsontext.NewDecoder(bytes.NewReader(body))
 	err := sameFields(dec, t)
 	var serr *jsontext.SyntacticError
 	var twice *task.Error
@@ -58,6 +66,9 @@ func duplicateNames(body []byte, t reflect.Type) error {
 		return twice
 	case errors.As(err, &serr) && errors.Is(serr.Err, jsontext.ErrDuplicateName):
 		return task.Invalid(fieldPath(serr.JSONPointer), "is given twice")
+	case errors.As(err, &serr):
+		return task.Invalid(cmp.Or(fieldPath(serr.JSONPointer), "body"),
+			"holds a string that is not valid text: invalid UTF-8, or an unpaired UTF-16 surrogate escape such as \\ud800")
 	}
 	return nil
 }
@@ -182,8 +193,9 @@ func hasBody(r *http.Request) bool {
 	return !errors.Is(err, io.EOF)
 }
 
-// decodeError turns a json decoding failure into a clear domain error.
-func decodeError(err error, limit int64) error {
+// decodeError turns a json decoding failure of body into a clear domain
+// error.
+func decodeError(err error, body []byte, limit int64) error {
 	var (
 		maxErr    *http.MaxBytesError
 		syntaxErr *json.SyntaxError
@@ -204,6 +216,8 @@ func decodeError(err error, limit int64) error {
 		field := strings.ReplaceAll(typeErr.Field, "submitRequest.", "")
 		if field == "" {
 			field = "body"
+		} else if at, ok := locate(body, strings.Split(field, "."), typeErr.Type, ""); ok {
+			field = at
 		}
 		want := jsonKind(typeErr.Type.Kind().String())
 		if typeErr.Type == timeType {
@@ -215,6 +229,61 @@ func decodeError(err error, limit int64) error {
 	default:
 		return task.Errorf(task.ErrCodeMalformed, "malformed JSON: %v", err)
 	}
+}
+
+// locate finds the value of doc that a type error names by its path of
+// members alone (tasks.priority) and type t: the first at that path that
+// does not decode as t, named with the index of each array it sits in
+// (tasks.3.priority), which in a batch of a thousand entries says which
+// one is at fault. at is doc's own name.
+func locate(doc []byte, path []string, t reflect.Type, at string) (string, bool) {
+	if len(path) == 0 {
+		return at, json.Unmarshal(doc, reflect.New(t).Interface()) != nil
+	}
+	member := func(name string) string {
+		if at == "" {
+			return name
+		}
+		return at + "." + name
+	}
+	dec := jsontext.NewDecoder(bytes.NewReader(doc), jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true))
+	switch dec.PeekKind() {
+	case '[':
+		if _, err := dec.ReadToken(); err != nil {
+			return "", false
+		}
+		for i := 0; dec.PeekKind() != ']' && dec.PeekKind() != 0; i++ {
+			v, err := dec.ReadValue()
+			if err != nil {
+				return "", false
+			}
+			if found, ok := locate(v, path, t, member(strconv.Itoa(i))); ok {
+				return found, true
+			}
+		}
+	case '{':
+		if _, err := dec.ReadToken(); err != nil {
+			return "", false
+		}
+		for dec.PeekKind() == '"' {
+			tok, err := dec.ReadToken()
+			if err != nil {
+				return "", false
+			}
+			name := tok.String()
+			v, err := dec.ReadValue()
+			if err != nil {
+				return "", false
+			}
+			// The decoder matches a member to its field ignoring case.
+			if strings.EqualFold(name, path[0]) {
+				if found, ok := locate(v, path[1:], t, member(name)); ok {
+					return found, true
+				}
+			}
+		}
+	}
+	return "", false
 }
 
 // jsonTime is an RFC 3339 time in a request body. time.Time's own

@@ -668,6 +668,53 @@ func (w *walker) payload(e entry, into *json.RawMessage) {
 	*into = bytes.TrimSuffix(b.Bytes(), []byte("\n"))
 }
 
+// jsonNumber is the grammar of a JSON number.
+var jsonNumber = regexp.MustCompile(`^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?$`)
+
+// exactNumber is v, the value YAML read the number text as, or text itself
+// (a json.Number, written as it is) when v is a float64 that encoding/json
+// would write as another number: digits past a float64's precision
+// (123456789.123456789), an integer past 64 bits, a value too small for a
+// float64 (1e-400, read as 0). A payload keeps the number it was given,
+// as one sent to the API does, rather than a rounding of it.
+func exactNumber(text string, v any) any {
+	f, ok := v.(float64)
+	if !ok || !jsonNumber.MatchString(text) {
+		return v
+	}
+	// What encoding/json writes is the shortest text that reads back as f.
+	if decimalValue(strconv.FormatFloat(f, 'g', -1, 64)) == decimalValue(text) {
+		return v
+	}
+	return json.Number(text)
+}
+
+// decimalValue writes the value of a JSON number one way, as its
+// significant digits and the power of ten of the first: 1.50e3 and 1500
+// are both "15e4", 0 is "0"; the sign is dropped for zero alone. An
+// exponent past an int64 is kept as written, which tells it apart.
+func decimalValue(number string) string {
+	sign := ""
+	if rest, ok := strings.CutPrefix(number, "-"); ok {
+		sign, number = "-", rest
+	}
+	mantissa, exponent, _ := strings.Cut(strings.ToLower(number), "e")
+	whole, fraction, _ := strings.Cut(mantissa, ".")
+	digits := strings.TrimLeft(whole+fraction, "0")
+	if digits = strings.TrimRight(digits, "0"); digits == "" {
+		return "0"
+	}
+	shift := len(whole) - (len(whole+fraction) - len(strings.TrimLeft(whole+fraction, "0")))
+	if exponent == "" {
+		exponent = "0"
+	}
+	e, err := strconv.ParseInt(exponent, 10, 64)
+	if err != nil || e > math.MaxInt64/2 || e < math.MinInt64/2 {
+		return sign + digits + "e" + exponent + "!"
+	}
+	return sign + digits + "e" + strconv.FormatInt(e+int64(shift), 10)
+}
+
 // value converts any YAML node into the Go value encoding/json writes.
 func (w *walker) value(n *yaml.Node, path string) (any, bool) {
 	n = resolve(n)
@@ -707,7 +754,7 @@ func (w *walker) value(n *yaml.Node, path string) (any, bool) {
 				w.fail(n, path, "%s has no JSON form", n.Value)
 				return nil, false
 			}
-			return v, true
+			return exactNumber(n.Value, v), true
 		}
 		// A plain number beyond a float64's range resolves as a string;
 		// it is refused, as in a submission's payload, not turned into one.
