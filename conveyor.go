@@ -79,9 +79,17 @@ type Reporter interface {
 	// children then returns their outcomes. Children that are still
 	// running when the parent is cancelled or fails are cancelled.
 	// Children it refuses (a bad key, a type or payload the API would
-	// refuse) are refused on every attempt: that error is Permanent.
+	// refuse, more than MaxGatherChildren or payloads of more than 16 MiB
+	// in one call) are refused on every attempt: that error is Permanent.
+	// A handler with more children calls Gather once for each part of
+	// them, on every run, and returns ErrAwaitChildren if any call did.
 	Gather(ctx context.Context, children ...Child) ([]ChildResult, error)
 }
+
+// MaxGatherChildren is the most children one Gather call takes, as the
+// API's batch submission does: each call spawns its children in one
+// transaction.
+const MaxGatherChildren = task.MaxBatchSize
 
 // Child is a task a handler spawns with Gather.
 type Child struct {

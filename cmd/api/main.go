@@ -15,7 +15,8 @@ import (
 const usage = `usage: api [migrate | bootstrap --org SLUG [--name NAME] | healthcheck URL]
 
 With no argument, api serves Conveyor's HTTP API, the dashboard (/ui/) and
-its metrics on API_ADDR (default :8080) until SIGINT or SIGTERM.
+its metrics on API_ADDR (default :8080; the metrics on API_ADMIN_ADDR
+instead, when set) until SIGINT or SIGTERM.
 
   migrate          create the database named in DATABASE_URL if it is
                    missing, apply the migrations, and exit

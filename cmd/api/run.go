@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/conveyorhq/conveyor/internal/admin"
 	"github.com/conveyorhq/conveyor/internal/auth"
 	"github.com/conveyorhq/conveyor/internal/config"
 	"github.com/conveyorhq/conveyor/internal/httpapi"
@@ -63,6 +64,7 @@ func run(ctx context.Context, cfg config.API, stdout io.Writer) error {
 		MaxStreams:        cfg.StreamMax,
 		MaxOrgStreams:     cfg.StreamMaxPerOrg,
 		WriteTimeout:      cfg.WriteTimeout,
+		NoMetrics:         cfg.AdminAddr != "",
 	}, httpapi.Deps{
 		Store:          store,
 		Admin:          store,
@@ -92,6 +94,20 @@ func run(ctx context.Context, cfg config.API, stdout io.Writer) error {
 	log.InfoContext(ctx, "api listening", "addr", ln.Addr().String())
 
 	g, gctx := errgroup.WithContext(ctx)
+	if cfg.AdminAddr != "" {
+		adm, err := admin.Listen(ctx, cfg.AdminAddr, rt.Registry, func(ctx context.Context) (bool, map[string]any) {
+			if err := rt.Pool.Ping(ctx); err != nil {
+				return false, map[string]any{"error": err.Error()}
+			}
+			return true, nil
+		}, log)
+		if err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("API_ADMIN_ADDR: %w", err)
+		}
+		log.InfoContext(ctx, "api admin listening", "addr", adm.Addr())
+		g.Go(func() error { return adm.Run(gctx) })
+	}
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("serve: %w", err)

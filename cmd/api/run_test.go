@@ -536,6 +536,23 @@ func TestOpsEndpoints(t *testing.T) {
 	require.True(t, bytes.HasPrefix(spec.body, []byte("openapi: 3.1")))
 }
 
+// With API_ADMIN_ADDR set, /metrics (which names every org's task types)
+// is served there, and no longer on the API's port, which faces clients.
+func TestMetricsMoveToTheAdminAddress(t *testing.T) {
+	t.Parallel()
+	adminAddr := testenv.FreeAddr(t)
+	b := setup(t, func(c *config.API) { c.AdminAddr = adminAddr })
+	require.Equal(t, http.StatusNotFound, b.get(t, "/metrics").status)
+	require.Equal(t, http.StatusOK, b.get(t, "/healthz").status)
+	resp, err := b.client.Get("http://" + adminAddr + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Contains(t, string(body), "conveyor_http_request_duration_seconds")
+}
+
 // The services take their configuration from the environment: -h prints
 // their usage, and an argument they do not take is refused — never ignored
 // by starting the service (`api --help` once served on :8080).

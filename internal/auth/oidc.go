@@ -23,6 +23,12 @@ import (
 // not hit by every request.
 const discoveryRetry = time.Second
 
+// clockSkew is how far in the future a token's iat (issued at) or nbf (not
+// before) may lie and the token still be taken: the issuer's clock may run
+// a little ahead of ours. A token from further ahead was minted by a clock
+// that is wrong, or minted to be used later, and is refused.
+const clockSkew = time.Minute
+
 // Identity is who a verified token speaks for.
 type Identity struct {
 	// Subject is the token's "sub": the issuer's stable id of the user.
@@ -94,8 +100,8 @@ func NewOIDC(issuerURL, audience string, opts ...OIDCOption) *OIDC {
 	return o
 }
 
-// Verify checks raw's signature, issuer, audience, expiry and not-before,
-// and returns who it speaks for. Its errors never contain raw.
+// Verify checks raw's signature, issuer, audience, expiry, issue time and
+// not-before, and returns who it speaks for. Its errors never contain raw.
 func (o *OIDC) Verify(ctx context.Context, raw string) (Identity, error) {
 	v, err := o.discover(ctx)
 	if err != nil {
@@ -115,10 +121,25 @@ func (o *OIDC) Verify(ctx context.Context, raw string) (Identity, error) {
 		return Identity{}, errors.New("auth: verify token: no subject")
 	}
 	var claims struct {
-		Email string `json:"email"`
+		Email     string      `json:"email"`
+		NotBefore json.Number `json:"nbf"`
 	}
 	if err := tok.Claims(&claims); err != nil {
 		return Identity{}, fmt.Errorf("auth: verify token: claims: %w", err)
+	}
+	// go-oidc checks nbf with a leeway of five minutes and iat not at all.
+	latest := o.now().Add(clockSkew)
+	if tok.IssuedAt.After(latest) {
+		return Identity{}, fmt.Errorf("auth: verify token: issued in the future (iat %s)", tok.IssuedAt.UTC().Format(time.RFC3339))
+	}
+	if claims.NotBefore != "" {
+		nbf, err := claims.NotBefore.Float64()
+		if err != nil {
+			return Identity{}, fmt.Errorf("auth: verify token: nbf: %w", err)
+		}
+		if t := time.Unix(int64(nbf), 0); t.After(latest) {
+			return Identity{}, fmt.Errorf("auth: verify token: not valid yet (nbf %s)", t.UTC().Format(time.RFC3339))
+		}
 	}
 	return Identity{Subject: tok.Subject, Email: claims.Email}, nil
 }

@@ -64,6 +64,21 @@ func TestOIDCVerify(t *testing.T) {
 			wantErr: "nbf",
 		},
 		{
+			name:    "not valid for another two minutes",
+			raw:     iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience, "nbf": now.Add(2 * time.Minute)}),
+			wantErr: "not valid yet",
+		},
+		{
+			name: "not before a few seconds from now: the issuer's clock runs ahead",
+			raw:  iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience, "nbf": now.Add(10 * time.Second), "iat": now.Add(10 * time.Second)}),
+			want: auth.Identity{Subject: "alice"},
+		},
+		{
+			name:    "issued in the future",
+			raw:     iss.Token(t, jwtClaims{"sub": "alice", "aud": oidcAudience, "iat": now.Add(time.Hour), "exp": now.Add(2 * time.Hour)}),
+			wantErr: "issued in the future",
+		},
+		{
 			name:    "wrong audience",
 			raw:     iss.Token(t, jwtClaims{"sub": "alice", "aud": "other-api"}),
 			wantErr: "expected audience",

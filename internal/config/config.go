@@ -113,6 +113,11 @@ type API struct {
 	ReadTimeout        time.Duration `envconfig:"API_READ_TIMEOUT" default:"30s"`
 	WriteTimeout       time.Duration `envconfig:"API_WRITE_TIMEOUT" default:"30s"`
 	IdleTimeout        time.Duration `envconfig:"API_IDLE_TIMEOUT" default:"120s"`
+	// AdminAddr, when set, serves /metrics (with /healthz, /readyz and
+	// Go's profiles) on an address of its own, and API_ADDR no longer
+	// serves /metrics: the API's port faces clients, and metrics name
+	// every org's task types.
+	AdminAddr string `envconfig:"API_ADMIN_ADDR"`
 	// NotifyDebounce bounds how often the API wakes the relays with NOTIFY.
 	NotifyDebounce time.Duration `envconfig:"OUTBOX_NOTIFY_DEBOUNCE" default:"2ms"`
 	// RequestTimeout bounds a request's work (and each of its statements,
@@ -173,6 +178,11 @@ func (c API) Validate() error {
 	}
 	if err := validAddr("API_ADDR", c.Addr); err != nil {
 		return err
+	}
+	if c.AdminAddr != "" {
+		if err := validAddr("API_ADMIN_ADDR", c.AdminAddr); err != nil {
+			return err
+		}
 	}
 	if c.MaxBodyBytes < 1024 {
 		return fmt.Errorf("API_MAX_BODY_BYTES: must be at least 1024, got %d", c.MaxBodyBytes)

@@ -192,6 +192,7 @@ func TestLoadRefusesAnAddrWithABadPort(t *testing.T) {
 	requireLoadNamesTheBadVariable[config.API](t, []struct{ name, value string }{
 		{"API_ADDR", ":99999"}, {"API_ADDR", "8080"}, {"API_ADDR", "localhost"}, {"API_ADDR", ":-1"}, {"API_ADDR", " :8080"},
 	})
+	requireLoadNamesTheBadVariable[config.API](t, []struct{ name, value string }{{"API_ADMIN_ADDR", ":99999"}})
 	requireLoadNamesTheBadVariable[config.Relay](t, []struct{ name, value string }{{"RELAY_ADMIN_ADDR", ":65536"}})
 	requireLoadNamesTheBadVariable[config.Worker](t, []struct{ name, value string }{{"WORKER_ADMIN_ADDR", "0.0.0.0"}})
 	for _, addr := range []string{":8080", "127.0.0.1:0", "[::1]:8080", "localhost:http"} {

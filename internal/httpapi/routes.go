@@ -119,7 +119,9 @@ func (s *server) router() chi.Router {
 		r.Get("/healthz", s.handleHealthz())
 		r.Get("/readyz", s.handleReadyz())
 		r.Get("/openapi.yaml", s.handleOpenAPI())
-		r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(s.Registry, promhttp.HandlerOpts{Registry: s.Registry}))
+		if !s.cfg.NoMetrics {
+			r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(s.Registry, promhttp.HandlerOpts{Registry: s.Registry}))
+		}
 	})
 	return r
 }

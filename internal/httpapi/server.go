@@ -101,6 +101,9 @@ type Config struct {
 	// WriteTimeout bounds each write of a live stream: a client that takes
 	// nothing for that long is dropped.
 	WriteTimeout time.Duration
+	// NoMetrics leaves /metrics out of the API's routes: another address
+	// serves it.
+	NoMetrics bool
 }
 
 // Deps are the collaborators of the HTTP handler.

@@ -264,6 +264,11 @@ func (s *server) serveStream(w http.ResponseWriter, r *http.Request, p auth.Prin
 		}
 	}
 	for {
+		// A long catch-up outlasts the deadline the stream opened with:
+		// each page gets its own, as a live stream's heartbeat does, so a
+		// client that keeps taking it is not cut off (and one that stops
+		// taking it still is).
+		out.extendDeadline()
 		for i := range page {
 			if err := out.event(ctx, &page[i], nil); err != nil {
 				return
@@ -317,7 +322,8 @@ func (o *sse) open() error {
 
 // extendDeadline lets the stream write until the next heartbeat and the
 // write timeout after it: a client that takes nothing for that long is
-// dropped. (A deadline per write would cost a timer update per frame.)
+// dropped. It is called at each heartbeat and before each page of a
+// catch-up. (A deadline per write would cost a timer update per frame.)
 func (o *sse) extendDeadline() {
 	if o.s.cfg.WriteTimeout > 0 {
 		_ = o.rc.SetWriteDeadline(time.Now().Add(o.heartbeat() + o.s.cfg.WriteTimeout))
@@ -374,6 +380,7 @@ func (o *sse) catchUp(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		o.extendDeadline() // a page at a time, as the first catch-up
 		for i := range page {
 			if err := o.event(ctx, &page[i], nil); err != nil {
 				return err

@@ -206,3 +206,72 @@ func TestAStreamsCredentialCheckIsBounded(t *testing.T) {
 		}
 	}
 }
+
+// slowEventsStore holds one task's events, 1 to total, the last one its
+// end, and takes pause for each read after the first: a database slow to
+// page through a long history.
+type slowEventsStore struct {
+	nopStore
+	total int64
+	pause time.Duration
+}
+
+func (s slowEventsStore) EventsBetween(_ context.Context, _ auth.Principal, f task.EventFilter, from, to int64, limit int) ([]task.Event, error) {
+	if from > 0 {
+		time.Sleep(s.pause)
+	}
+	var page []task.Event
+	for id := from + 1; id <= min(to, s.total) && len(page) < limit; id++ {
+		status := task.StatusInProgress
+		if id == s.total {
+			status = task.StatusFailed
+		}
+		page = append(page, task.Event{ID: id, TaskID: f.TaskID, Status: status, Type: "t"})
+	}
+	return page, nil
+}
+
+// A stream's catch-up that outlasts the write deadline a stream opens with
+// (here: a long history read page by page from a slow database) is not cut
+// while its client keeps taking what it is sent: each page gets its own
+// deadline, as a live stream's heartbeat does.
+func TestALongCatchUpIsNotCutByTheWriteDeadline(t *testing.T) {
+	t.Parallel()
+	log := slog.New(slog.DiscardHandler)
+	hub := stream.NewHub(emptyFeed{}, stream.Config{Encode: EventFrame}, log, nil)
+	ctx, stop := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	go func() { stopped <- hub.Run(ctx) }()
+	defer func() { stop(); require.NoError(t, <-stopped) }()
+
+	const heartbeat, writeTimeout = 100 * time.Millisecond, time.Second
+	store := slowEventsStore{total: 3*streamPage + 1, pause: (heartbeat + writeTimeout) / 2}
+	p := auth.Principal{Kind: auth.KindKey, ID: uuid.New(), OrgID: uuid.New(), Role: auth.Reader}
+	h := NewHandler(Config{MaxBodyBytes: 1 << 16, StreamHeartbeat: heartbeat, WriteTimeout: writeTimeout},
+		Deps{Store: store, Admin: nopAdmin{}, Auth: DevMode(p),
+			Log: log, TracerProvider: noop.NewTracerProvider(), Propagator: propagation.TraceContext{},
+			Registry: prometheus.NewRegistry(), Hub: hub})
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(rctx, http.MethodGet, srv.URL+"/v1/tasks/"+uuid.NewString()+"/stream", nil)
+	require.NoError(t, err)
+	resp, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	events, ended := 0, false
+	lines := bufio.NewScanner(resp.Body)
+	for lines.Scan() {
+		switch lines.Text() {
+		case "event: task":
+			events++
+		case "event: end":
+			ended = true
+		}
+	}
+	require.True(t, ended, "the stream was cut after %d events: %v", events, lines.Err())
+	require.EqualValues(t, store.total, events)
+}

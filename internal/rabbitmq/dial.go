@@ -1,6 +1,7 @@
 package rabbitmq
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -84,10 +85,41 @@ func dialSocket(list, name string) (*amqp.Connection, net.Conn, error) {
 			return conn, sock, nil
 		}
 	}
+	what := "connect to RabbitMQ"
 	if len(urls) > 1 {
-		return nil, nil, fmt.Errorf("connect to RabbitMQ (none of %d nodes answered): %w", len(urls), err)
+		what = fmt.Sprintf("connect to RabbitMQ (none of %d nodes answered)", len(urls))
 	}
-	return nil, nil, fmt.Errorf("connect to RabbitMQ: %w", err)
+	if f := dialFailure(err); f != "" {
+		return nil, nil, fmt.Errorf("%s: %s: %w", what, f, err)
+	}
+	return nil, nil, fmt.Errorf("%s: %w", what, err)
+}
+
+// dialFailure says in a few words what a failed dial met, so that its log
+// sends the operator to the right place — the network, the credentials, the
+// vhost or the certificates — and not to the network for every failure.
+// It is empty when the error says no more than itself.
+func dialFailure(err error) string {
+	var (
+		ae     *amqp.Error
+		verify *tls.CertificateVerificationError
+		record tls.RecordHeaderError
+		alert  tls.AlertError
+		netErr net.Error
+	)
+	switch {
+	case errors.As(err, &ae) && ae.Code == amqp.AccessRefused:
+		return "the broker refused the login (check the user name and password in AMQP_URL)"
+	case errors.As(err, &ae) && ae.Code == amqp.NotAllowed:
+		return "the broker refused the vhost (check that AMQP_URL's vhost exists and the user may use it)"
+	case errors.As(err, &ae):
+		return "the broker closed the connection"
+	case errors.As(err, &verify), errors.As(err, &record), errors.As(err, &alert):
+		return "TLS handshake failed"
+	case errors.As(err, &netErr):
+		return "broker unreachable"
+	}
+	return ""
 }
 
 func dialOne(url, name string) (*amqp.Connection, net.Conn, error) {

@@ -234,7 +234,9 @@ func (r *Relay) runLane(ctx context.Context, i int) {
 		pub, err := r.broker.Publisher(ctx, r.cfg.BatchSize)
 		if err != nil {
 			retry := b.NextBackOff()
-			r.log.WarnContext(ctx, "broker unreachable; retrying", "lane", i, "error", err, "retry_in", retry)
+			// The error says what failed (the network, the login, the
+			// vhost, TLS): the headline does not guess.
+			r.log.WarnContext(ctx, "cannot connect to the broker; retrying", "lane", i, "error", err, "retry_in", retry)
 			wait.Sleep(ctx, retry)
 			continue
 		}

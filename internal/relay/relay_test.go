@@ -893,6 +893,27 @@ func TestAFailedOutboxMeasurementIsCountedAndLogged(t *testing.T) {
 	})
 }
 
+// A broker that answers and refuses the relay (here: AMQP_URL names a
+// vhost that does not exist) is not logged as unreachable: the log says
+// what the broker refused, so the operator looks at the vhost, not the
+// network.
+func TestRelayLogsWhatTheBrokerRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.amqpURL += "_missing"
+	var logs syncBuffer
+	b.startRelay(t, relayOpts{logs: &logs})
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if !strings.Contains(logs.String(), "retrying") {
+			return fmtErr("no failed connection logged: %s", logs.String())
+		}
+		return nil
+	})
+	require.NotContains(t, logs.String(), "unreachable")
+	require.Contains(t, logs.String(), "refused the vhost")
+	require.Contains(t, logs.String(), "NOT_ALLOWED", "the broker's reason is kept")
+}
+
 // failingStats is a store that cannot measure the outbox.
 type failingStats struct{ relay.Store }
 

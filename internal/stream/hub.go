@@ -188,7 +188,12 @@ func (h *Hub) Run(ctx context.Context) error {
 			err = h.skipAhead(ctx)
 		} else {
 			h.skipped.Store(false)
-			blocked, err = h.step(ctx)
+			if asked != nil && h.idle() {
+				err = h.skipToHead(ctx)
+			}
+			if err == nil {
+				blocked, err = h.step(ctx)
+			}
 		}
 		if asked != nil {
 			close(asked)
@@ -305,6 +310,55 @@ func (h *Hub) skipAhead(ctx context.Context) error {
 		h.cursor, h.gap = j.to, nil
 	}
 	h.jump = &jump{to: head, xip: snap.Xip, since: time.Now()}
+	return nil
+}
+
+// skipToHeadWait bounds how long a new subscriber's catch-up waits for
+// the transactions running at the newest event to finish, before it reads
+// the events instead.
+const skipToHeadWait = 500 * time.Millisecond
+
+// skipToHead moves the cursor of a hub no one subscribes to yet (a
+// subscriber waits for it, on catchUp) to the newest event, once every
+// transaction that may still write an older one has finished: the events
+// it passes are sent to no one, and reading them, up to a poll's worth or
+// more after a burst, could outlast the subscriber's wait. The cursor
+// stays where it is when those transactions do not finish within
+// skipToHeadWait (one left open, say): step reads from there, and passes
+// each gap on its own.
+func (h *Hub) skipToHead(ctx context.Context) error {
+	head, snap, err := h.src.Head(ctx)
+	if err != nil {
+		return err
+	}
+	barrier := snap.Xip
+	deadline := time.Now().Add(min(skipToHeadWait, h.cfg.GapTimeout))
+	wait := h.cfg.Recheck
+	for {
+		_, snap, err := h.src.Head(ctx)
+		if err != nil {
+			return err
+		}
+		if snap.Finished(barrier) {
+			break
+		}
+		if time.Now().Add(wait).After(deadline) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(wait*2, 50*time.Millisecond)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	// A subscriber registered meanwhile is sent every event after the
+	// cursor, which must not move past one it has not been sent.
+	if len(h.byOrg) == 0 && len(h.byTask) == 0 && head > h.cursor {
+		h.cursor, h.gap = head, nil
+	}
 	return nil
 }
 

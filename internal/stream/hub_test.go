@@ -270,6 +270,52 @@ func TestHubIdleSkipsWakeUpsAndCatchesUpForASubscriber(t *testing.T) {
 	requireStreamStartsAfter(t, h, src, 5)
 }
 
+// The first subscriber after a burst of events written while no one
+// subscribed starts at the newest event without reading the burst, which
+// is sent to no one: reading it page by page could outlast the wait of the
+// subscriber's request (its client was told to try again).
+func TestHubCatchesUpForASubscriberWithoutReadingTheBurstBeforeIt(t *testing.T) {
+	src := &fakeSource{}
+	const pageSize, burst = 10, 2000
+	h := startHub(t, src, Config{Poll: time.Hour, PageSize: pageSize})
+	_, err := h.Cursor(context.Background())
+	require.NoError(t, err)
+	time.Sleep(20 * time.Millisecond) // the first pass, right after settling
+	events := make([]task.Event, burst)
+	for i := range events {
+		events[i] = ev(int64(i+1), orgA, taskX)
+	}
+	src.commit(events...)
+	src.mu.Lock()
+	before := src.reads
+	src.mu.Unlock()
+
+	requireStreamStartsAfter(t, h, src, burst)
+	src.mu.Lock()
+	defer src.mu.Unlock()
+	require.Less(t, src.reads-before, burst/pageSize/10, "the burst was read, page by page")
+}
+
+// A transaction left open keeps the first subscriber's catch-up from
+// jumping past what it may still write: the hub reads the events instead,
+// and waits at the gap.
+func TestHubCatchUpForASubscriberDoesNotJumpAnOpenTransaction(t *testing.T) {
+	src := &fakeSource{}
+	h := startHub(t, src, Config{Poll: time.Hour, GapTimeout: time.Hour})
+	_, err := h.Cursor(context.Background())
+	require.NoError(t, err)
+	time.Sleep(20 * time.Millisecond) // the first pass, right after settling
+	xid := src.begin()                // it will write id 1
+	src.commit(ev(2, orgA, taskX))
+	s, at, err := h.Subscribe(context.Background(), auth.Scope{OrgID: orgA}, task.EventFilter{})
+	require.NoError(t, err)
+	require.Zero(t, at, "the cursor passed an id a running transaction may still write")
+	src.commit(ev(1, orgA, taskX))
+	src.end(xid)
+	h.Wake()
+	require.Equal(t, []int64{1, 2}, receive(t, s, 2))
+}
+
 // requireStreamStartsAfter subscribes to org A and checks that the stream
 // starts after the event cursor, the newest: it gets the next event and
 // nothing before it.

@@ -670,8 +670,17 @@ func (e *execution) Gather(ctx context.Context, children ...conveyor.Child) ([]c
 	if err := e.usable(); err != nil {
 		return nil, err
 	}
+	// One call is one transaction of the spawn: bounded as the API bounds
+	// a batch, so that a handler's loop gone wrong cannot hold the
+	// parent's row and the worker's memory for a million children, and
+	// time out, on every attempt.
+	if len(children) > conveyor.MaxGatherChildren {
+		return nil, conveyor.Permanent(fmt.Errorf("%d children in one Gather, more than the limit of %d: "+
+			"spawn them in several calls", len(children), conveyor.MaxGatherChildren))
+	}
 	subs := make([]task.Submission, len(children))
 	seen := make(map[string]bool, len(children))
+	stored := 0
 	for i, c := range children {
 		if !childKey.MatchString(c.Key) {
 			return nil, conveyor.Permanent(fmt.Errorf("child %d: key %q must match %s", i, c.Key, task.ChildKeyPattern))
@@ -693,6 +702,10 @@ func (e *execution) Gather(ctx context.Context, children ...conveyor.Child) ([]c
 		sub, err := task.NewSubmission(in, task.Defaults{MaxAttempts: task.DefaultMaxAttempts}, "")
 		if err != nil {
 			return nil, conveyor.Permanent(fmt.Errorf("child %s: %w", c.Key, err))
+		}
+		if stored += sub.StoredBytes; stored > task.MaxBatchStoredBytes {
+			return nil, conveyor.Permanent(fmt.Errorf("child %s: the payloads of one Gather take more than the limit of %d bytes as stored: "+
+				"spawn the children in several calls", c.Key, task.MaxBatchStoredBytes))
 		}
 		sub.OrgID, sub.Visibility, sub.ParentID, sub.ChildKey = e.task.OrgID, e.task.Visibility, &e.task.ID, c.Key
 		subs[i] = sub

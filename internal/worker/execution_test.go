@@ -2,7 +2,9 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -334,6 +336,10 @@ func TestWorkerFailsAtOnceOnChildrenGatherRefuses(t *testing.T) {
 		"not object":   {{Key: "a", Type: "t.child", Payload: []int{1}}},
 		"no encoding":  {{Key: "a", Type: "t.child", Payload: make(chan int)}},
 		"max attempts": {{Key: "a", Type: "t.child", MaxAttempts: -1}},
+		"too many":     manyChildren(conveyor.MaxGatherChildren+1, nil),
+		// 1e308 takes 309 bytes as stored: 3000 of them nearly 1 MiB.
+		"too large": manyChildren(task.MaxBatchStoredBytes/(3000*309)+1,
+			json.RawMessage(`{"n":[1e308`+strings.Repeat(",1e308", 2999)+`]}`)),
 	} {
 		t.Run(name, func(t *testing.T) {
 			b := setup(t, testConfig{handlers: []conveyor.Handler{
@@ -351,8 +357,20 @@ func TestWorkerFailsAtOnceOnChildrenGatherRefuses(t *testing.T) {
 			got := b.store.get(id)
 			require.Equal(t, task.StatusFailed, got.Status, "%s", got.Error)
 			require.Equal(t, 1, got.Attempt)
+			if strings.HasPrefix(name, "too ") {
+				require.Contains(t, got.Error, "several calls", "the error says how to spawn them")
+			}
 		})
 	}
+}
+
+// manyChildren is n children of one payload.
+func manyChildren(n int, payload any) []conveyor.Child {
+	children := make([]conveyor.Child, n)
+	for i := range children {
+		children[i] = conveyor.Child{Key: fmt.Sprint("part-", i), Type: "t.child", Payload: payload}
+	}
+	return children
 }
 
 // nilErr is an error type whose Error reads its fields: a nil *nilErr

@@ -487,12 +487,13 @@ func (w *Worker) pokeCredit() {
 // consumeFailure is the headline of a failed connection. A broker that
 // refused a declaration (a queue exists with other arguments) was reached:
 // calling it unreachable would send the operator to the network instead of
-// the queue's arguments, which the error names.
+// the queue's arguments, which the error names. Any other failure's error
+// says what failed (the network, the login, the vhost, TLS).
 func consumeFailure(err error) string {
 	if rabbitmq.Refused(err) {
 		return "queue declaration refused by the broker; retrying"
 	}
-	return "broker unreachable; retrying"
+	return "cannot connect to the broker; retrying"
 }
 
 // consume takes deliveries until ctx is done, connecting again whenever the
