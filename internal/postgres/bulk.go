@@ -13,12 +13,15 @@ import (
 )
 
 // A bulk action counts the tasks its filter matches and picks those it
-// will change, in one round trip; then applies the lifecycle's transition
-// to each, fenced by the version it read, in one statement.
+// will change, the pick written for the count; then applies the
+// lifecycle's transition to each, fenced by the version it read, in one
+// statement.
 
 const (
 	nameBulkCount = "tasks.bulk_count"
 	nameBulkPick  = "tasks.bulk_pick"
+	// nameBulkPickFew is the pick of a filter that matches few tasks.
+	nameBulkPickFew = "tasks.bulk_pick_few"
 )
 
 // bulkWhere selects the tasks of org that f matches and that the action
@@ -67,15 +70,37 @@ func bulkCountSQL(org uuid.UUID, a task.Action, statuses []task.Status, f task.F
 // bulkPickSQL reads where the first limit of them stand, in id order (the
 // order the transition statement locks them in); of the tasks ids alone,
 // when not nil.
-func bulkPickSQL(org uuid.UUID, a task.Action, statuses []task.Status, f task.Filter, limit int, ids []uuid.UUID) (string, []any) {
+//
+// When the count found at most fewMatched tasks (matched), every match is
+// read through the indexes the count took, and sorted. Otherwise the
+// planner may walk the primary key in id order until limit of them turn
+// up, which is quick while the matches are many and spread over the
+// table, and reads the whole table when they are few, or old and new
+// with none between: a cancel of an org's backlog behind a few tasks
+// scheduled long ago read a million rows (78,000 buffers, seconds) to
+// pick 1,000 of its 12,000 tasks in flight.
+func bulkPickSQL(org uuid.UUID, a task.Action, statuses []task.Status, f task.Filter, limit int, ids []uuid.UUID,
+	matched int) (string, []any) {
 	w := bulkWhere(org, a, statuses, f)
 	if ids != nil {
 		w.and("id = ANY (" + w.arg(ids) + ")")
 	}
 	n := w.arg(limit)
+	if matched <= fewMatched {
+		// OFFSET 0 keeps the matches a subquery of their own, planned
+		// for all of them rather than for the first few in id order.
+		return named(nameBulkPickFew, `SELECT id, status, version, cancel_pending, traceparent FROM (
+	SELECT id, status, version, cancel_requested_at IS NOT NULL AS cancel_pending, coalesce(traceparent, '') AS traceparent
+	FROM tasks WHERE `+w.String()+` OFFSET 0) m
+ORDER BY id LIMIT `+n), w.args
+	}
 	return named(nameBulkPick, `SELECT id, status, version, cancel_requested_at IS NOT NULL, coalesce(traceparent, '')
 	FROM tasks WHERE `+w.String()+` ORDER BY id LIMIT `+n), w.args
 }
+
+// fewMatched is the most matches a bulk action's pick reads all of: no
+// more rows than the count before it read index entries.
+const fewMatched = 50000
 
 // pickedTask is a task a bulk action picked: where it stands, and the
 // trace it has (a retry replaces it, and links to it).
@@ -100,7 +125,9 @@ const maxBulkTries = 5
 var (
 	_ = statement(nameBulkCount, widest(bulkCountSQL(uuid.Max, task.ActionCancel, task.ActionCancel.Statuses(), widestFilter)))
 	_ = statement(nameBulkPick, widest(bulkPickSQL(uuid.Max, task.ActionCancel, task.ActionCancel.Statuses(), widestFilter, 1,
-		[]uuid.UUID{uuid.Max})))
+		[]uuid.UUID{uuid.Max}, fewMatched+1)))
+	_ = statement(nameBulkPickFew, widest(bulkPickSQL(uuid.Max, task.ActionCancel, task.ActionCancel.Statuses(), widestFilter,
+		1, []uuid.UUID{uuid.Max}, 0)))
 )
 
 // Bulk applies an action to every task of the principal's org that the
@@ -130,19 +157,8 @@ func (s *APIStore) Bulk(ctx context.Context, p auth.Principal, b task.Bulk, trac
 	var replaced []string // the traces of the tasks retried
 	act := func(tx pgx.Tx) error {
 		res, queued, replaced = task.BulkResult{}, false, nil
-		var picked []pickedTask
-		batch := &pgx.Batch{}
 		countSQL, countArgs := bulkCountSQL(p.OrgID, b.Action, statuses, b.Filter)
-		batch.Queue(countSQL, countArgs...).QueryRow(func(row pgx.Row) error { return row.Scan(&res.Matched) })
-		if !b.DryRun {
-			pickSQL, pickArgs := bulkPickSQL(p.OrgID, b.Action, statuses, b.Filter, limit, nil)
-			batch.Queue(pickSQL, pickArgs...).Query(func(rows pgx.Rows) error {
-				var err error
-				picked, err = pgx.CollectRows(rows, scanPicked)
-				return err
-			})
-		}
-		if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+		if err := tx.QueryRow(ctx, countSQL, countArgs...).Scan(&res.Matched); err != nil {
 			return err
 		}
 		if b.Expected != nil && res.Matched > *b.Expected {
@@ -151,6 +167,17 @@ func (s *APIStore) Bulk(ctx context.Context, p auth.Principal, b task.Bulk, trac
 		}
 		if b.DryRun {
 			return nil
+		}
+		// The pick is written for the count: how to find the first
+		// matches in id order depends on how many there are.
+		pickSQL, pickArgs := bulkPickSQL(p.OrgID, b.Action, statuses, b.Filter, limit, nil, res.Matched)
+		rows, err := tx.Query(ctx, pickSQL, pickArgs...)
+		if err != nil {
+			return err
+		}
+		picked, err := pgx.CollectRows(rows, scanPicked)
+		if err != nil {
+			return err
 		}
 		res.More = res.Matched > len(picked)
 		for try := 1; len(picked) > 0; try++ {
@@ -202,7 +229,7 @@ func (s *APIStore) Bulk(ctx context.Context, p auth.Principal, b task.Bulk, trac
 			for id := range was {
 				ids = append(ids, id)
 			}
-			sql, args := bulkPickSQL(p.OrgID, b.Action, statuses, b.Filter, len(ids), ids)
+			sql, args := bulkPickSQL(p.OrgID, b.Action, statuses, b.Filter, len(ids), ids, len(ids))
 			rows, err := tx.Query(ctx, sql, args...)
 			if err != nil {
 				return err

@@ -27,3 +27,9 @@ const MigrationLockKey = migrationLockKey
 
 // RunsListSQL lets the tests read what a listing of runs reads.
 var RunsListSQL = runsListSQL
+
+// ListSQL lets the tests read what a listing of tasks reads.
+var ListSQL = listSQL
+
+// BulkPickSQL lets the tests read what a bulk action's pick reads.
+var BulkPickSQL = bulkPickSQL

@@ -89,14 +89,22 @@ func listSQL(org uuid.UUID, f task.ListFilter) (string, []any) {
 	if f.Type != "" {
 		listed.and("type = " + listed.arg(f.Type))
 	}
+	after := ""
 	if f.After != uuid.Nil {
-		listed.and("id < " + listed.arg(f.After))
+		after = listed.arg(f.After)
+		listed.and("id < " + after)
 	}
 	// The org is said of the tasks too, so that a status filter can take
 	// tasks_org_status; the type is not (the planner would count its
-	// selectivity twice, and sort a rare type's every task).
+	// selectivity twice, and sort a rare type's every task). So is the
+	// cursor: the planner may merge the listing with the tasks' primary
+	// key, and that walk starts at the cursor only when told of it (else
+	// a page deep in a large org read every newer task first).
 	w := &where{args: listed.args}
 	w.and("org_id = " + orgArg)
+	if after != "" {
+		w.and("id < " + after)
+	}
 	taskConds(w, f.Filter)
 	limit := w.arg(f.Limit)
 	return named(nameList, `SELECT `+summaryColumns+` FROM tasks

@@ -282,3 +282,115 @@ func TestAnOrgsRunsAreListedFromItsOwnRuns(t *testing.T) {
 		require.Less(t, read, int64(500), "runs read for %+v", c)
 	}
 }
+
+// A page of an org's tasks after a cursor reads the tasks from the cursor
+// on. The listing may be merged with the tasks' primary key, walked newest
+// first; told of the cursor on the listing alone, that walk began at the
+// newest task, and a page deep in a large org read every newer task first
+// (400,000 rows and 42,000 buffers, over a second, for a page of 50).
+func TestAPageAfterACursorReadsTheTasksFromTheCursorOn(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	other := b.db.Org(t, "other")
+	// 40,000 tasks, one a second, newest last; a fifth are another org's.
+	b.exec(t, `INSERT INTO tasks (id, org_id, type, status, completed_at)
+		SELECT (lpad(to_hex((extract(epoch FROM now() - g * interval '1 second') * 1000)::bigint), 12, '0')
+				|| '7' || substr(md5(g::text), 1, 3) || '8' || substr(md5(g::text), 4, 15))::uuid,
+			CASE WHEN g % 5 = 0 THEN $1 ELSE `+testdb.OrgSQL+` END, 'demo.noop', 'COMPLETED', now()
+		FROM generate_series(1, 40000) g`, other)
+	b.exec(t, `VACUUM ANALYZE tasks, task_listing`)
+	var middle uuid.UUID
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT id FROM task_listing WHERE org_id = `+testdb.OrgSQL+`
+		ORDER BY id DESC OFFSET 20000 LIMIT 1`).Scan(&middle))
+
+	sql, args := postgres.ListSQL(b.admin.OrgID, task.ListFilter{After: middle, Limit: 50})
+	tx, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, statementSQL(t, "scope.set"), b.admin.OrgID.String(), "", "on")
+	require.NoError(t, err)
+	var ids []uuid.UUID
+	read := grew(t, tx, "seq_tup_read + coalesce(idx_tup_fetch, 0)", "tasks", func() error {
+		rows, err := tx.Query(ctx, "SELECT id FROM (\n"+sql+"\n) l", args...)
+		if err != nil {
+			return err
+		}
+		ids, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		return err
+	})
+	require.Len(t, ids, 50)
+	for i := range ids {
+		require.Less(t, ids[i].String(), middle.String(), "after the cursor")
+		if i > 0 {
+			require.Less(t, ids[i].String(), ids[i-1].String(), "newest first")
+		}
+	}
+	require.Less(t, read, int64(1000), "task rows read")
+}
+
+// A bulk action's pick reads the tasks it matches through the indexes its
+// count took when they are few. Ordered by id alone, it walked the primary
+// key from the oldest task: behind a few tasks scheduled long ago, a
+// cancel of an org's backlog read every task ever kept to reach it.
+func TestABulkActionPicksFewMatchesThroughTheirIndexes(t *testing.T) {
+	b := setupStores(t)
+	ctx := context.Background()
+	// 40,000 tasks, one a second, newest last: the newest 3,000 PENDING,
+	// and of the older ones, every 1,000th PENDING (scheduled for later);
+	// the rest COMPLETED.
+	b.exec(t, `INSERT INTO tasks (id, org_id, type, status, next_run_at, completed_at)
+		SELECT (lpad(to_hex((extract(epoch FROM now() - g * interval '1 second') * 1000)::bigint), 12, '0')
+				|| '7' || substr(md5(g::text), 1, 3) || '8' || substr(md5(g::text), 4, 15))::uuid,
+			`+testdb.OrgSQL+`, 'demo.noop', s, now() + interval '1 day',
+			CASE WHEN s = 'COMPLETED' THEN now() END
+		FROM generate_series(1, 40000) g,
+		LATERAL (SELECT CASE WHEN g <= 3000 OR g % 1000 = 0 THEN 'PENDING' ELSE 'COMPLETED' END AS s) st`)
+	b.exec(t, `VACUUM ANALYZE tasks`)
+	statuses := task.ActionCancel.Statuses()
+	countSQL, countArgs := postgres.BulkCountSQL(b.admin.OrgID, task.ActionCancel, statuses, task.Filter{})
+
+	tx, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, statementSQL(t, "scope.set"), b.admin.OrgID.String(), "", "on")
+	require.NoError(t, err)
+	var matched int
+	require.NoError(t, tx.QueryRow(ctx, countSQL, countArgs...).Scan(&matched))
+	require.Equal(t, 3037, matched)
+	pickSQL, pickArgs := postgres.BulkPickSQL(b.admin.OrgID, task.ActionCancel, statuses, task.Filter{}, 100, nil, matched)
+	var picked []uuid.UUID
+	read := grew(t, tx, "seq_tup_read + coalesce(idx_tup_fetch, 0)", "tasks", func() error {
+		rows, err := tx.Query(ctx, pickSQL, pickArgs...)
+		if err != nil {
+			return err
+		}
+		picked, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (uuid.UUID, error) {
+			var id uuid.UUID
+			var status string
+			var version int
+			var cancelPending bool
+			var traceparent string
+			return id, row.Scan(&id, &status, &version, &cancelPending, &traceparent)
+		})
+		return err
+	})
+	require.NoError(t, tx.Rollback(ctx))
+	var oldest []uuid.UUID
+	rows, err := b.db.Pool.Query(ctx, `SELECT id FROM tasks WHERE status = 'PENDING' ORDER BY id LIMIT 100`)
+	require.NoError(t, err)
+	oldest, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	require.NoError(t, err)
+	require.Equal(t, oldest, picked, "the first matches in id order")
+	require.Less(t, read, int64(2*matched), "task rows read")
+
+	// The action itself cancels those.
+	res, err := b.api.Bulk(ctx, b.admin, task.Bulk{Action: task.ActionCancel, Limit: 100}, nil)
+	require.NoError(t, err)
+	require.Equal(t, task.BulkResult{Matched: 3037, Changed: 100, More: true}, res)
+	var cancelled []uuid.UUID
+	rows, err = b.db.Pool.Query(ctx, `SELECT id FROM tasks WHERE status = 'CANCELLED' ORDER BY id`)
+	require.NoError(t, err)
+	cancelled, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	require.NoError(t, err)
+	require.Equal(t, oldest, cancelled)
+}
