@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"regexp"
 	"testing"
@@ -11,8 +12,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/conveyorhq/conveyor/internal/config"
 	"github.com/conveyorhq/conveyor/internal/postgres"
 	"github.com/conveyorhq/conveyor/internal/task"
+	"github.com/conveyorhq/conveyor/internal/testenv"
 )
 
 // diamondJobs is a jobs file of four jobs and the workflow diamond: a,
@@ -429,6 +432,101 @@ func TestRunMovesOnWhenANodeCompletes(t *testing.T) {
 	require.Equal(t, http.StatusOK, retried.status, string(retried.body))
 	require.Equal(t, map[string]any{"a": "COMPLETED", "b": "PENDING", "c": "PENDING", "d": "WAITING"}, nodeStatuses(t, retried.json(t)),
 		"a retry keeps what completed and runs the rest")
+}
+
+// A run names its trace as a task does (trace_id, and trace_url when the
+// trace was exported), in every answer that shows it: the trace its nodes'
+// tasks join, those submitted as it starts and those its database moves on
+// to later. A retry gives the run the retry's trace, which the nodes it runs
+// again join.
+func TestARunNamesTheTraceItsNodesJoin(t *testing.T) {
+	t.Parallel()
+	for _, export := range []bool{true, false} {
+		t.Run(fmt.Sprintf("exported=%v", export), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, func(cfg *config.API) {
+				if export {
+					// Export on: spans are sampled; whether their export
+					// succeeds does not matter here.
+					cfg.OTLPEndpoint = "http://" + testenv.FreeAddr(t)
+				}
+			})
+			b.applied(t, "", diamondJobs)
+			// traceOf checks the trace an answer names and returns its id.
+			traceOf := func(v map[string]any) string {
+				t.Helper()
+				id, _ := v["trace_id"].(string)
+				require.Len(t, id, 32, "%v", v)
+				if export {
+					require.Equal(t, "http://jaeger.example:16686/trace/"+id, v["trace_url"])
+				} else {
+					require.NotContains(t, v, "trace_url", "nothing is exported: no trace to link to")
+				}
+				return id
+			}
+			taskTrace := func(id any) string {
+				t.Helper()
+				return traceOf(b.get(t, "/v1/tasks/"+id.(string)).json(t))
+			}
+			listed := func(path, id string) map[string]any {
+				t.Helper()
+				resp := b.get(t, path)
+				require.Equal(t, http.StatusOK, resp.status, string(resp.body))
+				for _, r := range resp.json(t)["runs"].([]any) {
+					if r := r.(map[string]any); r["id"] == id {
+						return r
+					}
+				}
+				t.Fatalf("%s does not list run %s: %s", path, id, resp.body)
+				return nil
+			}
+
+			started := b.post(t, "/v1/workflows/diamond/runs", "")
+			require.Equal(t, http.StatusCreated, started.status, string(started.body))
+			run := started.json(t)
+			id := run["id"].(string)
+			trace := traceOf(run)
+			for _, v := range []map[string]any{b.get(t, "/v1/runs/"+id).json(t), listed("/v1/runs", id),
+				listed("/v1/workflows/diamond/runs", id)} {
+				require.Equal(t, trace, traceOf(v))
+			}
+			nodes, _ := runNodes(t, run)
+			require.Equal(t, trace, taskTrace(nodes["a"]["task_id"]), "the first node's task joins the run's trace")
+
+			// a completes (as a worker's batch would): the run moves on to
+			// b and c, in its trace, not the completing batch's.
+			ctx := context.Background()
+			taskA := uuid.MustParse(nodes["a"]["task_id"].(string))
+			w := postgres.NewWorkerStore(b.db.Pool, nil)
+			claimed, err := w.Claim(ctx, []uuid.UUID{taskA}, "w1", time.Minute)
+			require.NoError(t, err)
+			require.Len(t, claimed, 1)
+			_, errs, err := w.Apply(ctx, []task.Change{{TaskID: taskA, Version: claimed[0].Version, Transition: task.Complete,
+				Result: json.RawMessage(`{}`), Trace: task.Carrier{"traceparent": "00-0123456789abcdef0123456789abcdef-0123456789abcdef-01"}}})
+			require.NoError(t, err)
+			require.NoError(t, errs[0])
+			nodes, _ = runNodes(t, b.get(t, "/v1/runs/"+id).json(t))
+			for _, n := range []string{"b", "c"} {
+				require.Equal(t, trace, taskTrace(nodes[n]["task_id"]), "node %s joins the run's trace", n)
+			}
+
+			// Cancelled, then retried: the run takes the retry's trace, and
+			// so do the nodes it runs again; a's completed task keeps its own.
+			cancelled := b.post(t, "/v1/runs/"+id+"/cancel", "")
+			require.Equal(t, http.StatusOK, cancelled.status, string(cancelled.body))
+			require.Equal(t, trace, traceOf(cancelled.json(t)), "a cancel leaves the run its trace")
+			retried := b.post(t, "/v1/runs/"+id+"/retry", "")
+			require.Equal(t, http.StatusOK, retried.status, string(retried.body))
+			again := traceOf(retried.json(t))
+			require.NotEqual(t, trace, again, "the retry's trace")
+			require.Equal(t, again, traceOf(b.get(t, "/v1/runs/"+id).json(t)))
+			nodes, _ = runNodes(t, retried.json(t))
+			for _, n := range []string{"b", "c"} {
+				require.Equal(t, again, taskTrace(nodes[n]["task_id"]), "node %s, run again, joins the retry's trace", n)
+			}
+			require.Equal(t, trace, taskTrace(nodes["a"]["task_id"]), "a's task, kept, stays in the first trace")
+		})
+	}
 }
 
 // A run's cancel holds the run, then settles its tasks; a worker's batch

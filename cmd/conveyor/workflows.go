@@ -554,8 +554,9 @@ func (a *app) newRunView(nodes int) runView {
 	if a.live() {
 		if f, ok := a.stdout.(interface{ Fd() uintptr }); ok {
 			cols, rows, err := term.GetSize(int(f.Fd()))
-			// The graph is its nodes, a header, a summary and an error.
-			if err == nil && cols > 1 && nodes+3 < rows {
+			// The graph is its nodes, a header, a summary, an error and
+			// a trace.
+			if err == nil && cols > 1 && nodes+4 < rows {
 				return &runLiveView{screen: &liveScreen{w: a.stdout}, fd: int(f.Fd()),
 					style: runStyle{color: a.getenv("NO_COLOR") == "", width: cols - 1}, now: a.now}
 			}
@@ -776,8 +777,9 @@ func nodeCounts(r apiclient.Run) string {
 type segment struct{ text, sgr string }
 
 // drawRun draws a run's graph: a header, one line per node in the order
-// of the run (topological), indented by its depth, then a summary and the
-// run's error. now measures how long a running run has run.
+// of the run (topological), indented by its depth, then a summary, the
+// run's error and its trace in Jaeger. now measures how long a running run
+// has run.
 func drawRun(r apiclient.Run, now time.Time, style runStyle) string {
 	var out strings.Builder
 	line := func(segs ...segment) {
@@ -852,6 +854,9 @@ func drawRun(r apiclient.Run, now time.Time, style runStyle) string {
 	line(segment{r.Status, runSGR(r.Status)}, segment{text: took + ": " + nodeCounts(r)})
 	if r.Error != "" {
 		line(segment{"error:", sgrRed}, segment{text: " " + r.Error})
+	}
+	if r.TraceURL != "" {
+		line(segment{text: "trace: " + r.TraceURL})
 	}
 	return out.String()
 }

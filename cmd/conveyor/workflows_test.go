@@ -72,16 +72,20 @@ func runDoc(id, status, extra string, nodes ...string) string {
 		id, status, extra, strings.Join(nodes, ","))
 }
 
+// traced is the trace fields of a run whose trace was exported, for runDoc.
+const traced = `"trace_id":"4bf92f3577b34da6a3ce929d0e0e4736",
+	"trace_url":"http://jaeger.example:16686/trace/4bf92f3577b34da6a3ce929d0e0e4736",`
+
 // The graph: a line per node in topological order, indented by depth,
 // with its glyph, progress while running, job, parents and task; then the
-// summary.
+// summary, the run's error and its trace in Jaeger.
 func TestDrawRun(t *testing.T) {
 	t.Parallel()
 	r := decodeRun(t, diamondRunning)
 	require.Equal(t, diamondDrawn, drawRun(r, testNow, runStyle{}))
 
 	// Ended: how long it took, every kind of node, and the run's error.
-	r = decodeRun(t, runDoc("r1", "FAILED", `"error":"node load failed","finished_at":"2026-11-23T11:59:03.2Z",`,
+	r = decodeRun(t, runDoc("r1", "FAILED", `"error":"node load failed","finished_at":"2026-11-23T11:59:03.2Z",`+traced,
 		nodeDoc("extract", "COMPLETED", 100, "t1"),
 		nodeDoc("clean", "CANCELLED", 10, "t2", "extract"),
 		nodeDoc("load", "FAILED", 30, "t3", "extract"),
@@ -97,6 +101,7 @@ func TestDrawRun(t *testing.T) {
   ? odd      job odd      ← nowhere, audit
 FAILED in 3.2s: 1 completed, 1 pending, 1 failed, 1 cancelled, 1 skipped, 1 something_new
 error: node load failed
+trace: http://jaeger.example:16686/trace/4bf92f3577b34da6a3ce929d0e0e4736
 `, drawRun(r, testNow, runStyle{}))
 
 	// Without nodes (as listed): the header and the summary.
@@ -425,6 +430,7 @@ func TestRunsGetCancelRetry(t *testing.T) {
 	api.json("POST /v1/runs/r1/retry", 200, runDoc("r1", "RUNNING", "",
 		nodeDoc("a", "COMPLETED", 100, "t1"), nodeDoc("b", "PENDING", 0, "t3", "a"), nodeDoc("c", "WAITING", 0, "", "b")))
 	api.problem("POST /v1/runs/r2/retry", 409, "run is COMPLETED; only FAILED or CANCELLED runs can be retried")
+	api.json("GET /v1/runs/r3", 200, runDoc("r3", "RUNNING", traced, nodeDoc("a", "PENDING", 0, "t1")))
 	c := newCLI(t, api)
 
 	r := c.run("runs", "get", "0193a2b4-5c6d-7e8f-9a0b-1c2d3e4f5a6b")
@@ -433,6 +439,10 @@ func TestRunsGetCancelRetry(t *testing.T) {
 	r = c.run("runs", "get", "0193a2b4-5c6d-7e8f-9a0b-1c2d3e4f5a6b", "-o", "json")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.JSONEq(t, diamondRunning, r.stdout)
+	r = c.run("runs", "get", "r3")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.True(t, strings.HasSuffix(r.stdout, ": 1 pending\ntrace: http://jaeger.example:16686/trace/4bf92f3577b34da6a3ce929d0e0e4736\n"),
+		"the run's trace in Jaeger ends its graph: %s", r.stdout)
 
 	r = c.run("runs", "cancel", "r1")
 	require.Equal(t, 0, r.code, r.stderr)
@@ -456,7 +466,7 @@ func TestRunsGetCancelRetry(t *testing.T) {
 		calls = append(calls, req.Method+" "+req.Path)
 	}
 	require.Equal(t, []string{"GET /v1/runs/0193a2b4-5c6d-7e8f-9a0b-1c2d3e4f5a6b", "GET /v1/runs/0193a2b4-5c6d-7e8f-9a0b-1c2d3e4f5a6b",
-		"POST /v1/runs/r1/cancel", "POST /v1/runs/r1/cancel", "POST /v1/runs/r2/cancel", "POST /v1/runs/r1/retry",
+		"GET /v1/runs/r3", "POST /v1/runs/r1/cancel", "POST /v1/runs/r1/cancel", "POST /v1/runs/r2/cancel", "POST /v1/runs/r1/retry",
 		"POST /v1/runs/r2/retry"}, calls)
 
 	r = c.run("runs", "cancel")

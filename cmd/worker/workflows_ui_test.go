@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -11,13 +12,19 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+
+	"github.com/conveyorhq/conveyor/internal/testdb"
+	"github.com/conveyorhq/conveyor/internal/testenv"
 )
 
 // The dashboard's workflows in a real browser: a diamond workflow (a → b,
 // c → d) is applied through the API; a person starts a run of it from the
 // workflows page, sees its graph (4 nodes in 3 columns, 4 edges; a PENDING,
-// for no worker runs here, and b, c, d WAITING), cancels it with the
-// button and sees it CANCELLED, then opens a's task from its node.
+// for no worker runs here, and b, c, d WAITING) and a link to its trace in
+// Jaeger, cancels it with the button and sees it CANCELLED, then opens a's
+// task from its node, whose trace is the run's. The api exports its traces
+// to a receiver in the test: a trace not exported gets no link.
 
 const diamondJobs = `
 jobs:
@@ -48,7 +55,12 @@ const readDAG = `Object.fromEntries([...document.querySelectorAll("#dag g.node")
   link: g.parentNode.getAttribute("href") || ""}]))`
 
 func TestWorkflowsDashboardInABrowser(t *testing.T) {
-	b := setup(t)
+	skipShort(t)
+	t.Parallel()
+	otlp := testenv.NewOTLPReceiver(t)
+	db := testdb.New(t)
+	b := setupWith(t, db.URL, db.Pool, testenv.NewVhost(t), "OTEL_EXPORTER_OTLP_ENDPOINT="+otlp.Endpoint,
+		"OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf", "OTEL_BSP_SCHEDULE_DELAY=100", "JAEGER_UI_URL=http://jaeger.example:16686/")
 	b.apply(t, diamondJobs)
 	key := b.dashboardKey(t)
 
@@ -98,6 +110,28 @@ func TestWorkflowsDashboardInABrowser(t *testing.T) {
 	require.NotContains(t, text, "null")
 	screenshot(t, tab, "workflow-run")
 
+	// The run's trace, the one its request started, opens in Jaeger.
+	var runTrace string
+	run(t, tab, 10*time.Second, chromedp.AttributeValue(`main a.trace`, "href", &runTrace, nil, chromedp.ByQuery))
+	var started struct {
+		TraceID  string `json:"trace_id"`
+		TraceURL string `json:"trace_url"`
+	}
+	resp, err := b.client.Get(b.api + "/v1/runs/" + url[strings.LastIndex(url, "/")+1:])
+	require.NoError(t, err)
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&started))
+	resp.Body.Close()
+	require.Len(t, started.TraceID, 32)
+	require.Equal(t, "http://jaeger.example:16686/trace/"+started.TraceID, runTrace)
+	require.Equal(t, started.TraceURL, runTrace)
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if _, ok := find(otlp.Trace(started.TraceID), "conveyor-api", tracepb.Span_SPAN_KIND_SERVER,
+			"POST /v1/workflows/{name}/runs"); !ok {
+			return fmt.Errorf("the run's trace holds no request that started it: %s", describe(otlp.Trace(started.TraceID)))
+		}
+		return nil
+	})
+
 	// Cancel with the button (the confirmation is accepted).
 	var status string
 	run(t, tab, 30*time.Second,
@@ -112,12 +146,15 @@ func TestWorkflowsDashboardInABrowser(t *testing.T) {
 		require.NotEqual(t, "WAITING", nodes[n].Status, "node %s of a cancelled run", n)
 	}
 
-	// a's node opens its task.
+	// a's node opens its task, which runs in the run's trace.
+	var taskTrace string
 	run(t, tab, 30*time.Second,
 		chromedp.Click(`#dag g.node[data-node="a"]`, chromedp.ByQuery),
 		chromedp.WaitVisible(`#status [data-status="CANCELLED"]`, chromedp.ByQuery),
-		chromedp.Location(&url))
+		chromedp.Location(&url),
+		chromedp.AttributeValue(`main a.trace`, "href", &taskTrace, nil, chromedp.ByQuery))
 	require.True(t, strings.HasSuffix(url, nodes["a"].Link), "%s opens %s", url, nodes["a"].Link)
+	require.Equal(t, runTrace, taskTrace, "the node's task joins the run's trace")
 
 	// The workflows page shows the run among the latest.
 	run(t, tab, 30*time.Second,

@@ -111,7 +111,12 @@ type Run struct {
 	CreatedAt   time.Time  `json:"created_at"`
 	UpdatedAt   time.Time  `json:"updated_at"`
 	FinishedAt  *time.Time `json:"finished_at,omitempty"`
-	Nodes       []RunNode  `json:"nodes,omitempty"`
+	// TraceID is the trace the run's nodes are submitted in, and TraceURL
+	// its page in Jaeger (absent when the trace was not exported), as a
+	// task's.
+	TraceID  string    `json:"trace_id,omitempty"`
+	TraceURL string    `json:"trace_url,omitempty"`
+	Nodes    []RunNode `json:"nodes,omitempty"`
 }
 
 // Ended reports whether the run is no longer RUNNING.

@@ -74,16 +74,20 @@ func (s *server) toTaskView(t task.Task) taskView {
 		schedulingView: schedulingOf(t), TimeoutSeconds: int(t.Timeout / time.Second),
 		HeartbeatTimeoutSeconds: int(t.HeartbeatTimeout / time.Second),
 	}
-	if id := traceID(t.Traceparent); id != "" {
-		v.TraceID = id
-		// A trace its sampler dropped (every trace when nothing is
-		// exported) was never sent to Jaeger: a link would lead to
-		// "trace not found".
-		if sampled(t.Traceparent) {
-			v.TraceURL = strings.TrimRight(s.cfg.JaegerUIURL, "/") + "/trace/" + id
-		}
-	}
+	v.TraceID, v.TraceURL = s.trace(t.Traceparent)
 	return v
+}
+
+// trace is the trace id of a W3C traceparent and its page in Jaeger's UI,
+// as a task's or a run's JSON names them.
+func (s *server) trace(traceparent string) (id, url string) {
+	id = traceID(traceparent)
+	// A trace its sampler dropped (every trace when nothing is exported)
+	// was never sent to Jaeger: a link would lead to "trace not found".
+	if id != "" && sampled(traceparent) {
+		url = strings.TrimRight(s.cfg.JaegerUIURL, "/") + "/trace/" + id
+	}
+	return id, url
 }
 
 // taskSummary is the JSON shape of a task in a listing: the task without

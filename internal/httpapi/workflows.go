@@ -76,13 +76,18 @@ type runView struct {
 	CreatedAt   time.Time       `json:"created_at"`
 	UpdatedAt   time.Time       `json:"updated_at"`
 	FinishedAt  *time.Time      `json:"finished_at,omitempty"`
-	Nodes       []runNodeView   `json:"nodes,omitempty"`
+	// TraceID and TraceURL are the trace the run's nodes are submitted in,
+	// as a task's are.
+	TraceID  string        `json:"trace_id,omitempty"`
+	TraceURL string        `json:"trace_url,omitempty"`
+	Nodes    []runNodeView `json:"nodes,omitempty"`
 }
 
-func toRunView(r job.Run) runView {
+func (s *server) toRunView(r job.Run) runView {
 	v := runView{ID: r.ID, Workflow: r.Workflow, Status: r.Status, OnFailure: r.OnFailure, Memoize: r.Memoize,
 		Force: r.Force, Params: r.Params, ScheduledAt: r.ScheduledAt, Error: r.Error, CreatedAt: r.CreatedAt,
 		UpdatedAt: r.UpdatedAt, FinishedAt: r.FinishedAt}
+	v.TraceID, v.TraceURL = s.trace(r.Traceparent)
 	for _, n := range r.Nodes {
 		v.Nodes = append(v.Nodes, runNodeView{Name: n.Name, Job: n.Job, DependsOn: nonNil(n.DependsOn),
 			InputDatasets: nonNil(n.InputDatasets), OutputDatasets: nonNil(n.OutputDatasets), Status: n.Status(),
@@ -139,7 +144,7 @@ func (s *server) handleStartRun() http.HandlerFunc {
 			return
 		}
 		w.Header().Set("Location", "/v1/runs/"+run.ID.String())
-		s.respond(w, r, http.StatusCreated, toRunView(run))
+		s.respond(w, r, http.StatusCreated, s.toRunView(run))
 	}
 }
 
@@ -192,7 +197,7 @@ func (s *server) handleListRuns() http.HandlerFunc {
 		}
 		views := make([]runView, len(runs))
 		for i, run := range runs {
-			views[i] = toRunView(run)
+			views[i] = s.toRunView(run)
 		}
 		out["runs"] = views
 		s.respond(w, r, http.StatusOK, out)
@@ -239,7 +244,7 @@ func (s *server) runAction(do func(r *http.Request, id uuid.UUID) (job.Run, erro
 			s.writeError(w, r, err)
 			return
 		}
-		s.respond(w, r, http.StatusOK, toRunView(run))
+		s.respond(w, r, http.StatusOK, s.toRunView(run))
 	}
 }
 

@@ -32,6 +32,10 @@ type Run struct {
 	CreatedAt   time.Time
 	UpdatedAt   time.Time
 	FinishedAt  *time.Time
+	// Traceparent is the W3C trace context the run's nodes are submitted
+	// in: the request's (or cron pass's) that started the run, or the one
+	// that last retried it; "" when none was given.
+	Traceparent string
 	// Nodes, in the workflow's topological order; empty in a listing.
 	Nodes []RunNode
 }

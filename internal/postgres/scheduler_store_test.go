@@ -687,6 +687,17 @@ workflows:
 	})
 	require.NoError(t, err)
 	require.Equal(t, map[string]int{"cron.traced": 3, "wf.traced": 2}, seen)
+
+	// The workflow's runs name that trace, the one their nodes joined.
+	runs, err := postgres.NewJobStore(db.Pool).Runs(ctx, admin, "ticking-flow", uuid.Nil, 10)
+	require.NoError(t, err)
+	require.Len(t, runs, 2)
+	for _, r := range runs {
+		require.Contains(t, r.Traceparent, traceID.String(), "run %s names the trace of the pass that made it", r.ID)
+		read, err := postgres.NewJobStore(db.Pool).Run(ctx, admin, r.ID)
+		require.NoError(t, err)
+		require.Equal(t, r.Traceparent, read.Traceparent, "read alone, run %s names the same trace", r.ID)
+	}
 }
 
 // The scheduler runs a cron pass several times a second: a pass starts its

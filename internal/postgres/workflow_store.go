@@ -62,7 +62,7 @@ LEFT JOIN jobs j ON j.org_id = $2 AND j.name = n.job`)
 var sqlRunAdvance = statement("workflow_runs.advance", `SELECT conveyor_advance_run($1)`)
 
 const runColumns = `r.id, r.workflow, r.status, r.on_failure, r.memoize, r.force, r.params, r.scheduled_at,
-	coalesce(r.error, ''), r.created_at, r.updated_at, r.finished_at`
+	coalesce(r.error, ''), r.created_at, r.updated_at, r.finished_at, coalesce(r.traceparent, '')`
 
 var sqlRunGet = statement("workflow_runs.get", `SELECT `+runColumns+` FROM workflow_runs r WHERE r.org_id = $1 AND r.id = $2`)
 
@@ -429,7 +429,7 @@ func scanRun(row pgx.CollectableRow) (job.Run, error) {
 	var r job.Run
 	var params []byte
 	err := row.Scan(&r.ID, &r.Workflow, &r.Status, &r.OnFailure, &r.Memoize, &r.Force, &params, &r.ScheduledAt,
-		&r.Error, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt)
+		&r.Error, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.Traceparent)
 	r.Params = params
 	return r, err
 }

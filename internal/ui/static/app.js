@@ -110,6 +110,13 @@ function statusBadge(status) {
   return h("span", { class: "status " + status, "data-status": status }, status);
 }
 
+// traceLink is the Trace of a task or a run: a link to its trace in Jaeger,
+// or a dash when the trace was not exported (the API then gives no
+// trace_url).
+function traceLink(v) {
+  return v.trace_url ? h("a", { href: v.trace_url, rel: "noopener", target: "_blank", class: "trace" }, "Open in Jaeger") : "—";
+}
+
 function showError(where, err) {
   fill(where, h("p", { class: "error", role: "alert" }, err.message || String(err)));
 }
@@ -582,7 +589,7 @@ async function renderTask(id) {
         h("dt", {}, "Started"), h("dd", {}, t.started_at ? when(t.started_at) : "—"),
         h("dt", {}, "Finished"), h("dd", {}, t.completed_at ? when(t.completed_at) : "—"),
         h("dt", {}, "Visible to"), h("dd", {}, t.visibility.length ? t.visibility.join(", ") : "the whole org"),
-        h("dt", {}, "Trace"), h("dd", {}, t.trace_url ? h("a", { href: t.trace_url, rel: "noopener", target: "_blank" }, "Open in Jaeger") : "—")),
+        h("dt", {}, "Trace"), h("dd", {}, traceLink(t))),
       t.error ? [h("h2", {}, "Error"), h("pre", { class: "error", id: "error" }, t.error)] : null,
       t.result !== undefined && t.result !== null ? [h("h2", {}, "Result"), h("pre", { id: "result" }, JSON.stringify(t.result, null, 2))] : null,
       h("h2", {}, "Payload"), h("pre", {}, JSON.stringify(t.payload, null, 2)),
@@ -920,7 +927,8 @@ async function renderRun(id) {
       h("dt", {}, "Started"), h("dd", {}, when(r.created_at), r.scheduled_at ? [" (scheduled for ", when(r.scheduled_at), ")"] : null),
       h("dt", {}, "Finished"), h("dd", {}, r.finished_at ? when(r.finished_at) : "—"),
       h("dt", {}, "On failure"), h("dd", {}, r.on_failure),
-      h("dt", {}, "Memoize"), h("dd", {}, r.memoize ? (r.force ? "yes, but this run is forced" : "yes") : "no")),
+      h("dt", {}, "Memoize"), h("dd", {}, r.memoize ? (r.force ? "yes, but this run is forced" : "yes") : "no"),
+      h("dt", {}, "Trace"), h("dd", {}, traceLink(r))),
     r.error ? [h("h2", {}, "Error"), h("pre", { class: "error", id: "run-error" }, r.error)] : null,
     params ? [h("h2", {}, "Params"), h("pre", {}, JSON.stringify(params, null, 2))] : null);
     fill(table, h("div", { class: "table-wrap" }, h("table", { "aria-labelledby": "nodes-h" },
