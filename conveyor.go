@@ -9,11 +9,13 @@
 // backoff until the task's max_attempts are spent, unless it is marked
 // Permanent. A panic is recovered and treated as an error.
 //
-// The context is cancelled when the task is cancelled through the API, when
-// the worker loses the task (its lease expired, or its heartbeat timeout
-// passed with no progress report, and the attempt was ended), when the attempt runs past the worker's maximum run time, and when
-// the worker shuts down past its grace period; context.Cause tells which
-// (ErrCancelled, ErrLost, ErrTimeout, ErrShutdown). A handler must return
+// The context is cancelled when the task is cancelled through the API
+// (ErrCancelled), when the worker loses the task (ErrLost: its lease
+// expired and the attempt was ended, or the worker could not renew it),
+// when the attempt runs past its task's timeout or the worker's maximum
+// run time, or its handler reports no progress for the task's heartbeat
+// timeout (ErrTimeout), and when the worker shuts down past its grace
+// period (ErrShutdown); context.Cause tells which. A handler must return
 // soon after its context is done; whatever it returns then is ignored,
 // except after ErrShutdown: a result with no error then completes the task.
 //
@@ -64,10 +66,12 @@ type Reporter interface {
 	// Progress sets the percentage done (0 to 100) and a human label of the
 	// current step, such as "Resizing 3/10". The percentage never goes
 	// down within an attempt: a report lower than an earlier one keeps the
-	// higher percentage, with its own label. It returns the context's cause
-	// once the task was cancelled or lost, and an error for a percentage out
-	// of range. Each report is also a heartbeat: a task with a heartbeat
-	// timeout fails when its handler reports nothing for that long.
+	// higher percentage, with its own label. It returns the cause of the
+	// handler's context once that is done (the task cancelled or lost, the
+	// attempt timed out, the worker shutting down), and an error for a
+	// percentage out of range. Each report is also a heartbeat: a task
+	// with a heartbeat timeout fails when its handler reports nothing for
+	// that long.
 	Progress(ctx context.Context, percent int, state string) error
 	// Gather spawns the children not spawned yet (a child is known by its
 	// key: the same key again is the same child) and, once every child
@@ -108,7 +112,9 @@ type Child struct {
 type ChildResult struct {
 	Key    string
 	TaskID uuid.UUID
-	// Status is COMPLETED, FAILED or CANCELLED.
+	// Status is COMPLETED, FAILED or CANCELLED; in the outcomes Gather
+	// returns with ErrAwaitChildren, a child still running is PENDING or
+	// IN_PROGRESS.
 	Status string
 	// Result is the child's result when it completed; Error why it failed.
 	Result json.RawMessage

@@ -60,6 +60,10 @@ type execution struct {
 
 	mu     sync.Mutex
 	latest *progress
+	// reported is when the handler last reported progress, a heartbeat
+	// (under mu): the run loop, held up by a slow write, may take a
+	// report only after the silence it ends has come due.
+	reported time.Time
 	// renewed is when the last write that renewed the lease and landed
 	// was sent (at first, the claim): the lease in the database runs from
 	// no earlier, so a lease past it on this worker's clock may have
@@ -240,6 +244,7 @@ func (e *execution) Progress(_ context.Context, percent int, state string) error
 		stored = max(stored, e.latest.percent)
 	}
 	e.latest = &progress{percent: stored, state: state}
+	e.reported = time.Now()
 	e.mu.Unlock()
 	e.span.AddEvent("progress", trace.WithAttributes(
 		attribute.Int("conveyor.progress", percent), attribute.String("conveyor.state", state)))
@@ -248,6 +253,13 @@ func (e *execution) Progress(_ context.Context, percent int, state string) error
 	default:
 	}
 	return nil
+}
+
+// lastReport is when the handler last reported progress (zero: never).
+func (e *execution) lastReport() time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.reported
 }
 
 // errReporterDone refuses a Reporter used after its handler returned.
@@ -450,6 +462,13 @@ func (e *execution) run(ctx context.Context) {
 			// the handler would run on until this worker's next lease
 			// renewal found the task lost, beside the task's next
 			// attempt on another worker.
+			if silent {
+				// A report the loop has not taken yet, made within the
+				// timeout, is a heartbeat all the same.
+				if until := e.lastReport().Add(e.task.HeartbeatTimeout); until.After(time.Now()) {
+					silent, c.silent = false, until
+				}
+			}
 			if silent && len(done) == 0 {
 				if !e.cancelled && !e.lost && !e.timedOut {
 					e.silent = true
@@ -909,6 +928,13 @@ func (e *execution) finish(ctx context.Context, out outcome) {
 	// when it was stopped (a timeout, the shutdown's grace): it was
 	// accepted. A task cancelled or lost stores none (flushProgress).
 	e.flushProgress(ctx)
+	// A panic is logged whatever the attempt's outcome: one in the code a
+	// cancel or a timeout runs is a bug too, and the outcome stored says
+	// nothing of it.
+	var p *conveyor.PanicError
+	if errors.As(out.err, &p) {
+		e.log.ErrorContext(ctx, "handler panicked", "panic", fmt.Sprint(p.Value), "stack", string(p.Stack))
+	}
 	if e.lost {
 		e.done(ctx, "lost", nil)
 		return
@@ -952,10 +978,6 @@ func (e *execution) finish(ctx context.Context, out outcome) {
 		e.store(ctx, "completed", task.Change{Transition: task.Complete, Result: result,
 			Detail: map[string]any{"attempt": e.task.Attempt}})
 	default:
-		var p *conveyor.PanicError
-		if errors.As(out.err, &p) {
-			e.log.ErrorContext(ctx, "handler panicked", "panic", fmt.Sprint(p.Value), "stack", string(p.Stack))
-		}
 		e.fail(ctx, out.err, conveyor.IsPermanent(out.err))
 	}
 }

@@ -692,3 +692,79 @@ func TestWorkerRunsNoHandlerOfAnotherTypeThanItsTasks(t *testing.T) {
 	require.Equal(t, 0, got.Attempt, "the attempt is given back")
 	require.Equal(t, []task.Transition{task.HandBack}, b.store.transitions(id))
 }
+
+// A handler that keeps reporting is not silent, though the run loop was
+// busy (a slow write) when its heartbeat timeout came due: its reports
+// came within the timeout, and the one the loop has not taken yet counts
+// as much as those it has.
+func TestWorkerDoesNotTimeOutAReportingHandlerWhileAWriteWasSlow(t *testing.T) {
+	const tasks = 6
+	// The lease's renewals come seldom: the clock the run loop finds due
+	// after a write is the heartbeat timeout's.
+	b := setup(t, testConfig{concurrency: tasks, heartbeat: time.Second, handlers: []conveyor.Handler{
+		conveyor.Handle("t.chatty", func(ctx context.Context, _ conveyor.Task, r conveyor.Reporter) (any, error) {
+			for i := range 80 {
+				if err := r.Progress(ctx, i, fmt.Sprintf("Step %d", i)); err != nil {
+					return nil, err
+				}
+				select {
+				case <-ctx.Done():
+					return nil, context.Cause(ctx)
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+			return "reported all along", nil
+		}),
+	}})
+	ids := make([]uuid.UUID, tasks)
+	for i := range ids {
+		ids[i] = b.store.add("t.chatty", 1)
+	}
+	b.store.mu.Lock()
+	for _, id := range ids {
+		b.store.tasks[id].HeartbeatTimeout = 300 * time.Millisecond
+	}
+	// Every write outlasts the heartbeat timeout, which comes due while
+	// the run loop waits on it.
+	b.store.writeTime = 600 * time.Millisecond
+	b.store.mu.Unlock()
+	for _, id := range ids {
+		b.deliver(t, id)
+	}
+	for _, id := range ids {
+		require.Equal(t, "completed", b.finished(t, id),
+			"the handler reported every 20 ms; its heartbeat timeout is 300 ms: %s", b.store.get(id).Error)
+	}
+}
+
+// A handler that panics once stopped (in the code its cancel or its
+// timeout runs) has its panic logged with its stack, though the attempt
+// ends as the stop says and its stored outcome names no panic.
+func TestWorkerLogsAPanicOfAStoppedHandler(t *testing.T) {
+	for name, stop := range map[string]func(b *testBundle, id uuid.UUID){
+		"cancelled": func(b *testBundle, id uuid.UUID) {
+			b.src.cancels <- outbox.Cancel{TaskID: id, Version: b.store.requestCancel(id)}
+		},
+		"timed out": func(*testBundle, uuid.UUID) {}, // its run time is short
+	} {
+		t.Run(name, func(t *testing.T) {
+			var logs lockedBuffer
+			entered := make(chan struct{}, 1)
+			b := setup(t, testConfig{log: &logs, maxRunTime: 300 * time.Millisecond, handlers: []conveyor.Handler{
+				conveyor.Handle("t.panic", func(ctx context.Context, _ conveyor.Task, _ conveyor.Reporter) (any, error) {
+					entered <- struct{}{}
+					<-ctx.Done()
+					panic("cleanup went wrong")
+				}),
+			}})
+			id := b.store.add("t.panic", 1)
+			b.deliver(t, id)
+			receive(t, entered)
+			stop(b, id)
+			require.NotEqual(t, "completed", b.finished(t, id))
+			require.Contains(t, logs.String(), "handler panicked")
+			require.Contains(t, logs.String(), "cleanup went wrong")
+			require.Contains(t, logs.String(), "stack=")
+		})
+	}
+}
