@@ -124,7 +124,7 @@ func TestRequestSpansNameTheOrgAndRecordServerErrors(t *testing.T) {
 	s := spans[0]
 	attrs := map[string]string{}
 	for _, a := range s.Attributes() {
-		attrs[string(a.Key)] = a.Value.Emit()
+		attrs[string(a.Key)] = a.Value.String()
 	}
 	require.Equal(t, org.String(), attrs["conveyor.org_id"], "the span names the principal's org")
 	require.Equal(t, codes.Error, s.Status().Code)

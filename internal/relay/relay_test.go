@@ -1034,7 +1034,7 @@ func TestProducerSpanNamesTheTasksTypeAndOrg(t *testing.T) {
 			if s.SpanKind() == oteltrace.SpanKindProducer {
 				attrs = map[attribute.Key]string{}
 				for _, kv := range s.Attributes() {
-					attrs[kv.Key] = kv.Value.Emit()
+					attrs[kv.Key] = kv.Value.String()
 				}
 				return true
 			}

@@ -1423,7 +1423,7 @@ func TestWorkerConsumerSpanNamesTheTasksTypeAndOrg(t *testing.T) {
 		for _, s := range rec.Ended() {
 			if s.SpanKind() == oteltrace.SpanKindConsumer {
 				for _, a := range s.Attributes() {
-					attrs[string(a.Key)] = a.Value.Emit()
+					attrs[string(a.Key)] = a.Value.String()
 				}
 				return true
 			}
