@@ -16,6 +16,7 @@ import (
 
 // overviewBody is GET /v1/overview as a client reads it.
 type overviewBody struct {
+	AsOf     time.Time      `json:"as_of"`
 	Counts   map[string]int `json:"counts"`
 	LastHour struct {
 		Minutes []struct {
@@ -82,7 +83,9 @@ func TestOverviewSumsUpTheOrgAsTheCallerSeesIt(t *testing.T) {
 	otherOrg, _ := b.db.Key(t, "other", auth.Admin)
 
 	// Empty: every status is there, with 0, and 60 empty minutes.
+	before := time.Now()
 	empty := b.overview(t, outsider)
+	require.WithinRange(t, empty.AsOf, before.Add(-time.Second), time.Now().Add(time.Second), "when it was read")
 	require.Equal(t, map[string]int{"PENDING": 0, "IN_PROGRESS": 0, "COMPLETED": 0, "FAILED": 0, "CANCELLED": 0}, empty.Counts)
 	require.Len(t, empty.LastHour.Minutes, 60)
 	require.Empty(t, empty.Types)

@@ -46,7 +46,13 @@ hour minute by minute and the tasks each worker runs included.`,
 // the queues, the outbox, the workers.
 func (a *app) writeOverview(o apiclient.Overview) error {
 	now := a.now()
+	// A large org's overview is shared by its callers for a few seconds.
+	asOf := ""
+	if !o.AsOf.IsZero() {
+		asOf = o.AsOf.Local().Format(time.TimeOnly)
+	}
 	if err := fields(a.stdout,
+		"as of", asOf,
 		"tasks", counts(o.Counts),
 		"last hour", fmt.Sprintf("%d completed, %d failed, %.2f completed per minute",
 			o.LastHour.Completed, o.LastHour.Failed, o.LastHour.ThroughputPerMinute),

@@ -9,6 +9,9 @@ import (
 // Overview is the org's tasks at a glance, and the deployment's workers.
 type Overview struct {
 	Document
+	// AsOf is when the API read the overview: callers who would see the
+	// same one share it, a large org's for a few seconds.
+	AsOf time.Time `json:"as_of"`
 	// Counts has the tasks per status, every status included.
 	Counts   map[string]int `json:"counts"`
 	LastHour LastHour       `json:"last_hour"`

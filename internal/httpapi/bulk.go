@@ -50,6 +50,7 @@ func (s *server) handleBulk(action task.Action) http.HandlerFunc {
 		}
 		resp := bulkResponse{Matched: res.Matched}
 		if !b.DryRun {
+			s.overviews.forget(principal(r).OrgID)
 			resp.Skipped, resp.More = &res.Skipped, &res.More
 			if action == task.ActionCancel {
 				resp.Cancelled = &res.Changed

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"net/http"
 	"time"
 
@@ -16,32 +17,44 @@ const workerLiveWithin = time.Minute
 
 // handleOverview answers the caller's org at a glance: tasks per status,
 // the last hour, the queues per type, the outbox, and the deployment's
-// workers with the caller's tasks each runs.
+// workers with the caller's tasks each runs. Callers who would see the
+// same overview share it (overview_share.go); as_of says when it was read.
 func (s *server) handleOverview() http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		var fleet registry.Fleet
-		if s.Workers != nil {
-			var err error
-			if fleet, err = s.Workers.Fleet(r.Context(), workerLiveWithin); err != nil {
-				s.writeError(w, r, err)
-				return
-			}
-		}
-		ids := make([]string, len(fleet.Workers))
-		for i, wk := range fleet.Workers {
-			ids[i] = wk.ID
-		}
-		o, err := s.Store.Overview(r.Context(), principal(r), ids)
+		p := principal(r)
+		v, err := s.overviews.get(r.Context(), overviewKey(p), s.cfg.RequestTimeout,
+			func(ctx context.Context) (overviewView, error) {
+				var fleet registry.Fleet
+				if s.Workers != nil {
+					var err error
+					if fleet, err = s.Workers.Fleet(ctx, workerLiveWithin); err != nil {
+						return overviewView{}, err
+					}
+				}
+				ids := make([]string, len(fleet.Workers))
+				for i, wk := range fleet.Workers {
+					ids[i] = wk.ID
+				}
+				o, err := s.Store.Overview(ctx, p, ids)
+				if err != nil {
+					return overviewView{}, err
+				}
+				return toOverviewView(o, fleet), nil
+			})
 		if err != nil {
 			s.writeError(w, r, err)
 			return
 		}
-		s.respond(w, r, http.StatusOK, toOverviewView(o, fleet))
+		s.respond(w, r, http.StatusOK, v)
 	}
 }
 
 // overviewView is the JSON shape of GET /v1/overview.
 type overviewView struct {
+	// AsOf is when the overview was read: callers who would see the same
+	// one share it, and a costly one is handed out again for a few
+	// seconds.
+	AsOf time.Time `json:"as_of"`
 	// Counts has every status, 0 when no task is in it.
 	Counts   map[task.Status]int `json:"counts"`
 	LastHour lastHourView        `json:"last_hour"`

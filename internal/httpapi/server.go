@@ -127,8 +127,9 @@ type Deps struct {
 // NewHandler returns the API's HTTP handler with every route of routes.go.
 func NewHandler(cfg Config, deps Deps) http.Handler {
 	s := &server{cfg: cfg, Deps: deps, metrics: newMetrics(deps.Registry),
-		limits:   newLimiters(cfg.RateLimit, cfg.RateBurst),
-		failures: newFailureLimits(cfg.AuthFailureLimit, cfg.AuthFailureBurst)}
+		limits:    newLimiters(cfg.RateLimit, cfg.RateBurst),
+		failures:  newFailureLimits(cfg.AuthFailureLimit, cfg.AuthFailureBurst),
+		overviews: newOverviewShare()}
 	s.types = &typeLabels{load: deps.Store.KnownTypes, log: deps.Log}
 	return s.routes()
 }
@@ -144,4 +145,7 @@ type server struct {
 	streams  atomic.Int64 // live streams open
 	// orgStreams counts the live streams of each org that has one.
 	orgStreams orgStreams
+	// overviews shares overviews between the callers that would see the
+	// same one.
+	overviews *overviewShare
 }

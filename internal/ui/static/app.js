@@ -276,7 +276,10 @@ async function renderOverview() {
       showError(body, err);
       return;
     }
-    fill(body, 
+    // A large org's overview is shared by its viewers for a few seconds:
+    // say when it was read.
+    fill(body,
+      h("p", { class: "muted", id: "as-of" }, "As of " + new Date(o.as_of).toLocaleTimeString()),
       countCards(o.counts),
       h("div", { class: "grid2" },
         h("section", { "aria-labelledby": "hour" }, h("h2", { id: "hour" }, "The last hour"),
