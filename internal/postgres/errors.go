@@ -25,9 +25,10 @@ func pgCode(err error) string {
 
 // Classes of SQLSTATE the adapter reacts to.
 const (
-	codeDeadlock      = "40P01"
-	codeSerialization = "40001"
-	codeNoDatabase    = "3D000"
+	codeDeadlock       = "40P01"
+	codeSerialization  = "40001"
+	codeNoDatabase     = "3D000"
+	codeUndefinedTable = "42P01"
 	// codeCheckViolation: a row breaks a CHECK constraint.
 	codeCheckViolation = "23514"
 	// codeForeignKeyViolation: a row names one that is not there (a

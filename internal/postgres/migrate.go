@@ -2,10 +2,12 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 
@@ -20,6 +22,14 @@ import (
 const migrationLockKey = 0x636f6e7665796f72
 
 var migrationName = regexp.MustCompile(`^(\d+)_([a-z0-9_]+)\.sql$`)
+
+// ErrSchemaNewer is returned by Migrate when the database holds migrations
+// this binary does not know: a newer release migrated it.
+var ErrSchemaNewer = errors.New("the database schema is newer than this binary")
+
+// ErrSchemaBehind is returned by CheckSchema while migrations this binary
+// needs are not applied yet.
+var ErrSchemaBehind = errors.New("the database schema is not migrated to this binary's yet")
 
 // Migration is one embedded schema change.
 type Migration struct {
@@ -107,6 +117,9 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) ([]int, 
 	if err != nil {
 		return nil, fmt.Errorf("read schema_migrations: %w", err)
 	}
+	if err := schemaNotNewer(applied, all); err != nil {
+		return nil, err
+	}
 	done := make(map[int]bool, len(applied))
 	for _, v := range applied {
 		done[v] = true
@@ -131,4 +144,62 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) ([]int, 
 		ran = append(ran, m.Version)
 	}
 	return ran, nil
+}
+
+// schemaNotNewer refuses a database a newer release migrated. This binary's
+// statements were written for its own schema: against a newer one they may
+// fail, or worse, run and skip what the newer schema expects of them (an
+// index a guarantee moved away from, a column a trigger no longer keeps),
+// and there is no migration down. An operator rolling back restores the
+// database from before the upgrade; one rolling forward runs the new
+// release everywhere.
+func schemaNotNewer(applied []int, known []Migration) error {
+	if len(applied) == 0 {
+		return nil
+	}
+	newest := slices.Max(applied)
+	latest := 0
+	if len(known) > 0 {
+		latest = known[len(known)-1].Version
+	}
+	if newest > latest {
+		return fmt.Errorf("%w: it is at migration %03d, this binary knows migrations up to %03d: run the release that migrated it, or a newer one",
+			ErrSchemaNewer, newest, latest)
+	}
+	return nil
+}
+
+// CheckSchema says whether the database's schema is this binary's, for a
+// service that does not migrate it (the relay): ErrSchemaBehind while
+// migrations remain (the api, a worker or `api migrate` applies them),
+// ErrSchemaNewer once a newer release has migrated it.
+func CheckSchema(ctx context.Context, pool *pgxpool.Pool) error {
+	all, err := Migrations()
+	if err != nil {
+		return err
+	}
+	rows, err := pool.Query(ctx, "SELECT version FROM schema_migrations")
+	if err != nil {
+		return schemaReadError(err)
+	}
+	applied, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		return schemaReadError(err)
+	}
+	if err := schemaNotNewer(applied, all); err != nil {
+		return err
+	}
+	for _, m := range all {
+		if !slices.Contains(applied, m.Version) {
+			return fmt.Errorf("%w: migration %03d_%s is not applied", ErrSchemaBehind, m.Version, m.Name)
+		}
+	}
+	return nil
+}
+
+func schemaReadError(err error) error {
+	if pgCode(err) == codeUndefinedTable {
+		return fmt.Errorf("%w: no migration is applied", ErrSchemaBehind)
+	}
+	return fmt.Errorf("read schema_migrations: %w", err)
 }

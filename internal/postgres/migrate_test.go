@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
@@ -9,12 +10,12 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/conveyorhq/conveyor/internal/postgres"
 	"github.com/conveyorhq/conveyor/internal/testdb"
+	"github.com/conveyorhq/conveyor/internal/testenv"
 )
 
 // Several processes migrating at once a database that does not exist yet:
@@ -157,32 +158,9 @@ func TestMigrateOutlastsThePoolsStatementTimeout(t *testing.T) {
 // unknown (a failed or cancelled run) or read from their task.
 func TestRunRetentionMigrationBackfill(t *testing.T) {
 	t.Parallel()
-	url := testdb.NewEmpty(t)
 	ctx := context.Background()
-	require.NoError(t, postgres.EnsureDatabaseURL(ctx, url))
-	// Not postgres.Open: it prepares the statements of the schema as it is
-	// now.
-	pool, err := pgxpool.New(ctx, url)
-	require.NoError(t, err)
-	defer pool.Close()
-	all, err := postgres.Migrations()
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL,
-		applied_at timestamptz NOT NULL DEFAULT now())`)
-	require.NoError(t, err)
-	for _, m := range all {
-		if m.Version >= 20 {
-			break
-		}
-		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, m.SQL); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", m.Version, m.Name)
-			return err
-		}), "migration %d", m.Version)
-	}
-	_, err = pool.Exec(ctx, `INSERT INTO orgs (slug, name) VALUES ('o', 'o')`)
+	_, pool := migratedTo(t, 19)
+	_, err := pool.Exec(ctx, `INSERT INTO orgs (slug, name) VALUES ('o', 'o')`)
 	require.NoError(t, err)
 	for _, status := range []string{"RUNNING", "COMPLETED", "FAILED", "CANCELLED"} {
 		run, kept := uuid.New(), uuid.New()
@@ -215,4 +193,92 @@ func TestRunRetentionMigrationBackfill(t *testing.T) {
 		require.NoError(t, pool.QueryRow(ctx, `SELECT task_status FROM run_nodes WHERE task_status IS NOT NULL`).Scan(&s))
 		return s
 	}())
+}
+
+// A binary older than the schema (started after a newer release migrated
+// the database, or rolled back to) refuses to run against it, saying why,
+// instead of running statements written for a schema that is gone.
+func TestMigrateRefusesANewerSchema(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	all, err := postgres.Migrations()
+	require.NoError(t, err)
+	next := all[len(all)-1].Version + 1
+	_, err = db.Pool.Exec(ctx, "INSERT INTO schema_migrations (version, name) VALUES ($1, 'from_a_newer_release')", next)
+	require.NoError(t, err)
+
+	_, err = postgres.Migrate(ctx, db.Pool, log)
+	require.ErrorIs(t, err, postgres.ErrSchemaNewer)
+	require.ErrorContains(t, err, fmt.Sprintf("%03d", next))
+	require.ErrorIs(t, postgres.CheckSchema(ctx, db.Pool), postgres.ErrSchemaNewer, "nor does the relay")
+
+	// The lock was given back: the newer release still migrates.
+	_, err = db.Pool.Exec(ctx, "DELETE FROM schema_migrations WHERE version = $1", next)
+	require.NoError(t, err)
+	again, err := postgres.Migrate(ctx, db.Pool, log)
+	require.NoError(t, err)
+	require.Empty(t, again)
+	require.NoError(t, postgres.CheckSchema(ctx, db.Pool))
+	_, err = db.Pool.Exec(ctx, "DELETE FROM schema_migrations WHERE version = $1", next-1)
+	require.NoError(t, err)
+	require.ErrorIs(t, postgres.CheckSchema(ctx, db.Pool), postgres.ErrSchemaBehind)
+}
+
+// A migration cut short (the process stopped while it waited for a lock on
+// a busy table) leaves nothing of itself: each migration is one
+// transaction with its schema_migrations row, so the next start applies it
+// whole.
+func TestAnInterruptedMigrationIsAppliedWholeAtTheNextStart(t *testing.T) {
+	t.Parallel()
+	url, pool := migratedTo(t, 19)
+	ctx := context.Background()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+
+	// A long transaction reading run_nodes: 020's ALTER TABLE waits for it,
+	// after its first statements ran.
+	reader, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer reader.Close(ctx)
+	tx, err := reader.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "LOCK TABLE run_nodes IN ACCESS SHARE MODE")
+	require.NoError(t, err)
+
+	mctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := postgres.Migrate(mctx, pool, log)
+		done <- err
+	}()
+	testenv.Eventually(t, 10*time.Second, func() error {
+		var waiting int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+			return err
+		}
+		if waiting == 0 {
+			return fmt.Errorf("migration 020 not waiting for run_nodes yet")
+		}
+		return nil
+	})
+	stop()
+	require.Error(t, <-done)
+	require.NoError(t, tx.Rollback(ctx))
+
+	var applied, index, column int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM schema_migrations WHERE version = 20),
+		(SELECT count(*) FROM pg_class WHERE relname = 'workflow_runs_finished'),
+		(SELECT count(*) FROM information_schema.columns WHERE table_name = 'run_nodes' AND column_name = 'task_status')`,
+	).Scan(&applied, &index, &column))
+	require.Equal(t, [3]int{0, 0, 0}, [3]int{applied, index, column}, "nothing of 020 stays")
+
+	ran, err := postgres.Migrate(ctx, pool, log)
+	require.NoError(t, err)
+	require.Equal(t, []int{20}, ran)
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM information_schema.columns
+		WHERE table_name = 'run_nodes' AND column_name = 'task_status'`).Scan(&column))
+	require.Equal(t, 1, column)
 }

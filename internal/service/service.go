@@ -5,6 +5,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"os"
@@ -39,7 +40,10 @@ type Options struct {
 	// WarmUp names the hot statements to plan on every new connection,
 	// a few of which are opened at once (see postgres.PoolConfig).
 	WarmUp []string
-	// Migrate applies the embedded migrations once connected.
+	// Migrate applies the embedded migrations before the pools open.
+	// Without it, Start waits while the database's schema is behind this
+	// binary's (another process migrates it); either way it refuses a
+	// schema a newer release migrated.
 	Migrate bool
 	// TenantPool opens Runtime.TenantPool, sized like the main pool, and
 	// leaves the main pool small: for the API, whose own-user work (key
@@ -103,7 +107,9 @@ func Start(ctx context.Context, cfg config.Common, stdout io.Writer, o Options) 
 			return r, nil
 		}
 		retry := b.NextBackOff()
-		if !postgres.Transient(err) || ctx.Err() != nil {
+		// A schema not migrated yet is waited for too: the api or a
+		// worker starting beside this process migrates it.
+		if !(postgres.Transient(err) || errors.Is(err, postgres.ErrSchemaBehind)) || ctx.Err() != nil {
 			_ = shutdown(context.WithoutCancel(ctx))
 			return nil, err
 		}
@@ -117,6 +123,9 @@ func (r *Runtime) connect(ctx context.Context, cfg config.Common, o Options, max
 		URL: cfg.DatabaseURL, MaxConns: maxConns, StatementTimeout: o.StatementTimeout, Plans: o.Plans,
 		WarmUp: o.WarmUp, MinConns: 2, TracerProvider: r.TracerProvider, IdleTxTimeout: cfg.DatabaseIdleTxTimeout,
 	}
+	if err := r.schema(ctx, pc, o.Migrate); err != nil {
+		return err
+	}
 	main := pc
 	if o.TenantPool {
 		main.MaxConns = 4
@@ -124,12 +133,6 @@ func (r *Runtime) connect(ctx context.Context, cfg config.Common, o Options, max
 	pool, err := postgres.Open(ctx, main)
 	if err != nil {
 		return err
-	}
-	if o.Migrate {
-		if _, err := postgres.Migrate(ctx, pool, r.Log); err != nil {
-			pool.Close()
-			return err
-		}
 	}
 	if o.TenantPool {
 		pc.Role = postgres.TenantRole
@@ -152,6 +155,25 @@ func (r *Runtime) connect(ctx context.Context, cfg config.Common, o Options, max
 	}
 	r.Pool = pool
 	return nil
+}
+
+// schema brings the database's schema to this binary's (migrate), or
+// checks that it is there, on a connection of its own and before the
+// service's pools open: their connections plan the hot statements as they
+// connect (WarmUp), against the schema as this binary knows it, and fail on
+// a database that is empty or that an older release migrated.
+func (r *Runtime) schema(ctx context.Context, pc postgres.PoolConfig, migrate bool) error {
+	pool, err := postgres.Open(ctx, postgres.PoolConfig{URL: pc.URL, MaxConns: 1,
+		TracerProvider: pc.TracerProvider, IdleTxTimeout: pc.IdleTxTimeout})
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if migrate {
+		_, err = postgres.Migrate(ctx, pool, r.Log)
+		return err
+	}
+	return postgres.CheckSchema(ctx, pool)
 }
 
 // backgroundConns sizes a BackgroundPool: maintenance and scheduling run

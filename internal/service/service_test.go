@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/conveyorhq/conveyor/internal/config"
+	"github.com/conveyorhq/conveyor/internal/postgres"
 	"github.com/conveyorhq/conveyor/internal/service"
 	"github.com/conveyorhq/conveyor/internal/testdb"
 	"github.com/conveyorhq/conveyor/internal/testenv"
@@ -93,4 +95,79 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// A worker may start before any api, on a database nothing has migrated
+// yet (or one an older release migrated): it brings the schema up itself.
+// Its connections plan the hot statements as they connect, so they must
+// only connect once the schema is there.
+func TestStartMigratesBeforeItsPoolsWarmUp(t *testing.T) {
+	t.Parallel()
+	url := testdb.NewEmpty(t)
+	ctx := context.Background()
+	require.NoError(t, postgres.EnsureDatabaseURL(ctx, url))
+	cfg := config.Common{DatabaseURL: url, LogLevel: "error", LogFormat: "json", ShutdownTimeout: time.Second}
+	rt, err := service.Start(ctx, cfg, io.Discard, service.Options{Name: "conveyor-test",
+		Plans: postgres.PlansGeneric, WarmUp: postgres.WorkerHotStatements, BackgroundPool: true, Migrate: true})
+	require.NoError(t, err)
+	defer rt.Close(ctx)
+	var applied int
+	require.NoError(t, rt.Pool.QueryRow(ctx, "SELECT count(*) FROM schema_migrations").Scan(&applied))
+	all, err := postgres.Migrations()
+	require.NoError(t, err)
+	require.Equal(t, len(all), applied)
+}
+
+// A service that does not migrate (the relay) and starts before the
+// schema is there waits for the api or a worker to migrate it, instead of
+// exiting on its first statement.
+func TestStartWaitsForTheSchema(t *testing.T) {
+	t.Parallel()
+	url := testdb.NewEmpty(t)
+	ctx := context.Background()
+	require.NoError(t, postgres.EnsureDatabaseURL(ctx, url))
+	cfg := config.Common{DatabaseURL: url, LogLevel: "info", LogFormat: "json", ShutdownTimeout: time.Second}
+	var out syncBuffer
+	type started struct {
+		rt  *service.Runtime
+		err error
+	}
+	done := make(chan started, 1)
+	go func() {
+		rt, err := service.Start(ctx, cfg, &out, service.Options{Name: "conveyor-test",
+			Plans: postgres.PlansGeneric, WarmUp: postgres.RelayHotStatements})
+		done <- started{rt, err}
+	}()
+	testenv.Eventually(t, 30*time.Second, func() error {
+		select {
+		case s := <-done:
+			done <- s
+			return nil
+		default:
+		}
+		if !strings.Contains(out.String(), "not migrated") {
+			return fmt.Errorf("not waiting for the schema yet:\n%s", out.String())
+		}
+		return nil
+	})
+	select {
+	case s := <-done:
+		require.NoError(t, s.err, "started before the schema was there")
+		s.rt.Close(ctx)
+		t.Fatal("started before the schema was there")
+	default:
+	}
+
+	pool, err := postgres.Open(ctx, postgres.PoolConfig{URL: url, MaxConns: 1})
+	require.NoError(t, err)
+	_, err = postgres.Migrate(ctx, pool, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	pool.Close()
+	require.NoError(t, err)
+	select {
+	case s := <-done:
+		require.NoError(t, s.err)
+		s.rt.Close(ctx)
+	case <-time.After(30 * time.Second):
+		t.Fatal("not started once the schema was there")
+	}
 }
