@@ -21,8 +21,8 @@ import (
 // out first. Only what the worker already holds (its slots and its
 // read-ahead) goes before it. Fair mode is off here (the window is
 // larger than the backlog): in fair mode the task would wait in PostgreSQL
-// behind every task admitted before it, whatever their priority, as the
-// README says under "Priorities".
+// for the next pass, which admits it past the less urgent queued tasks,
+// as the README says under "Priorities".
 func TestHigherPriorityOvertakesTheQueuedBacklog(t *testing.T) {
 	skipShort(t)
 	t.Parallel()

@@ -168,8 +168,8 @@ func TestRelayClaimUsesTheOutboxIndex(t *testing.T) {
 	require.NotContains(t, plan, "Sort", plan)
 }
 
-// The scheduler counts a type's queued tasks through the index of queued
-// tasks alone. Statistics taken while the whole backlog was queued made a
+// The scheduler counts a type's queued tasks, as a whole and per
+// priority, through the index of queued tasks alone. Statistics taken while the whole backlog was queued made a
 // scan of the table look cheap for a LIMIT (matching rows "come early");
 // burnt down in order, the queued rows come last, behind every finished one.
 func TestTypeLoadCountsQueuedTasksThroughTheirIndex(t *testing.T) {
@@ -179,9 +179,13 @@ func TestTypeLoadCountsQueuedTasksThroughTheirIndex(t *testing.T) {
 		SELECT gen_random_uuid(), `+testdb.OrgSQL+`, 'demo.noop', now() - interval '1 hour' FROM generate_series(1, 20000)`)
 	b.exec(t, `ANALYZE tasks`)
 	b.exec(t, `UPDATE tasks SET status = 'COMPLETED', completed_at = now() WHERE id IN (SELECT id FROM tasks LIMIT 19000)`)
-	plan := b.explain(t, statementSQL(t, "scheduler.type_load"), 0, int64(60000), 64, []string{})
-	require.Contains(t, plan, "using tasks_ready on tasks", plan)
-	require.NotContains(t, plan, "Seq Scan on tasks", plan)
+	for _, plan := range []string{
+		b.explain(t, statementSQL(t, "scheduler.type_load"), 0, int64(60000), 64, []string{}),
+		b.explain(t, statementSQL(t, "scheduler.queued_by_priority"), []string{"demo.noop"}, []int{641}),
+	} {
+		require.Contains(t, plan, "using tasks_ready on tasks", plan)
+		require.NotContains(t, plan, "Seq Scan on tasks", plan)
+	}
 }
 
 // Nor does a fresh backlog, which no statistics have seen yet: the planner
@@ -193,9 +197,13 @@ func TestTypeLoadCountsAFreshBacklogThroughItsIndex(t *testing.T) {
 	b.exec(t, `ANALYZE tasks`)
 	b.exec(t, `INSERT INTO tasks (id, org_id, type, next_run_at)
 		SELECT gen_random_uuid(), `+testdb.OrgSQL+`, 'demo.noop', now() - interval '1 hour' FROM generate_series(1, 20000)`)
-	plan := b.explainUnder(t, "scheduler.settings", statementSQL(t, "scheduler.type_load"), 0, int64(60000), 64, []string{})
-	require.Contains(t, plan, "using tasks_ready on tasks", plan)
-	require.NotContains(t, plan, "Sort", plan)
+	for _, plan := range []string{
+		b.explainUnder(t, "scheduler.settings", statementSQL(t, "scheduler.type_load"), 0, int64(60000), 64, []string{}),
+		b.explainUnder(t, "scheduler.settings", statementSQL(t, "scheduler.queued_by_priority"), []string{"demo.noop"}, []int{641}),
+	} {
+		require.Contains(t, plan, "using tasks_ready on tasks", plan)
+		require.NotContains(t, plan, "Sort", plan)
+	}
 }
 
 // The reaper reads running tasks entry by entry, so that the entries of

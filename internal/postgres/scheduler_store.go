@@ -137,6 +137,16 @@ CROSS JOIN LATERAL (
 			AND NOT EXISTS (SELECT 1 FROM full_key f WHERE f.job_id = t.job_id AND f.concurrency_key = t.concurrency_key)))
 	ORDER BY t.priority DESC, t.id LIMIT $4) c`)
 
+// sqlQueuedByPriority counts, per priority, the queued tasks (admitted,
+// due, unclaimed) of each type of $1, reading at most $2 of each, the
+// oldest, along tasks_ready as sqlTypeLoad does.
+var sqlQueuedByPriority = statement("scheduler.queued_by_priority", `
+SELECT k.type, r.priority, count(*) FROM unnest($1::text[], $2::int[]) AS k(type, cap)
+CROSS JOIN LATERAL (
+	SELECT t.priority FROM tasks t WHERE t.type = k.type AND t.`+isPending+` AND t.admitted
+		AND t.next_run_at <= now() ORDER BY t.type, t.next_run_at, t.id LIMIT k.cap) r
+GROUP BY 1, 2`)
+
 // sqlTypeLimits reads the limits of the (org, type) pairs named.
 var sqlTypeLimits = statement("scheduler.type_limits", `
 SELECT l.type, l.org_id, coalesce(l.max_concurrency, 0), coalesce(l.max_concurrency_per_key, 0)
@@ -264,8 +274,9 @@ type candidate struct {
 
 // Admit runs one admission pass in one transaction: it moves each type in
 // or out of fair mode, then admits waiting tasks as far as their limits
-// and their type's window allow, taking turns between orgs (the org with
-// the fewest tasks in flight in the type goes first).
+// and their type's window allow, the most urgent first, and taking turns
+// between orgs within a priority (the org with the fewest tasks in flight
+// in the type goes first).
 func (s *SchedulerStore) Admit(ctx context.Context, cfg job.AdmitConfig) (job.AdmitStats, error) {
 	var st job.AdmitStats
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
@@ -484,6 +495,25 @@ func (s *SchedulerStore) admitWaiting(ctx context.Context, tx pgx.Tx, cfg job.Ad
 		}
 	}
 
+	queued, err := queuedByPriority(ctx, tx, loads, room, cands)
+	if err != nil {
+		return 0, err
+	}
+	// roomFor is the room in its type's window for c: in fair mode only
+	// the queued tasks as urgent as c, or more, are ahead of it in the
+	// broker, and count.
+	roomFor := func(c candidate) int {
+		q := queued[c.typ]
+		if q == nil {
+			return room[c.typ]
+		}
+		ahead := 0
+		for _, n := range q[c.priority:] {
+			ahead += n
+		}
+		return loads[c.typ].window - ahead
+	}
+
 	// The limits that apply, and the slots already held.
 	pairTypes, pairOrgs := []string{}, []uuid.UUID{}
 	seenPair := map[scopeKey]bool{}
@@ -555,8 +585,9 @@ func (s *SchedulerStore) admitWaiting(ctx context.Context, tx pgx.Tx, cfg job.Ad
 		}
 	}
 
-	// Take turns: per type, the org with the fewest tasks in flight takes
-	// its next candidate; a candidate over a limit is passed over.
+	// Take turns: the most urgent next candidate goes first; between
+	// equally urgent ones, the org with the fewest tasks in flight in its
+	// type; a candidate over a limit is passed over.
 	queues := map[scopeKey][]candidate{} // per (type, org), in admission order
 	var pairs []scopeKey
 	for _, c := range cands {
@@ -618,10 +649,17 @@ func (s *SchedulerStore) admitWaiting(ctx context.Context, tx pgx.Tx, cfg job.Ad
 	for len(admit) < cfg.MaxAdmit {
 		best := -1
 		for i, p := range pairs {
-			if len(queues[p]) == 0 || room[p.typ] == 0 {
+			// A pair's next candidate is its most urgent: when it has no
+			// room, none behind it has.
+			if len(queues[p]) == 0 || roomFor(queues[p][0]) <= 0 {
 				continue
 			}
-			if best < 0 || held[p] < held[pairs[best]] {
+			if best < 0 {
+				best = i
+				continue
+			}
+			b := pairs[best]
+			if d := queues[p][0].priority - queues[b][0].priority; d > 0 || d == 0 && held[p] < held[b] {
 				best = i
 			}
 		}
@@ -637,6 +675,9 @@ func (s *SchedulerStore) admitWaiting(ctx context.Context, tx pgx.Tx, cfg job.Ad
 		}
 		take(c)
 		room[p.typ]--
+		if q := queued[c.typ]; q != nil {
+			q[c.priority]++
+		}
 		admit = append(admit, c.id)
 		if l := loads[c.typ]; l != nil {
 			l.ready++
@@ -655,6 +696,54 @@ func (s *SchedulerStore) admitWaiting(ctx context.Context, tx pgx.Tx, cfg job.Ad
 		return 0, err
 	}
 	return done, nil
+}
+
+// queuedByPriority counts per priority the queued tasks of the fair-mode
+// types whose candidates do not all fit the room their window leaves
+// (room), so that a waiting task is held back only by the queued tasks
+// it would not overtake in the broker. Each type's count reads at most
+// a window per priority: beyond (a flood admitted just before fair mode
+// came on), the type is left out, and counts as a whole.
+func queuedByPriority(ctx context.Context, tx pgx.Tx, loads map[string]*typeLoad, room map[string]int,
+	cands []candidate) (map[string]*[task.MaxPriority + 1]int, error) {
+	want := map[string]int{}
+	for _, c := range cands {
+		want[c.typ]++
+	}
+	var types []string
+	var caps []int
+	for typ, n := range want {
+		if l := loads[typ]; l != nil && !l.direct && n > room[typ] {
+			types, caps = append(types, typ), append(caps, (task.MaxPriority+1)*l.window+1)
+		}
+	}
+	if len(types) == 0 {
+		return nil, nil
+	}
+	rows, err := tx.Query(ctx, sqlQueuedByPriority, types, caps)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]*[task.MaxPriority + 1]int{}
+	for _, typ := range types {
+		out[typ] = &[task.MaxPriority + 1]int{}
+	}
+	read := map[string]int{}
+	var typ string
+	var prio, n int
+	if _, err := pgx.ForEachRow(rows, []any{&typ, &prio, &n}, func() error {
+		out[typ][prio] += n // 0–9, as the table's check holds
+		read[typ] += n
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	for i, typ := range types {
+		if read[typ] >= caps[i] {
+			delete(out, typ)
+		}
+	}
+	return out, nil
 }
 
 // Cron makes the tasks of the due ticks of scheduled jobs, one per tick

@@ -1106,3 +1106,66 @@ types:
 	}
 	require.Empty(t, types, "no attempt starts but through the scheduler")
 }
+
+// submitAt submits n tasks of typ with a priority.
+func submitAt(t *testing.T, db *testdb.DB, p auth.Principal, typ string, priority, n int) []uuid.UUID {
+	t.Helper()
+	store := postgres.NewAPIStore(db.Pool, nil)
+	var ids []uuid.UUID
+	for range n {
+		sub, err := task.NewSubmission(task.SubmitInput{Type: typ, Priority: &priority, Dedupe: new(bool)},
+			task.Defaults{MaxAttempts: 3}, "")
+		require.NoError(t, err)
+		res, err := store.Submit(context.Background(), p, sub, nil)
+		require.NoError(t, err)
+		ids = append(ids, res.Task.ID)
+	}
+	return ids
+}
+
+// In fair mode, a waiting task waits only for the queued tasks it would
+// not overtake in the broker: those as urgent, or more. After a flood of
+// priority 0, admitted directly before fair mode came on, an urgent task
+// goes in at once, not once the flood has fallen below the window; and
+// the most urgent waiting task is admitted first, whatever its org.
+func TestFairModeAdmitsAnUrgentTaskPastALessUrgentQueue(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	_, one := db.Key(t, "one", auth.Admin)
+	_, two := db.Key(t, "two", auth.Admin)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `INSERT INTO task_types (name) VALUES ('fair.prio')`)
+	require.NoError(t, err)
+	cfg := admitAll
+	cfg.Window = 10
+	s := postgres.NewSchedulerStore(db.Pool, nil)
+	admit := func() job.AdmitStats {
+		t.Helper()
+		st, err := s.Admit(ctx, cfg)
+		require.NoError(t, err)
+		return st
+	}
+
+	flood := submitAt(t, db, one, "fair.prio", 0, 30)
+	require.Len(t, admitted(t, db, flood), 30, "admitted directly, before fair mode")
+	require.Equal(t, []string{"fair.prio"}, admit().Fair)
+	urgent := submitAt(t, db, two, "fair.prio", 9, 1)
+	later := submitAt(t, db, two, "fair.prio", 0, 1)
+	require.Empty(t, admitted(t, db, append(urgent, later...)), "in fair mode, new tasks wait")
+
+	st := admit()
+	require.Equal(t, 1, st.Admitted)
+	require.Len(t, admitted(t, db, urgent), 1, "thirty queued tasks of priority 0 hold back no task of priority 9")
+	require.Empty(t, admitted(t, db, later), "a task of priority 0 waits behind the thirty")
+
+	// Room for one more of priority 0 (eight of the flood and the urgent
+	// task queued): the org with the fewer tasks in flight waits with a
+	// task of priority 0, the other with a more urgent one, which goes
+	// first and takes that room.
+	finish(t, db, flood[:22])
+	mid := submitAt(t, db, one, "fair.prio", 5, 1)
+	st = admit()
+	require.Equal(t, 1, st.Admitted)
+	require.Len(t, admitted(t, db, mid), 1, "priority 5 before priority 0")
+	require.Empty(t, admitted(t, db, later))
+}
