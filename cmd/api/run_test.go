@@ -50,6 +50,7 @@ func serve(t *testing.T, db *testdb.DB, opts ...func(*config.API)) *testBundle {
 	cfg := config.API{
 		Common: config.Common{
 			DatabaseURL: db.URL, LogLevel: "warn", LogFormat: "json", ShutdownTimeout: 5 * time.Second,
+			MigrationLockTimeout: 5 * time.Second,
 		},
 		Addr: addr, JaegerUIURL: "http://jaeger.example:16686", MaxBodyBytes: 1 << 20, DefaultMaxAttempts: 3,
 		ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second,

@@ -34,6 +34,14 @@ type Common struct {
 	LogLevel              string        `envconfig:"LOG_LEVEL" default:"info"`
 	LogFormat             string        `envconfig:"LOG_FORMAT" default:"json"`
 	ShutdownTimeout       time.Duration `envconfig:"SHUTDOWN_TIMEOUT" default:"30s"`
+
+	// MigrationLockTimeout is the longest a migration waits for a table's
+	// lock before it is rolled back and tried again later: every statement
+	// on the table queues behind the waiting migration (see
+	// postgres.MigrateConfig). The relay, which never migrates, reads it
+	// with the rest.
+	MigrationLockTimeout time.Duration `envconfig:"MIGRATION_LOCK_TIMEOUT" default:"5s"`
+
 	// OTLPEndpoint and OTLPTracesEndpoint only decide whether traces are
 	// exported; the exporter itself reads every OTEL_* variable.
 	OTLPEndpoint       string `envconfig:"OTEL_EXPORTER_OTLP_ENDPOINT"`
@@ -56,6 +64,11 @@ func (c Common) Validate() error {
 	}
 	if c.DatabaseIdleTxTimeout != 0 && (c.DatabaseIdleTxTimeout < time.Second || c.DatabaseIdleTxTimeout > maxServerTimeout) {
 		return fmt.Errorf("DATABASE_IDLE_IN_TRANSACTION_TIMEOUT: must be 0 (never) or between 1s and %s, got %s", maxServerTimeout, c.DatabaseIdleTxTimeout)
+	}
+	// PostgreSQL's lock_timeout is in whole milliseconds: under one would
+	// be 0, no timeout at all.
+	if c.MigrationLockTimeout < time.Millisecond || c.MigrationLockTimeout > maxServerTimeout {
+		return fmt.Errorf("MIGRATION_LOCK_TIMEOUT: must be between 1ms and %s, got %s", maxServerTimeout, c.MigrationLockTimeout)
 	}
 	if err := oneOf("LOG_LEVEL", strings.ToLower(c.LogLevel), "debug", "info", "warn", "error"); err != nil {
 		return err

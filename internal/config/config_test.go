@@ -22,6 +22,9 @@ func TestLoadAPINamesTheBadVariable(t *testing.T) {
 		{"TASK_DEFAULT_MAX_ATTEMPTS", "0", "TASK_DEFAULT_MAX_ATTEMPTS"},
 		{"DATABASE_MAX_CONNS", "-3", "DATABASE_MAX_CONNS"},
 		{"OUTBOX_NOTIFY_DEBOUNCE", "-1ms", "OUTBOX_NOTIFY_DEBOUNCE"},
+		{"MIGRATION_LOCK_TIMEOUT", "0", "MIGRATION_LOCK_TIMEOUT"},
+		{"MIGRATION_LOCK_TIMEOUT", "500us", "MIGRATION_LOCK_TIMEOUT"},
+		{"MIGRATION_LOCK_TIMEOUT", "600h", "MIGRATION_LOCK_TIMEOUT"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
@@ -39,6 +42,7 @@ func TestLoadAPIDefaults(t *testing.T) {
 	require.Equal(t, int64(1<<20), cfg.MaxBodyBytes)
 	require.Equal(t, 3, cfg.DefaultMaxAttempts)
 	require.Equal(t, "info", cfg.LogLevel)
+	require.Equal(t, 5*time.Second, cfg.MigrationLockTimeout)
 }
 
 func TestLoadWorkerNamesTheBadVariable(t *testing.T) {

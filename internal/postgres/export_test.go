@@ -33,3 +33,6 @@ var ListSQL = listSQL
 
 // BulkPickSQL lets the tests read what a bulk action's pick reads.
 var BulkPickSQL = bulkPickSQL
+
+// MigrateThese lets the tests apply migrations of their own.
+var MigrateThese = migrate

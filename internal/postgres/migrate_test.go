@@ -1,15 +1,19 @@
 package postgres_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
 
@@ -281,4 +285,162 @@ func TestAnInterruptedMigrationIsAppliedWholeAtTheNextStart(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM information_schema.columns
 		WHERE table_name = 'run_nodes' AND column_name = 'task_status'`).Scan(&column))
 	require.Equal(t, 1, column)
+}
+
+// lockedTasks is a test database whose tasks table a session reads in a
+// transaction left open (a long report, a forgotten psql session: it holds
+// ACCESS SHARE until it ends), and a migration that needs ACCESS
+// EXCLUSIVE on tasks.
+type lockedTasks struct {
+	db        *testdb.DB
+	blocker   pgx.Tx
+	pid       uint32
+	migration []postgres.Migration
+	log       *slog.Logger
+	logs      *syncBuffer
+}
+
+func lockTasks(t *testing.T) *lockedTasks {
+	t.Helper()
+	ctx := context.Background()
+	db := testdb.New(t)
+	cc, err := pgx.ParseConfig(db.URL)
+	require.NoError(t, err)
+	cc.RuntimeParams["application_name"] = "monthly_report"
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(ctx) })
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "SELECT count(*) FROM tasks")
+	require.NoError(t, err)
+	logs := &syncBuffer{}
+	return &lockedTasks{
+		db: db, blocker: tx, pid: conn.PgConn().PID(), logs: logs,
+		log: slog.New(slog.NewTextHandler(logs, nil)),
+		migration: []postgres.Migration{{Version: 900, Name: "needs_tasks_alone",
+			SQL: "ALTER TABLE tasks ADD COLUMN needs_tasks_alone integer"}},
+	}
+}
+
+// waits counts the waits for a lock the migration runner logged.
+func (l *lockedTasks) waits() int {
+	return strings.Count(l.logs.String(), "migration waiting for a lock held by another session")
+}
+
+// A migration waiting for tasks behind a long transaction holds up every
+// later statement on tasks only for its lock_timeout: then it gives the
+// table back, logs whom it waits for, and tries again, until the
+// transaction ends and it is applied.
+func TestAMigrationWaitingForALockLetsTheServiceRun(t *testing.T) {
+	t.Parallel()
+	l := lockTasks(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	type result struct {
+		ran []int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ran, err := postgres.MigrateThese(ctx, l.db.Pool, l.log,
+			postgres.MigrateConfig{LockTimeout: 300 * time.Millisecond, LockTries: 1000, LockBackoff: 50 * time.Millisecond},
+			l.migration)
+		done <- result{ran, err}
+	}()
+
+	// Reads of tasks arriving while the migration waits queue behind it,
+	// and go through once its lock_timeout gives the table back. Without
+	// one they would wait as long as the report: the bound here is
+	// generous, the test's only concern being that they are not held for
+	// as long as the blocker lasts.
+	for range 3 {
+		testenv.Eventually(t, 10*time.Second, func() error {
+			var waiting int
+			if err := l.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'ALTER TABLE tasks%'`).Scan(&waiting); err != nil {
+				return err
+			}
+			if waiting == 0 {
+				return fmt.Errorf("the migration is not waiting for tasks")
+			}
+			return nil
+		})
+		rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+		var n int
+		err := l.db.Pool.QueryRow(rctx, "SELECT count(*) FROM tasks").Scan(&n)
+		rcancel()
+		require.NoError(t, err, "a read of tasks stayed queued behind the waiting migration")
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		for _, line := range strings.Split(l.logs.String(), "\n") {
+			if strings.Contains(line, "migration waiting for a lock held by another session") &&
+				strings.Contains(line, "version=900") && strings.Contains(line, fmt.Sprintf("session pid %d", l.pid)) &&
+				strings.Contains(line, "monthly_report") {
+				return nil
+			}
+		}
+		return fmt.Errorf("no wait naming the migration and its blocker logged yet:\n%s", l.logs.String())
+	})
+
+	// The report ends: the migration is applied at its next try.
+	require.NoError(t, l.blocker.Commit(ctx))
+	r := <-done
+	require.NoError(t, r.err)
+	require.Equal(t, []int{900}, r.ran)
+	var column int
+	require.NoError(t, l.db.Pool.QueryRow(ctx, `SELECT count(*) FROM information_schema.columns
+		WHERE table_name = 'tasks' AND column_name = 'needs_tasks_alone'`).Scan(&column))
+	require.Equal(t, 1, column)
+}
+
+// A migration whose table stays locked gives up after its tries, leaving
+// nothing of itself, in an error that names the session to end.
+func TestAMigrationThatNeverGetsItsLockFailsNamingTheBlocker(t *testing.T) {
+	t.Parallel()
+	l := lockTasks(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	_, err := postgres.MigrateThese(ctx, l.db.Pool, l.log,
+		postgres.MigrateConfig{LockTimeout: 500 * time.Millisecond, LockTries: 3, LockBackoff: 10 * time.Millisecond},
+		l.migration)
+	require.ErrorContains(t, err, "apply migration 900_needs_tasks_alone")
+	require.ErrorContains(t, err, "gave up after 3 tries, each waiting 500ms for a lock held by")
+	require.ErrorContains(t, err, fmt.Sprintf("session pid %d", l.pid))
+	require.ErrorContains(t, err, `application "monthly_report"`)
+	require.ErrorContains(t, err, "idle in transaction")
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "55P03", pgErr.Code)
+	require.Equal(t, 2, l.waits(), "each wait before the last try is logged")
+
+	var applied, column int
+	require.NoError(t, l.db.Pool.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM schema_migrations WHERE version = 900),
+		(SELECT count(*) FROM information_schema.columns WHERE table_name = 'tasks' AND column_name = 'needs_tasks_alone')`,
+	).Scan(&applied, &column))
+	require.Equal(t, [2]int{0, 0}, [2]int{applied, column}, "nothing of the migration stays")
+	_, err = l.blocker.Exec(ctx, "SELECT count(*) FROM tasks")
+	require.NoError(t, err, "the blocking session is left alone")
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger's writes from other
+// goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

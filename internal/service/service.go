@@ -123,7 +123,7 @@ func (r *Runtime) connect(ctx context.Context, cfg config.Common, o Options, max
 		URL: cfg.DatabaseURL, MaxConns: maxConns, StatementTimeout: o.StatementTimeout, Plans: o.Plans,
 		WarmUp: o.WarmUp, MinConns: 2, TracerProvider: r.TracerProvider, IdleTxTimeout: cfg.DatabaseIdleTxTimeout,
 	}
-	if err := r.schema(ctx, pc, o.Migrate); err != nil {
+	if err := r.schema(ctx, pc, o.Migrate, postgres.MigrateConfig{LockTimeout: cfg.MigrationLockTimeout}); err != nil {
 		return err
 	}
 	main := pc
@@ -162,7 +162,7 @@ func (r *Runtime) connect(ctx context.Context, cfg config.Common, o Options, max
 // service's pools open: their connections plan the hot statements as they
 // connect (WarmUp), against the schema as this binary knows it, and fail on
 // a database that is empty or that an older release migrated.
-func (r *Runtime) schema(ctx context.Context, pc postgres.PoolConfig, migrate bool) error {
+func (r *Runtime) schema(ctx context.Context, pc postgres.PoolConfig, migrate bool, mc postgres.MigrateConfig) error {
 	pool, err := postgres.Open(ctx, postgres.PoolConfig{URL: pc.URL, MaxConns: 1,
 		TracerProvider: pc.TracerProvider, IdleTxTimeout: pc.IdleTxTimeout})
 	if err != nil {
@@ -170,7 +170,7 @@ func (r *Runtime) schema(ctx context.Context, pc postgres.PoolConfig, migrate bo
 	}
 	defer pool.Close()
 	if migrate {
-		_, err = postgres.Migrate(ctx, pool, r.Log)
+		_, err = postgres.MigrateWith(ctx, pool, r.Log, mc)
 		return err
 	}
 	return postgres.CheckSchema(ctx, pool)

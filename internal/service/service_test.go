@@ -171,3 +171,47 @@ func TestStartWaitsForTheSchema(t *testing.T) {
 		t.Fatal("not started once the schema was there")
 	}
 }
+
+// MIGRATION_LOCK_TIMEOUT is the lock_timeout of the migrations a binary
+// applies as it starts.
+func TestStartMigratesWithTheConfiguredLockTimeout(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	// Migration 020 is missing again, and a transaction left open writes
+	// workflow_runs, on which 020 first builds an index.
+	_, err := db.Pool.Exec(ctx, "DELETE FROM schema_migrations WHERE version = 20")
+	require.NoError(t, err)
+	blocker, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = blocker.Rollback(ctx) }()
+	_, err = blocker.Exec(ctx, "LOCK TABLE workflow_runs IN ROW EXCLUSIVE MODE")
+	require.NoError(t, err)
+
+	cfg := config.Common{DatabaseURL: db.URL, LogLevel: "info", LogFormat: "json", ShutdownTimeout: time.Second,
+		MigrationLockTimeout: 50 * time.Millisecond}
+	var out syncBuffer
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		rt, err := service.Start(sctx, cfg, &out, service.Options{Name: "conveyor-test", Migrate: true})
+		if rt != nil {
+			rt.Close(ctx)
+		}
+		done <- err
+	}()
+	testenv.Eventually(t, 20*time.Second, func() error {
+		for _, line := range strings.Split(out.String(), "\n") {
+			if strings.Contains(line, "migration waiting for a lock") {
+				if !strings.Contains(line, `"lock_timeout":"50ms"`) {
+					return fmt.Errorf("the migration waited with another lock_timeout: %s", line)
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("no wait logged yet:\n%s", out.String())
+	})
+	cancel()
+	require.Error(t, <-done, "stopped while the migration waits")
+}
