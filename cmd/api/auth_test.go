@@ -23,6 +23,7 @@ import (
 
 	"github.com/conveyorhq/conveyor/internal/auth"
 	"github.com/conveyorhq/conveyor/internal/config"
+	"github.com/conveyorhq/conveyor/internal/httpapi"
 	"github.com/conveyorhq/conveyor/internal/testenv"
 )
 
@@ -569,6 +570,26 @@ func TestRateLimitAnswers429WithRetryAfter(t *testing.T) {
 
 	time.Sleep(time.Duration(wait) * time.Second)
 	require.Equal(t, http.StatusOK, b.get(t, "/v1/whoami").status, "after Retry-After")
+}
+
+// The dashboard's sign-in spends the key's rate limit as its requests do:
+// past the burst it is a 429 with Retry-After, not a way to check a key
+// (or to load the database) as fast as the form can be posted.
+func TestDashboardSignInKeepsToTheRateLimit(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *config.API) { c.RateLimit, c.RateBurst = 0.01, 2 })
+	signIn := func() response {
+		return b.do(t, http.MethodPost, "/ui/session", "application/json", `{"key":"`+b.token+`"}`,
+			"Authorization", "", httpapi.UIHeader, "1")
+	}
+	for range 2 {
+		require.Equal(t, http.StatusOK, signIn().status, "within the burst")
+	}
+	limited := signIn()
+	require.Equal(t, http.StatusTooManyRequests, limited.status, string(limited.body))
+	require.NotEmpty(t, limited.header.Get("Retry-After"))
+	require.Empty(t, limited.header.Get("Set-Cookie"), "no session past the limit")
+	require.Equal(t, http.StatusTooManyRequests, b.get(t, "/v1/whoami").status, "one budget for the key")
 }
 
 // A task's events name who acted: the key that submitted it, the user who

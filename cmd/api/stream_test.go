@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/conveyorhq/conveyor/internal/auth"
 	"github.com/conveyorhq/conveyor/internal/config"
 	"github.com/conveyorhq/conveyor/internal/httpapi"
 	"github.com/conveyorhq/conveyor/internal/testenv"
@@ -119,6 +120,21 @@ func TestStreamRefusesBadInput(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, resp.status)
 }
 
+// The Last-Event-ID header and the last_event_id parameter, given both,
+// must agree: neither silently wins over the other.
+func TestStreamRefusesTwoDifferentLastEventIDs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.post(t, "/v1/tasks", `{"type":"stream.twice","payload":{}}`)
+	resp := b.do(t, http.MethodGet, "/v1/events/stream?last_event_id=1", "", "", "Last-Event-ID", "2")
+	require.Equal(t, http.StatusBadRequest, resp.status, string(resp.body))
+	require.Contains(t, resp.json(t)["detail"], "differ")
+
+	opened, _ := b.openStreamWith(t, "/v1/events/stream?last_event_id=1",
+		"Authorization", "Bearer "+b.token, "Last-Event-ID", "1")
+	require.Equal(t, http.StatusOK, opened.StatusCode)
+}
+
 // A stream outlives no credential: at the next heartbeat after its key is
 // revoked, it ends.
 func TestStreamOfARevokedKeyEnds(t *testing.T) {
@@ -223,6 +239,70 @@ func TestStreamRefusesALastEventIDAheadOfEveryEvent(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Equal(t, http.StatusOK, b.post(t, "/v1/tasks/"+id+"/cancel", "").status)
 	require.Contains(t, nextData(t, bufio.NewScanner(resp.Body)), `"status":"CANCELLED"`)
+}
+
+// Event ids come from one sequence that every org shares: a resume after
+// an id only another org's activity reached (here an event being written,
+// its id handed out) is refused as one after no id of the caller's own,
+// and the answer tells nothing of how far the other org has gone.
+func TestStreamResumeTellsNothingOfAnotherOrgsEvents(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.post(t, "/v1/tasks", `{"type":"stream.mine","payload":{}}`)
+	other, _ := b.db.Key(t, "other", auth.Writer)
+	require.Equal(t, http.StatusCreated, b.post(t, "/v1/tasks", `{"type":"stream.theirs","payload":{}}`,
+		"Authorization", "Bearer "+other).status)
+	var theirs int64
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(),
+		"SELECT nextval(pg_get_serial_sequence('task_events', 'id'))").Scan(&theirs))
+	resp := b.do(t, http.MethodGet, "/v1/events/stream", "", "", "Last-Event-ID", strconv.FormatInt(theirs, 10))
+	require.Equal(t, http.StatusUnprocessableEntity, resp.status, string(resp.body))
+	require.Equal(t, "last_event_id", resp.json(t)["field"])
+}
+
+// An id ahead of this instance's hub may be where another instance's org
+// stream started (its hub a little ahead): the resume waits a moment for
+// this hub to reach it, and opens, rather than refusing an id a stream
+// sent. Here the id is another org's event, committed while the resume
+// waits.
+func TestStreamResumeWaitsForTheHubToReachAnIDJustAhead(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	other, _ := b.db.Key(t, "other", auth.Writer)
+	theirs := b.post(t, "/v1/tasks", `{"type":"stream.theirs","payload":{}}`, "Authorization", "Bearer "+other).json(t)["id"].(string)
+	ctx := context.Background()
+	tx, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	var ahead int64
+	require.NoError(t, tx.QueryRow(ctx, `INSERT INTO task_events (task_id, org_id, status, state, progress, actor)
+		SELECT id, org_id, status, state, 0, 'SYSTEM' FROM tasks WHERE id = $1 RETURNING id`, theirs).Scan(&ahead))
+
+	rctx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	req, err := http.NewRequestWithContext(rctx, http.MethodGet, b.base+"/v1/events/stream", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+b.token)
+	req.Header.Set("Last-Event-ID", strconv.FormatInt(ahead, 10))
+	type answer struct {
+		resp *http.Response
+		err  error
+	}
+	opened := make(chan answer, 1)
+	go func() {
+		resp, err := (&http.Client{}).Do(req)
+		opened <- answer{resp, err}
+	}()
+	time.Sleep(100 * time.Millisecond) // the resume is waiting (if it is not yet, it waits less)
+	require.NoError(t, tx.Commit(ctx))
+	select {
+	case a := <-opened:
+		require.NoError(t, a.err)
+		defer a.resp.Body.Close()
+		require.Equal(t, http.StatusOK, a.resp.StatusCode)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the resume did not answer")
+	}
 }
 
 // Retention deletes finished tasks with their events, the newest ones too

@@ -572,6 +572,8 @@ func TestErrors(t *testing.T) {
 			stderr: "conveyor: --created-after \"yesterday\" is neither an RFC 3339 time such as 2026-01-02T15:04:05Z nor a duration back from now such as 1h or 30m\nRun 'conveyor ls --help' for usage.\n"},
 		"negative duration": {args: []string{"cancel", "--all", "--created-before", "-1h", "--yes"}, code: 2,
 			stderr: "conveyor: --created-before \"-1h\" is neither an RFC 3339 time such as 2026-01-02T15:04:05Z nor a duration back from now such as 1h or 30m\nRun 'conveyor cancel --help' for usage.\n"},
+		"run-at JSON cannot carry": {args: []string{"submit", "demo.noop", "--run-at", "0000-01-01T00:00:00+24:00"}, code: 2,
+			stderr: "conveyor: --run-at: \"0000-01-01T00:00:00+24:00\" is not a time the API takes: its offset from UTC must be under 24 hours\nRun 'conveyor submit --help' for usage.\n"},
 		// The zero time would be sent as no bound at all: every task.
 		"zero time": {args: []string{"cancel", "--all", "--created-before", "0001-01-01T00:00:00Z", "--yes"}, code: 2,
 			stderr: "conveyor: --created-before must be later than 0001-01-01T00:00:00Z, got \"0001-01-01T00:00:00Z\"\nRun 'conveyor cancel --help' for usage.\n"},

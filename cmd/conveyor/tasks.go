@@ -79,6 +79,11 @@ is 0 only if it COMPLETED.`,
 				if err != nil {
 					return usagef("--run-at: want an RFC 3339 time such as 2026-11-23T18:00:00Z, got %q", runAt)
 				}
+				if _, err := at.MarshalText(); err != nil {
+					// time.Parse takes a few times that JSON, and so the
+					// API, does not: an offset of 24 hours or more.
+					return usagef("--run-at: %q is not a time the API takes: its offset from UTC must be under 24 hours", runAt)
+				}
 				req.RunAt = &at
 			}
 			req.Delay = delay

@@ -82,11 +82,9 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 			s.writeProblem(w, r, http.StatusUnauthorized, "unauthorized", err.Error())
 			return
 		}
-		if wait, ok := s.limits.allow(p.ID); !ok {
-			s.metrics.rateLimited.Inc()
-			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
-			s.writeProblem(w, r, http.StatusTooManyRequests, "rate_limited",
-				"too many requests for this "+p.Kind+"; retry after the Retry-After header's seconds")
+		if err := s.withinRate(p); err != nil {
+			w.Header().Set("Retry-After", err.retryAfter())
+			s.writeProblem(w, r, http.StatusTooManyRequests, "rate_limited", err.Error())
 			return
 		}
 		// The request's span names the org, so that an org's traces can
@@ -96,6 +94,32 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
 	})
+}
+
+// tooManyRequests refuses a request of a principal past its rate limit.
+type tooManyRequests struct {
+	wait time.Duration
+	kind string
+}
+
+func (e *tooManyRequests) Error() string {
+	return "too many requests for this " + e.kind + "; retry after the Retry-After header's seconds"
+}
+
+// RetryAfter is how long until the principal may make a request again.
+func (e *tooManyRequests) RetryAfter() time.Duration { return e.wait }
+
+func (e *tooManyRequests) retryAfter() string { return strconv.Itoa(int(math.Ceil(e.wait.Seconds()))) }
+
+// withinRate takes one of p's requests from its rate limit, or refuses it:
+// the API's requests and the dashboard's sign-ins alike, so that the
+// sign-in form is no way round the limit.
+func (s *server) withinRate(p auth.Principal) *tooManyRequests {
+	if wait, ok := s.limits.allow(p.ID); !ok {
+		s.metrics.rateLimited.Inc()
+		return &tooManyRequests{wait: wait, kind: p.Kind}
+	}
+	return nil
 }
 
 // tooManyFailures refuses, without a lookup, credentials sent from an

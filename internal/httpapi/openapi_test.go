@@ -287,6 +287,10 @@ func (nopStore) List(context.Context, auth.Principal, task.ListFilter) ([]task.T
 func (nopStore) Events(context.Context, auth.Principal, uuid.UUID, int, int64) ([]task.Event, error) {
 	return nil, nil
 }
+func (nopStore) OrgReached(context.Context, auth.Principal, int64) (bool, error) {
+	return false, nil
+}
+
 func (nopStore) EventsBetween(context.Context, auth.Principal, task.EventFilter, int64, int64, int) ([]task.Event, error) {
 	return nil, nil
 }

@@ -111,7 +111,14 @@ func (s *server) router() chi.Router {
 		r.Use(s.timeout)
 		r.Mount("/ui", ui.Handler(ui.Config{Cookie: SessionCookie, Header: UIHeader,
 			Authenticate: func(r *http.Request, header string) (auth.Principal, error) {
-				return s.lookUp(r.Context(), r, header)
+				p, err := s.lookUp(r.Context(), r, header)
+				if err != nil {
+					return p, err
+				}
+				if limited := s.withinRate(p); limited != nil {
+					return auth.Principal{}, limited
+				}
+				return p, nil
 			}}))
 	})
 	r.Group(func(r chi.Router) {

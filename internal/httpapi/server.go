@@ -40,6 +40,9 @@ type Store interface {
 	// EventsBetween returns the events in (after, upto] that pass f,
 	// oldest first, at most limit: a stream's catch-up.
 	EventsBetween(ctx context.Context, p auth.Principal, f task.EventFilter, after, upto int64, limit int) ([]task.Event, error)
+	// OrgReached reports whether p's org has had an event with the id id
+	// or a later one, retention's deletions included.
+	OrgReached(ctx context.Context, p auth.Principal, id int64) (bool, error)
 	Cancel(ctx context.Context, p auth.Principal, id uuid.UUID, trace task.Carrier) (task.Task, task.CancelOutcome, error)
 	Retry(ctx context.Context, p auth.Principal, id uuid.UUID, trace task.Carrier) (task.Task, error)
 	// Bulk cancels or retries the tasks a filter matches, or counts them.

@@ -127,23 +127,31 @@ func (s *server) handleEventStream() http.HandlerFunc {
 
 // lastEventID is where a stream resumes: the Last-Event-ID header, or the
 // last_event_id parameter for clients that cannot set headers. ok is false
-// when neither is given.
+// when neither is given. Both at once must name the same id: an
+// EventSource reconnecting to a URL that carries the parameter sends the
+// header too, and either one silently winning could skip events or send
+// them again.
 func lastEventID(r *http.Request) (after int64, ok bool, err error) {
-	raw, err := oneHeader(r, "Last-Event-ID")
+	header, err := oneHeader(r, "Last-Event-ID")
 	if err != nil {
 		return 0, false, err
 	}
-	if raw == "" {
-		raw = r.URL.Query().Get("last_event_id")
+	query := r.URL.Query().Get("last_event_id")
+	for _, raw := range []string{header, query} {
+		if raw == "" {
+			continue
+		}
+		id, err := strconv.ParseInt(raw, 10, 64)
+		if err != nil || id < 0 {
+			return 0, false, task.Invalid("last_event_id", "must be an event id (an integer, 0 or more), got %q", raw)
+		}
+		if ok && id != after {
+			return 0, false, task.Errorf(task.ErrCodeMalformed,
+				"the Last-Event-ID header (%s) and the last_event_id parameter (%s) differ; give one, or the same id in both", header, query)
+		}
+		after, ok = id, true
 	}
-	if raw == "" {
-		return 0, false, nil
-	}
-	after, err = strconv.ParseInt(raw, 10, 64)
-	if err != nil || after < 0 {
-		return 0, false, task.Invalid("last_event_id", "must be an event id (an integer, 0 or more), got %q", raw)
-	}
-	return after, true, nil
+	return after, ok, nil
 }
 
 // serveStream sends the events of f in p's scope after the id after (-1:
@@ -201,19 +209,8 @@ func (s *server) serveStream(w http.ResponseWriter, r *http.Request, p auth.Prin
 		after = cursor
 	}
 	if after > cursor {
-		// Another instance's hub may be ahead of this one, so an id past
-		// the cursor can be one a stream sent (and its event deleted by
-		// retention since); one past every id handed out cannot. Taken as
-		// given, it would skip everything up to it, and a task's stream
-		// would skip its terminal event and never end.
-		newest, err := s.Hub.Newest(ctx)
-		if err != nil {
+		if err := s.checkResume(ctx, p, after); err != nil {
 			s.writeError(w, r, err)
-			return
-		}
-		if after > newest {
-			s.writeError(w, r, task.Invalid("last_event_id",
-				"%d is past every event id issued so far; resume after the id of the last event a stream sent", after))
 			return
 		}
 	}
@@ -291,6 +288,45 @@ func (s *server) serveStream(w http.ResponseWriter, r *http.Request, p auth.Prin
 	// header).
 	cred, _ := credentials(r)
 	out.live(ctx, cred, sub, late)
+}
+
+// resumeWait bounds how long a resume after an id ahead of the hub's
+// cursor waits for the cursor to reach it: the id may be the start another
+// instance's stream announced, its hub a poll or so ahead of this one.
+const resumeWait = 2 * time.Second
+
+// checkResume refuses an id ahead of the hub's cursor that no stream sent
+// p's org. Another instance's hub may be ahead of this one, so such an id
+// can be one of the org's events (deleted by retention since, perhaps), or
+// the start of another instance's stream, a cursor this one reaches soon.
+// Taken as given, an id past all of those would skip everything up to it,
+// and a task's stream would skip its terminal event and never end. Ids
+// come from one sequence shared by every org: the check reads the org's
+// own events and this hub's cursor (which every org stream's start
+// announces), never the newest id of all, so the answer tells nothing of
+// other orgs' activity.
+func (s *server) checkResume(ctx context.Context, p auth.Principal, after int64) error {
+	reached, err := s.Store.OrgReached(ctx, p, after)
+	if err != nil || reached {
+		return err
+	}
+	deadline := time.Now().Add(resumeWait)
+	for time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		cursor, err := s.Hub.Cursor(ctx)
+		if err != nil {
+			return err
+		}
+		if cursor >= after {
+			return nil
+		}
+	}
+	return task.Invalid("last_event_id",
+		"%d is past every event id this org's streams were sent; resume after the id of the last event a stream sent", after)
 }
 
 // sse writes one stream's frames.

@@ -39,8 +39,6 @@ func (f emptyFeed) Read(context.Context, int64, int) ([]task.Event, postgres.Sna
 	return nil, postgres.Snapshot{Xmin: 1, Xmax: 1}, nil
 }
 
-func (emptyFeed) Issued(context.Context) (int64, error) { return 0, nil }
-
 // A stream asked for while the instance shuts down (its hub stopped,
 // whether or not it had started) is told so, with the Retry-After that
 // the stream limit's 503 sends too, at once rather than after the wait

@@ -334,11 +334,13 @@ func storedPayload(raw json.RawMessage) (json.RawMessage, int, error) {
 	if trimmed[0] != '{' {
 		return nil, 0, errors.New("payload must be an object")
 	}
-	if err := task.StorableJSON(trimmed); err != nil {
-		return nil, 0, fmt.Errorf("invalid payload: %w", err)
-	}
+	// The depth first: a document too deep for JSON's reader is also too
+	// deep for a payload, whose bound is far lower.
 	if d := depth(trimmed); d > task.MaxJSONDepth {
 		return nil, 0, fmt.Errorf("payload nests %d levels deep; at most %d are allowed", d, task.MaxJSONDepth)
+	}
+	if err := task.StorableJSON(trimmed); err != nil {
+		return nil, 0, fmt.Errorf("invalid payload: %w", err)
 	}
 	c, err := task.Canonical(trimmed)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/conveyorhq/conveyor/internal/job"
+	"github.com/conveyorhq/conveyor/internal/task"
 )
 
 const fullFile = `# every field, then a job with only the required ones
@@ -466,6 +467,17 @@ func TestValidateDefinition(t *testing.T) {
 			require.Equal(t, tt.paths, paths, "%v", d.Validate())
 		})
 	}
+}
+
+// A payload too deep even for JSON's reader is told the payload's bound,
+// not JSON's.
+func TestValidateNamesThePayloadsDepthBound(t *testing.T) {
+	t.Parallel()
+	d := job.Definition{Name: "a", Type: "t", MaxAttempts: 1, Source: &job.Source{Kind: "cron", Schedule: "@daily"},
+		Payload: json.RawMessage(`{"a":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `}`)}
+	ps := d.Validate()
+	require.Len(t, ps, 1)
+	require.Contains(t, ps[0].Message, fmt.Sprintf("at most %d are allowed", task.MaxJSONDepth))
 }
 
 func utc(s string) time.Time {

@@ -41,13 +41,6 @@ var sqlFeed = statement("task_events.feed", `SELECT pg_current_snapshot()::text,
 var sqlFeedHead = statement("task_events.head",
 	`SELECT coalesce(max(id), 0), pg_current_snapshot()::text FROM task_events`)
 
-// sqlFeedIssued is the last event id the sequence handed out (0 before the
-// first), whether its event committed, rolled back or was deleted since:
-// retention deletes the newest events too once nothing newer was written,
-// and max(id) then falls below ids that streams sent.
-var sqlFeedIssued = statement("task_events.issued",
-	`SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('task_events', 'id')::regclass), 0)`)
-
 // sqlOrgEventsBetween and sqlTaskEventsBetween are the catch-up of a
 // stream: the events in (after, upto] a caller sees, oldest first.
 var sqlOrgEventsBetween = statement("task_events.org_between", `SELECT `+eventColumns+`
@@ -59,6 +52,14 @@ var sqlTaskEventsBetween = statement("task_events.task_between", `SELECT `+event
 	FROM task_events e JOIN tasks t ON t.id = e.task_id
 	WHERE e.task_id = $1 AND e.org_id = $2 AND e.id > $3 AND e.id <= $4
 	ORDER BY e.id LIMIT $5`)
+
+// sqlOrgReached is whether the caller's org has had an event with an id
+// of $2 or more: one still stored (the range past a hub's cursor is
+// short), or one retention deleted since. Other orgs' events, which share
+// the ids' sequence, do not count: nothing here tells how far they went.
+var sqlOrgReached = statement("task_events.org_reached", `SELECT
+	EXISTS (SELECT 1 FROM task_events WHERE id >= $2 AND org_id = $1)
+	OR coalesce((SELECT events_expired_through >= $2 FROM orgs WHERE id = $1), false)`)
 
 func scanEvent(row pgx.Row, extra ...any) (task.Event, error) {
 	var e task.Event
@@ -139,16 +140,6 @@ func (f *EventFeed) Head(ctx context.Context) (int64, Snapshot, error) {
 	return head, s, err
 }
 
-// Issued returns the last event id handed out, whether or not its event
-// is still stored: no stream sent an id past it.
-func (f *EventFeed) Issued(ctx context.Context) (int64, error) {
-	var id int64
-	if err := f.pool.QueryRow(ctx, sqlFeedIssued).Scan(&id); err != nil {
-		return 0, translate(err)
-	}
-	return id, nil
-}
-
 // Read returns up to limit events after the id after, oldest first, and
 // the snapshot they were read in (the zero Snapshot when there are none).
 func (f *EventFeed) Read(ctx context.Context, after int64, limit int) ([]task.Event, Snapshot, error) {
@@ -165,6 +156,15 @@ func (f *EventFeed) Read(ctx context.Context, after int64, limit int) ([]task.Ev
 	}
 	s, err := ParseSnapshot(snap)
 	return events, s, err
+}
+
+// OrgReached reports whether p's org has had an event with the id id or
+// a later one, even if retention deleted it since: whether a stream could
+// have sent the org that id.
+func (s *APIStore) OrgReached(ctx context.Context, p auth.Principal, id int64) (bool, error) {
+	var reached bool
+	err := scopedRow(ctx, s.pool, p.Scope(), sqlOrgReached, p.OrgID, id).Scan(&reached)
+	return reached, translate(err)
 }
 
 // EventsBetween returns the events in (after, upto] of the tasks p sees,

@@ -281,7 +281,8 @@ func TestAnInterruptedMigrationIsAppliedWholeAtTheNextStart(t *testing.T) {
 
 	ran, err := postgres.Migrate(ctx, pool, log)
 	require.NoError(t, err)
-	require.Equal(t, []int{20}, ran)
+	require.NotEmpty(t, ran)
+	require.Equal(t, 20, ran[0], "020 first, then any later migration")
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM information_schema.columns
 		WHERE table_name = 'run_nodes' AND column_name = 'task_status'`).Scan(&column))
 	require.Equal(t, 1, column)

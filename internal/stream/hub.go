@@ -44,9 +44,6 @@ type Source interface {
 	// Read returns up to limit events after the id after, oldest first,
 	// and the snapshot they were read in.
 	Read(ctx context.Context, after int64, limit int) ([]task.Event, postgres.Snapshot, error)
-	// Issued returns the last event id handed out, whether or not its
-	// event is still stored (retention deletes events).
-	Issued(ctx context.Context) (int64, error)
 }
 
 // Config tunes a hub. Zero fields take the defaults.
@@ -548,13 +545,6 @@ func (h *Hub) Cursor(ctx context.Context) (int64, error) {
 		return 0, ErrClosed
 	}
 	return h.cursor, nil
-}
-
-// Newest returns the last event id handed out, whoever's it is, even if
-// its event was deleted since: no stream sent an id past it. A stream
-// checks a Last-Event-ID ahead of the hub's cursor against it.
-func (h *Hub) Newest(ctx context.Context) (int64, error) {
-	return h.src.Issued(ctx)
 }
 
 func (h *Hub) waitReady(ctx context.Context) error {

@@ -45,16 +45,6 @@ func (f *fakeSource) Head(context.Context) (int64, postgres.Snapshot, error) {
 	return head, f.snapshot(), nil
 }
 
-func (f *fakeSource) Issued(context.Context) (int64, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var issued int64
-	for _, e := range f.events {
-		issued = max(issued, e.ID)
-	}
-	return issued, nil
-}
-
 func (f *fakeSource) Read(_ context.Context, after int64, limit int) ([]task.Event, postgres.Snapshot, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -3,6 +3,7 @@ package task
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"unicode/utf8"
 )
@@ -44,6 +45,9 @@ func StorableJSON(doc []byte) error {
 		return errors.New("not valid UTF-8")
 	}
 	if !json.Valid(doc) {
+		if d := nesting(doc); d > MaxNesting {
+			return fmt.Errorf("nests %d levels deep; at most %d are allowed", d, MaxNesting)
+		}
 		return errors.New("not valid JSON")
 	}
 	for i := 0; i < len(doc); i++ {
@@ -71,6 +75,33 @@ func StorableJSON(doc []byte) error {
 		}
 	}
 	return nil
+}
+
+// MaxNesting bounds the nesting of any JSON document Conveyor reads: it is
+// encoding/json's, which takes no deeper document as valid JSON.
+const MaxNesting = 10000
+
+// nesting returns how deep doc's arrays and objects nest, whether or not
+// doc is valid JSON: a document refused only for its depth is then told
+// so, rather than "not valid JSON".
+func nesting(doc []byte) int {
+	deepest, cur, inString := 0, 0, false
+	for i := 0; i < len(doc); i++ {
+		switch c := doc[i]; {
+		case inString && c == '\\':
+			i++ // the escaped byte cannot end the string
+		case inString:
+			inString = c != '"'
+		case c == '"':
+			inString = true
+		case c == '{' || c == '[':
+			cur++
+			deepest = max(deepest, cur)
+		case c == '}' || c == ']':
+			cur--
+		}
+	}
+	return deepest
 }
 
 // hex4 reads the four hex digits of a \u escape (json.Valid checked them).

@@ -29,3 +29,15 @@ func TestStorableJSON(t *testing.T) {
 		require.Error(t, task.StorableJSON([]byte(bad)), bad)
 	}
 }
+
+// A document refused only for its depth (a handler's result, say) is told
+// the bound, not that it is not JSON.
+func TestStorableJSONNamesTheNestingBound(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, task.StorableJSON([]byte(`{"a":`+strings.Repeat("[", task.MaxNesting-1)+strings.Repeat("]", task.MaxNesting-1)+`}`)))
+	doc := `{"a":` + strings.Repeat("[", task.MaxNesting) + strings.Repeat("]", task.MaxNesting) + `}`
+	err := task.StorableJSON([]byte(doc))
+	require.EqualError(t, err, "nests 10001 levels deep; at most 10000 are allowed")
+	// Brackets in strings, escaped quotes among them, nest nothing.
+	require.EqualError(t, task.StorableJSON([]byte(`[`+strings.Repeat(`"\"[",`, 20000)+`1`)), "not valid JSON")
+}

@@ -30,9 +30,9 @@ var files embed.FS
 type Config struct {
 	// Authenticate checks a bearer Authorization header, sent with r: as
 	// the API checks its requests' credentials, counting and logging a
-	// refusal, and within the failed authentications r's address may make
-	// (an error with a RetryAfter() time.Duration method refuses the
-	// sign-in for that long).
+	// refusal, within the failed authentications r's address may make and
+	// within the principal's rate limit (an error with a RetryAfter()
+	// time.Duration method refuses the sign-in for that long).
 	Authenticate func(r *http.Request, header string) (auth.Principal, error)
 	// Cookie is the name of the session cookie, Header the header a
 	// browser's changing request carries (httpapi.SessionCookie, UIHeader).

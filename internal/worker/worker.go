@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
@@ -828,6 +829,8 @@ func (w *Worker) process(ctx context.Context, d outbox.Delivery, release func())
 	}
 	if err != nil {
 		log.WarnContext(ctx, "claim abandoned; message requeued", "error", err)
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "claim abandoned: "+err.Error())
 		_ = d.Requeue()
 		return
 	}
@@ -859,6 +862,7 @@ func (w *Worker) process(ctx context.Context, d outbox.Delivery, release func())
 		log.ErrorContext(ctx, "message type is not its task's; task handed back unrun", "task_type", t.Type)
 		w.metrics.dropped.WithLabelValues("type_mismatch").Inc()
 		span.AddEvent("handed back: message type is not the task's")
+		span.SetStatus(codes.Error, "handed back: message type "+d.Body.Type+" is not the task's ("+t.Type+")")
 		e := w.newExecution(*t, nil, log.with("attempt", t.Attempt), span, d, sent)
 		e.handBackUnrun(ctx, "message type "+d.Body.Type+" is not the task's")
 		return

@@ -462,6 +462,72 @@ func TestWorkerMarksTheSpanOfAFailedAttemptAsAnError(t *testing.T) {
 	}
 }
 
+// consumerSpan waits for the ended CONSUMER span of the task id.
+func consumerSpan(t *testing.T, rec *tracetest.SpanRecorder, id uuid.UUID) sdktrace.ReadOnlySpan {
+	t.Helper()
+	var span sdktrace.ReadOnlySpan
+	require.Eventually(t, func() bool {
+		for _, s := range rec.Ended() {
+			for _, a := range s.Attributes() {
+				if s.SpanKind() == oteltrace.SpanKindConsumer && a.Key == "conveyor.task_id" && a.Value.AsString() == id.String() {
+					span = s
+					return true
+				}
+			}
+		}
+		return false
+	}, waitLimit, 10*time.Millisecond)
+	return span
+}
+
+// A delivery whose claim the worker gives up as it stops (the database
+// failing meanwhile) goes back to the queue unrun: its CONSUMER span is an
+// error, saying why, not a span that looks like a delivery that went well.
+func TestWorkerMarksTheSpanOfAClaimGivenUpAsAnError(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	b := setup(t, testConfig{handlers: []conveyor.Handler{conveyor.Handle("t.a", func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) {
+		return nil, nil
+	})}, tracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))})
+	tried := make(chan struct{}, 1)
+	b.store.mu.Lock()
+	b.store.claimReply = func([]uuid.UUID) (bool, bool) {
+		select {
+		case tried <- struct{}{}:
+		default:
+		}
+		return false, true
+	}
+	b.store.mu.Unlock()
+	id := b.store.add("t.a", 3)
+	a := b.deliver(t, id)
+	receive(t, tried)
+	b.cancel()
+	receive(t, a.done)
+	require.Equal(t, "requeue", a.how())
+	span := consumerSpan(t, rec, id)
+	require.Equal(t, codes.Error, span.Status().Code)
+	require.Contains(t, span.Status().Description, "claim abandoned")
+}
+
+// A message whose type is not its task's is handed back unrun: its
+// CONSUMER span is an error.
+func TestWorkerMarksTheSpanOfAMessageOfAnotherTypeAsAnError(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	b := setup(t, testConfig{handlers: []conveyor.Handler{conveyor.Handle("t.a", func(context.Context, conveyor.Task, conveyor.Reporter) (any, error) {
+		return nil, nil
+	})}, tracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))})
+	id := b.store.add("t.b", 3)
+	select {
+	case b.src.deliveries <- outbox.Delivery{Body: outbox.Body{TaskID: id, Type: "t.a"}, Acknowledger: newAcker()}:
+	case <-time.After(waitLimit):
+		t.Fatal("the worker took no delivery")
+	}
+	require.Equal(t, "handed_back", b.finished(t, id))
+	span := consumerSpan(t, rec, id)
+	require.Equal(t, codes.Error, span.Status().Code)
+	require.Contains(t, span.Status().Description, "is not the task's")
+}
+
 // A lease renewal is not work of the task: the trace of a long task holds
 // its claim and its outcome, not one database span per heartbeat (a day's
 // task at the default 5 s would carry some 17,000 of them).
