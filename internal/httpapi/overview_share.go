@@ -59,6 +59,10 @@ type overviewShare struct {
 	ready map[string]sharedOverview // by overviewKey, until expired
 	// waiting counts the callers waiting for a read, by overviewKey.
 	waiting map[string]int
+	// reading counts the reads under way, by overviewKey, whether or not
+	// a caller still waits for them (after a forget, an earlier read and
+	// a later one may be under way at once).
+	reading map[string]int
 	// forgotten counts an org's forget calls (by the org part of its
 	// keys): a read begun before one is not handed out again.
 	forgotten map[string]uint64
@@ -67,7 +71,7 @@ type overviewShare struct {
 func newOverviewShare() *overviewShare {
 	return &overviewShare{now: time.Now, costly: overviewCostly, factor: overviewReuseFactor,
 		maxReuse: overviewMaxReuse, ready: map[string]sharedOverview{}, waiting: map[string]int{},
-		forgotten: map[string]uint64{}}
+		reading: map[string]int{}, forgotten: map[string]uint64{}}
 }
 
 // overviewKey names what decides what an overview shows: the org and what
@@ -119,12 +123,13 @@ func (o *overviewShare) get(ctx context.Context, key string, timeout time.Durati
 			ctx, cancel = context.WithTimeout(rctx, timeout)
 		}
 		defer cancel()
+		o.mu.Lock()
+		o.reading[key]++
+		o.mu.Unlock()
 		start := o.now()
 		v, err := read(ctx)
 		v.AsOf = start.UTC()
-		if err == nil {
-			o.keep(key, forgotten, v, start)
-		}
+		o.done(key, forgotten, v, start, err == nil)
 		return v, err
 	})
 	select {
@@ -135,11 +140,18 @@ func (o *overviewShare) get(ctx context.Context, key string, timeout time.Durati
 	}
 }
 
-// keep keeps an overview read from start to hand out again when it was
-// costly, unless its org was forgotten since the read began.
-func (o *overviewShare) keep(key string, forgotten uint64, v overviewView, start time.Time) {
+// done ends the read of key, and keeps the overview it read (ok) from
+// start to hand out again when it was costly, unless its org was forgotten
+// since the read began.
+func (o *overviewShare) done(key string, forgotten uint64, v overviewView, start time.Time, ok bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	if o.reading[key]--; o.reading[key] == 0 {
+		delete(o.reading, key)
+	}
+	if !ok {
+		return
+	}
 	now := o.now()
 	for k, s := range o.ready {
 		if !now.Before(s.until) {
@@ -164,7 +176,9 @@ func (o *overviewShare) forget(org uuid.UUID) {
 			delete(o.ready, k)
 		}
 	}
-	for k := range o.waiting {
+	// Every read under way, even one whose callers all stopped waiting:
+	// a caller after the bulk action would take it as its answer.
+	for k := range o.reading {
 		if orgOf(k) == id {
 			o.reads.Forget(k)
 		}

@@ -147,3 +147,44 @@ func TestOverviewKeyFollowsTheScope(t *testing.T) {
 	require.NotEqual(t, overviewKey(reader), overviewKey(auth.Principal{OrgID: org, Role: auth.Admin, OrgRoles: []string{"a", "b"}}))
 	require.NotEqual(t, overviewKey(reader), overviewKey(auth.Principal{OrgID: uuid.New(), Role: auth.Reader, OrgRoles: []string{"a", "b"}}))
 }
+
+// A bulk action has its org's overview read afresh even when every caller
+// of the read under way has stopped waiting for it (a client gave up on a
+// slow overview): the next caller does not take that read, begun before
+// the bulk action, as its answer.
+func TestForgetDropsAReadNoOneWaitsFor(t *testing.T) {
+	t.Parallel()
+	o := newOverviewShare()
+	org := uuid.New()
+	key := overviewKey(auth.Principal{OrgID: org, Role: auth.Reader})
+	before := &countedRead{release: make(chan struct{})}
+	defer close(before.release)
+	gone, leave := context.WithCancel(context.Background())
+	left := make(chan error, 1)
+	go func() {
+		_, err := o.get(gone, key, 0, before.read)
+		left <- err
+	}()
+	require.Eventually(t, func() bool { return before.calls.Load() == 1 }, 10*time.Second, time.Millisecond)
+	leave()
+	require.ErrorIs(t, <-left, context.Canceled)
+
+	o.forget(org)
+	fresh := make(chan struct{})
+	answer := make(chan overviewView, 1)
+	go func() {
+		v, err := o.get(context.Background(), key, 0, func(context.Context) (overviewView, error) {
+			close(fresh)
+			return overviewView{Counts: map[task.Status]int{task.StatusPending: 42}}, nil
+		})
+		if err == nil {
+			answer <- v
+		}
+	}()
+	select {
+	case <-fresh:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the caller after the bulk action waits for the read begun before it")
+	}
+	require.Equal(t, 42, (<-answer).Counts[task.StatusPending])
+}

@@ -149,15 +149,18 @@ WITH RECURSIVE prev AS (
 SELECT count(*) > 0, coalesce((SELECT traceparent FROM prev), '') FROM run`)
 
 // runTree is a recursive query's term "tree": the ids of the tasks of the
-// run whose id is the placeholder run, whatever their status, and of the
-// children in flight their handlers spawned (Reporter.Gather), and theirs.
-// A node's handler that fanned out waits for its children with its task
-// PENDING, or has ended while they still run: they are the node's work.
+// run whose id is the placeholder run, and of the children their handlers
+// spawned (Reporter.Gather), and theirs, whatever their status. A node's
+// handler that fanned out waits for its children with its task PENDING,
+// or has ended while they still run: they are the node's work. So are the
+// children of a child that ended (failed, say) while they still run,
+// until the scheduler's sweep cancels them: the walk goes through ended
+// tasks too (tasks_child reads a parent's children of every status).
 func runTree(run string) string {
 	return `tree (id) AS (
 	SELECT id FROM tasks WHERE run_id = ` + run + `
 	UNION
-	SELECT c.id FROM tasks c JOIN tree p ON c.parent_id = p.id WHERE c.status IN (` + inFlight + `))`
+	SELECT c.id FROM tasks c JOIN tree p ON c.parent_id = p.id)`
 }
 
 // sqlRunTasksInFlight reads the tasks of a run ($1) still in flight, and

@@ -1498,3 +1498,94 @@ func TestWorkflowCancelStopsTheChildrenOfItsNodes(t *testing.T) {
 	require.NoError(t, err, "every task of the run has ended")
 	require.Equal(t, job.RunRunning, retried.Status)
 }
+
+// The children of a node's handler that ended are the node's work too, and
+// so are theirs: a child that failed (its parent's sweep is still to come)
+// may leave a grandchild in flight. Cancelling the run stops it with the
+// rest, and retrying the run waits for it.
+func TestWorkflowCancelStopsTheGrandchildrenOfItsNodes(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailStop)
+	ctx := context.Background()
+	run, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{})
+	require.NoError(t, err)
+	h.settle(h.nodeTasks(run.ID)["a"].ID, task.Complete, `{}`)
+	w := postgres.NewWorkerStore(h.db.Pool, nil)
+	spawn := func(parent task.Task, key string) task.ChildState {
+		t.Helper()
+		s, err := task.NewSubmission(task.SubmitInput{Type: "fan.child", Dedupe: new(bool)}, task.Defaults{MaxAttempts: 3}, "")
+		require.NoError(t, err)
+		s.OrgID, s.ParentID, s.ChildKey = parent.OrgID, &parent.ID, key
+		kids, err := w.Spawn(ctx, parent, []task.Submission{s}, nil)
+		require.NoError(t, err)
+		require.Len(t, kids, 1)
+		return kids[0]
+	}
+	claim := func(id uuid.UUID) task.Task {
+		t.Helper()
+		claimed, err := w.Claim(ctx, []uuid.UUID{id}, "w1", time.Minute)
+		require.NoError(t, err)
+		require.Len(t, claimed, 1)
+		return claimed[0]
+	}
+	b := claim(h.nodeTasks(run.ID)["b"].ID)
+	child := claim(spawn(b, "k1").ID)
+	grandchild := spawn(child, "g1")
+	out, _, err := w.Apply(ctx, []task.Change{{TaskID: b.ID, Version: b.Version, Transition: task.Await}})
+	require.NoError(t, err)
+	require.False(t, out[0].Fenced)
+	_, errs, err := w.Apply(ctx, []task.Change{{TaskID: child.ID, Version: child.Version, Transition: task.Fail, Error: "boom"}})
+	require.NoError(t, err)
+	require.NoError(t, errs[0])
+
+	_, err = h.store.CancelRun(ctx, h.p, run.ID, nil)
+	require.NoError(t, err)
+	var status string
+	require.NoError(t, h.db.Pool.QueryRow(ctx, `SELECT status FROM tasks WHERE id = $1`, grandchild.ID).Scan(&status))
+	require.Equal(t, "CANCELLED", status, "the failed child's pending child is cancelled with the run")
+}
+
+// A retry of a run waits for a grandchild of a node still in flight.
+func TestWorkflowRetryWaitsForTheGrandchildrenOfItsNodes(t *testing.T) {
+	t.Parallel()
+	h := newWorkflowHarness(t, job.FailStop)
+	ctx := context.Background()
+	run, err := h.store.StartRun(ctx, h.p, "diamond", job.RunRequest{})
+	require.NoError(t, err)
+	h.settle(h.nodeTasks(run.ID)["a"].ID, task.Complete, `{}`)
+	h.settle(h.nodeTasks(run.ID)["c"].ID, task.Complete, `{}`)
+	w := postgres.NewWorkerStore(h.db.Pool, nil)
+	claimed, err := w.Claim(ctx, []uuid.UUID{h.nodeTasks(run.ID)["b"].ID}, "w1", time.Minute)
+	require.NoError(t, err)
+	b := claimed[0]
+	s, err := task.NewSubmission(task.SubmitInput{Type: "fan.child", Dedupe: new(bool)}, task.Defaults{MaxAttempts: 3}, "")
+	require.NoError(t, err)
+	s.OrgID, s.ParentID, s.ChildKey = b.OrgID, &b.ID, "k1"
+	kids, err := w.Spawn(ctx, b, []task.Submission{s}, nil)
+	require.NoError(t, err)
+	claimed, err = w.Claim(ctx, []uuid.UUID{kids[0].ID}, "w2", time.Minute)
+	require.NoError(t, err)
+	child := claimed[0]
+	g, err := task.NewSubmission(task.SubmitInput{Type: "fan.child", Dedupe: new(bool)}, task.Defaults{MaxAttempts: 3}, "")
+	require.NoError(t, err)
+	g.OrgID, g.ParentID, g.ChildKey = child.OrgID, &child.ID, "g1"
+	grand, err := w.Spawn(ctx, child, []task.Submission{g}, nil)
+	require.NoError(t, err)
+	claimed, err = w.Claim(ctx, []uuid.UUID{grand[0].ID}, "w3", time.Minute)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	// The child fails, and so does b (as its handler does on the child's
+	// failure): the run fails with the grandchild still running.
+	_, errs, err := w.Apply(ctx, []task.Change{{TaskID: child.ID, Version: child.Version, Transition: task.Fail, Error: "boom"}})
+	require.NoError(t, err)
+	require.NoError(t, errs[0])
+	_, errs, err = w.Apply(ctx, []task.Change{{TaskID: b.ID, Version: b.Version, Transition: task.Fail, Error: "boom"}})
+	require.NoError(t, err)
+	require.NoError(t, errs[0])
+	r, err := h.store.Run(ctx, h.p, run.ID)
+	require.NoError(t, err)
+	require.Equal(t, job.RunFailed, r.Status)
+
+	_, err = h.store.RetryRun(ctx, h.p, run.ID, nil)
+	require.Equal(t, task.ErrCodeConflict, task.ErrorCode(err), "b's grandchild still runs: %v", err)
+}
