@@ -120,19 +120,34 @@ func TestStreamRefusesBadInput(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, resp.status)
 }
 
-// The Last-Event-ID header and the last_event_id parameter, given both,
-// must agree: neither silently wins over the other.
-func TestStreamRefusesTwoDifferentLastEventIDs(t *testing.T) {
+// The Last-Event-ID header and the last_event_id parameter, given both:
+// a header ahead of the parameter is an EventSource reconnecting by itself
+// to the URL it was opened with, and resumes; one behind it is refused.
+func TestStreamTakesTheHeaderOfAReconnectingEventSource(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.post(t, "/v1/tasks", `{"type":"stream.twice","payload":{}}`)
-	resp := b.do(t, http.MethodGet, "/v1/events/stream?last_event_id=1", "", "", "Last-Event-ID", "2")
-	require.Equal(t, http.StatusBadRequest, resp.status, string(resp.body))
-	require.Contains(t, resp.json(t)["detail"], "differ")
+	b.post(t, "/v1/tasks", `{"type":"stream.twice","payload":{"n":1}}`)
+	b.post(t, "/v1/tasks", `{"type":"stream.twice","payload":{"n":2}}`)
+	var first, last int64
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(),
+		"SELECT min(id), max(id) FROM task_events").Scan(&first, &last))
+	require.Less(t, first, last)
+	query := "/v1/events/stream?last_event_id=" + strconv.FormatInt(first, 10)
 
-	opened, _ := b.openStreamWith(t, "/v1/events/stream?last_event_id=1",
-		"Authorization", "Bearer "+b.token, "Last-Event-ID", "1")
-	require.Equal(t, http.StatusOK, opened.StatusCode)
+	resp := b.do(t, http.MethodGet, "/v1/events/stream?last_event_id="+strconv.FormatInt(last, 10), "", "",
+		"Last-Event-ID", strconv.FormatInt(first, 10))
+	require.Equal(t, http.StatusBadRequest, resp.status, string(resp.body))
+	require.Contains(t, resp.json(t)["detail"], "behind")
+
+	for _, header := range []int64{first, last} {
+		opened, lines := b.openStreamWith(t, query, "Authorization", "Bearer "+b.token,
+			"Last-Event-ID", strconv.FormatInt(header, 10))
+		require.Equal(t, http.StatusOK, opened.StatusCode, "header %d", header)
+		for lines.Scan() && !strings.HasPrefix(lines.Text(), "id: ") {
+		}
+		// The ready frame names where the stream resumes.
+		require.Equal(t, "id: "+strconv.FormatInt(header, 10), lines.Text(), "resumes after the header's id")
+	}
 }
 
 // A stream outlives no credential: at the next heartbeat after its key is
@@ -421,4 +436,31 @@ func TestStreamHeartbeatsAddNoSpansToItsTrace(t *testing.T) {
 	}
 	require.NotZero(t, lookups, "the request's own authentication is traced: %v", queries)
 	require.Less(t, lookups, heartbeats/2, "the stream's trace grows with its heartbeats: %v", queries)
+}
+
+// Another instance's hub may have passed a gap in the ids (a transaction
+// holding an id open) this one still waits at, for up to the gap timeout:
+// a resume after the id that instance's org stream started from (here
+// another org's event, past the gap) waits for this hub to pass the gap
+// too, and opens, rather than refusing an id a stream sent.
+func TestStreamResumeWaitsOutAGapTheHubHoldsAt(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *config.API) { c.StreamGapTimeout = 3 * time.Second })
+	b.post(t, "/v1/tasks", `{"type":"stream.mine","payload":{}}`)
+	other, _ := b.db.Key(t, "other", auth.Writer)
+	theirs := b.post(t, "/v1/tasks", `{"type":"stream.theirs","payload":{}}`, "Authorization", "Bearer "+other).json(t)["id"].(string)
+	ctx := context.Background()
+	const insert = `INSERT INTO task_events (task_id, org_id, status, state, progress, actor)
+		SELECT id, org_id, status, state, 0, 'SYSTEM' FROM tasks WHERE id = $1 RETURNING id`
+	tx, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	var held, ahead int64
+	require.NoError(t, tx.QueryRow(ctx, insert, theirs).Scan(&held))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, insert, theirs).Scan(&ahead))
+	require.Greater(t, ahead, held)
+
+	opened, _ := b.openStreamWith(t, "/v1/events/stream", "Authorization", "Bearer "+b.token,
+		"Last-Event-ID", strconv.FormatInt(ahead, 10))
+	require.Equal(t, http.StatusOK, opened.StatusCode)
 }

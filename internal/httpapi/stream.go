@@ -127,10 +127,12 @@ func (s *server) handleEventStream() http.HandlerFunc {
 
 // lastEventID is where a stream resumes: the Last-Event-ID header, or the
 // last_event_id parameter for clients that cannot set headers. ok is false
-// when neither is given. Both at once must name the same id: an
-// EventSource reconnecting to a URL that carries the parameter sends the
-// header too, and either one silently winning could skip events or send
-// them again.
+// when neither is given. Both at once are an EventSource reconnecting by
+// itself to a URL that carries the parameter: its header names the newest
+// event it was sent, the same id or one after it, and the stream resumes
+// from there (the parameter would send events again). A header behind the
+// parameter is no such reconnect and is refused: the parameter winning
+// could skip events, the header send them again.
 func lastEventID(r *http.Request) (after int64, ok bool, err error) {
 	header, err := oneHeader(r, "Last-Event-ID")
 	if err != nil {
@@ -145,9 +147,13 @@ func lastEventID(r *http.Request) (after int64, ok bool, err error) {
 		if err != nil || id < 0 {
 			return 0, false, task.Invalid("last_event_id", "must be an event id (an integer, 0 or more), got %q", raw)
 		}
-		if ok && id != after {
-			return 0, false, task.Errorf(task.ErrCodeMalformed,
-				"the Last-Event-ID header (%s) and the last_event_id parameter (%s) differ; give one, or the same id in both", header, query)
+		if ok {
+			// after is the header's id, id the parameter's.
+			if after < id {
+				return 0, false, task.Errorf(task.ErrCodeMalformed,
+					"the Last-Event-ID header (%s) is behind the last_event_id parameter (%s); give one, or the same id in both", header, query)
+			}
+			break
 		}
 		after, ok = id, true
 	}
@@ -292,7 +298,10 @@ func (s *server) serveStream(w http.ResponseWriter, r *http.Request, p auth.Prin
 
 // resumeWait bounds how long a resume after an id ahead of the hub's
 // cursor waits for the cursor to reach it: the id may be the start another
-// instance's stream announced, its hub a poll or so ahead of this one.
+// instance's stream announced, its hub a poll or so ahead of this one. A
+// gap in the ids holding this hub's cursor extends the wait by the
+// longest a gap may hold it: the other hub may have passed the gap first
+// (its wait for it began earlier, or the transaction had ended by then).
 const resumeWait = 2 * time.Second
 
 // checkResume refuses an id ahead of the hub's cursor that no stream sent
@@ -310,8 +319,15 @@ func (s *server) checkResume(ctx context.Context, p auth.Principal, after int64)
 	if err != nil || reached {
 		return err
 	}
-	deadline := time.Now().Add(resumeWait)
-	for time.Now().Before(deadline) {
+	start := time.Now()
+	deadline := start.Add(resumeWait)
+	for {
+		if !time.Now().Before(deadline) {
+			held, longest := s.Hub.GapHeld()
+			if !held || !time.Now().Before(start.Add(longest+resumeWait)) {
+				break
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()

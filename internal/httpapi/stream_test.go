@@ -273,3 +273,30 @@ func TestALongCatchUpIsNotCutByTheWriteDeadline(t *testing.T) {
 	require.True(t, ended, "the stream was cut after %d events: %v", events, lines.Err())
 	require.EqualValues(t, store.total, events)
 }
+
+// An EventSource opened on a URL that carries last_event_id (the
+// dashboard's reopened stream) reconnects by itself to that same URL with
+// a Last-Event-ID header of the newest event it saw: it resumes from the
+// header, and is not refused (a refused EventSource gives up for good).
+// A header behind the parameter is no such reconnect, and is refused.
+func TestLastEventIDHeaderAheadOfParameter(t *testing.T) {
+	get := func(header, query string) (int64, bool, error) {
+		r := httptest.NewRequest(http.MethodGet, "/v1/events?last_event_id="+query, nil)
+		if header != "" {
+			r.Header.Set("Last-Event-ID", header)
+		}
+		return lastEventID(r)
+	}
+	after, ok, err := get("42", "7")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, int64(42), after)
+
+	after, ok, err = get("7", "7")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, int64(7), after)
+
+	_, _, err = get("7", "42")
+	require.Error(t, err)
+}

@@ -533,6 +533,15 @@ func (h *Hub) dispatch(e *task.Event) {
 	offer(h.byOrg[e.OrgID])
 }
 
+// GapHeld reports whether a gap in the ids holds the cursor now, and the
+// longest one may: another instance's hub may have passed a gap this one
+// still waits at, for up to that long.
+func (h *Hub) GapHeld() (held bool, longest time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.gap != nil, h.cfg.GapTimeout
+}
+
 // Cursor waits until the hub is ready and returns its cursor: every event
 // up to it is settled in the database.
 func (h *Hub) Cursor(ctx context.Context) (int64, error) {
