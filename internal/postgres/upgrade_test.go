@@ -357,8 +357,8 @@ func TestUpgradeWithDataFromEarlierVersions(t *testing.T) {
 			if k >= 3 {
 				rec, err := dir.KeyByPrefix(ctx, "cvk_upgrade")
 				require.NoError(t, err)
-				require.Equal(t, orgID, rec.Principal.OrgID)
-				require.Equal(t, auth.Writer, rec.Principal.Role)
+				require.Equal(t, orgID, rec.OrgID)
+				require.Equal(t, auth.Writer, rec.Role)
 			}
 		})
 	}

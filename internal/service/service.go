@@ -109,7 +109,8 @@ func Start(ctx context.Context, cfg config.Common, stdout io.Writer, o Options) 
 		retry := b.NextBackOff()
 		// A schema not migrated yet is waited for too: the api or a
 		// worker starting beside this process migrates it.
-		if !(postgres.Transient(err) || errors.Is(err, postgres.ErrSchemaBehind)) || ctx.Err() != nil {
+		waitable := postgres.Transient(err) || errors.Is(err, postgres.ErrSchemaBehind)
+		if !waitable || ctx.Err() != nil {
 			_ = shutdown(context.WithoutCancel(ctx))
 			return nil, err
 		}
