@@ -336,7 +336,7 @@ func storedPayload(raw json.RawMessage) (json.RawMessage, int, error) {
 	}
 	// The depth first: a document too deep for JSON's reader is also too
 	// deep for a payload, whose bound is far lower.
-	if d := depth(trimmed); d > task.MaxJSONDepth {
+	if d := task.Nesting(trimmed); d > task.MaxJSONDepth {
 		return nil, 0, fmt.Errorf("payload nests %d levels deep; at most %d are allowed", d, task.MaxJSONDepth)
 	}
 	if err := task.StorableJSON(trimmed); err != nil {
@@ -355,28 +355,6 @@ func storedPayload(raw json.RawMessage) (json.RawMessage, int, error) {
 		return nil, 0, fmt.Errorf("payload %w", task.TooLargeStored(stored))
 	}
 	return c, stored, nil
-}
-
-// depth returns how deeply valid JSON nests objects and arrays.
-func depth(doc []byte) int {
-	d, deepest := 0, 0
-	inString := false
-	for i := 0; i < len(doc); i++ {
-		c := doc[i]
-		switch {
-		case inString && c == '\\':
-			i++
-		case c == '"':
-			inString = !inString
-		case inString:
-		case c == '{' || c == '[':
-			d++
-			deepest = max(deepest, d)
-		case c == '}' || c == ']':
-			d--
-		}
-	}
-	return deepest
 }
 
 // location loads an IANA time zone; "" is UTC. "Local" is refused: it

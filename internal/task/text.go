@@ -45,7 +45,7 @@ func StorableJSON(doc []byte) error {
 		return errors.New("not valid UTF-8")
 	}
 	if !json.Valid(doc) {
-		if d := nesting(doc); d > MaxNesting {
+		if d := Nesting(doc); d > MaxNesting {
 			return fmt.Errorf("nests %d levels deep; at most %d are allowed", d, MaxNesting)
 		}
 		return errors.New("not valid JSON")
@@ -81,10 +81,10 @@ func StorableJSON(doc []byte) error {
 // encoding/json's, which takes no deeper document as valid JSON.
 const MaxNesting = 10000
 
-// nesting returns how deep doc's arrays and objects nest, whether or not
+// Nesting returns how deep doc's arrays and objects nest, whether or not
 // doc is valid JSON: a document refused only for its depth is then told
 // so, rather than "not valid JSON".
-func nesting(doc []byte) int {
+func Nesting(doc []byte) int {
 	deepest, cur, inString := 0, 0, false
 	for i := 0; i < len(doc); i++ {
 		switch c := doc[i]; {
