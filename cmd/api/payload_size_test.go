@@ -7,10 +7,12 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/conveyorhq/conveyor/internal/config"
 	"github.com/conveyorhq/conveyor/internal/task"
 )
 
@@ -29,7 +31,13 @@ func bigNumbers(number string, n int) string {
 // within the bound as stored is taken.
 func TestPayloadsAreBoundedAsStored(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	// Each refusal reads and measures megabytes of JSON or YAML: about a
+	// second apiece, several under the race detector on a loaded machine,
+	// past the 5 s and 10 s the test server otherwise gives a request and
+	// its response.
+	b := setup(t, func(c *config.API) {
+		c.RequestTimeout, c.ReadTimeout, c.WriteTimeout = time.Minute, time.Minute, 2*time.Minute
+	})
 	b.applied(t, "", diamondJobs)
 	huge := bigNumbers("1e308", 150000) // 900 KB sent, 46 MB stored
 	requireRefused := func(resp response, field string) {

@@ -679,11 +679,14 @@ var jsonNumber = regexp.MustCompile(`^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9
 // as one sent to the API does, rather than a rounding of it.
 func exactNumber(text string, v any) any {
 	f, ok := v.(float64)
-	if !ok || !jsonNumber.MatchString(text) {
+	if !ok {
 		return v
 	}
-	// What encoding/json writes is the shortest text that reads back as f.
-	if decimalValue(strconv.FormatFloat(f, 'g', -1, 64)) == decimalValue(text) {
+	// What encoding/json writes is the shortest text that reads back as
+	// f. The grammar is checked only for a number that differs: the
+	// payloads' numbers nearly all keep their value, and a large payload
+	// holds hundreds of thousands of them.
+	if decimalValue(strconv.FormatFloat(f, 'g', -1, 64)) == decimalValue(text) || !jsonNumber.MatchString(text) {
 		return v
 	}
 	return json.Number(text)
