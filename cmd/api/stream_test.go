@@ -2,8 +2,10 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -40,10 +42,27 @@ func (b *testBundle) openStreamWith(t *testing.T, path string, header ...string)
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
 	}
-	resp, err := (&http.Client{}).Do(req)
-	require.NoError(t, err)
-	t.Cleanup(func() { resp.Body.Close() })
-	return resp, bufio.NewScanner(resp.Body)
+	// A hub starts once the transactions running as it starts have ended,
+	// or after its gap timeout: those of the whole PostgreSQL cluster,
+	// which other packages' tests share (some hold a transaction open for
+	// seconds), so a new API may answer "starting; try again" for a while.
+	// A client tries again, as this does.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := (&http.Client{}).Do(req.Clone(ctx))
+		require.NoError(t, err)
+		if resp.StatusCode == http.StatusServiceUnavailable && time.Now().Before(deadline) {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if strings.Contains(string(body), "live streams are starting") {
+				time.Sleep(200 * time.Millisecond)
+				continue
+			}
+			resp.Body = io.NopCloser(bytes.NewReader(body))
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		return resp, bufio.NewScanner(resp.Body)
+	}
 }
 
 // nextData returns the data of the stream's next event (not its ready
